@@ -1,0 +1,333 @@
+//! The one error type of segwal.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::seq::Seq;
+
+/// Result with segwal's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in segwal.
+///
+/// Every variant about a file names it; corruption also names the byte offset and
+/// what was expected there. The type is `Clone` (I/O causes are shared behind an
+/// `Arc`) so that one failed fsync can be reported to every producer of its batch.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O operation on a file or directory failed.
+    Io {
+        /// What segwal was doing, e.g. `"open segment"`.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        source: Arc<io::Error>,
+    },
+    /// A segment file holds bytes that are not what segwal wrote there.
+    ///
+    /// Recovery reports it for damage that cannot be a torn tail (see
+    /// `docs/FORMAT.md`); the read path reports it for a record whose checksum no
+    /// longer matches.
+    Corrupt {
+        /// The segment file.
+        path: PathBuf,
+        /// Byte offset of the damage within the file.
+        offset: u64,
+        /// The sequence number that was expected at that offset, where known.
+        seq: Option<Seq>,
+        /// What was found, and what was expected.
+        kind: Corruption,
+    },
+    /// The directory is owned by another open outbox, in this process or another.
+    Locked {
+        /// The outbox directory.
+        dir: PathBuf,
+        /// The process that holds the lock, where it could be learned.
+        pid: Option<u32>,
+    },
+    /// The outbox was closed; nothing more can be done with any of its handles.
+    Closed,
+    /// A write or fsync failed earlier; the outbox accepts nothing until reopened.
+    ///
+    /// After a failed fsync the page cache can no longer be trusted, so segwal
+    /// never retries one. Reopening the directory recovers from what is on disk.
+    /// Appends that failed with this error are *in doubt*: they may or may not be
+    /// delivered after the reopen.
+    Poisoned {
+        /// The segment file whose write or sync failed.
+        path: PathBuf,
+        /// The operation that failed.
+        op: &'static str,
+        /// The operating system's error.
+        source: Arc<io::Error>,
+    },
+    /// A record is larger than [`Options::max_record_bytes`](crate::Options::max_record_bytes).
+    RecordTooLarge {
+        /// Length of the refused payload.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// An `append_batch` is larger than the writer queue can ever hold
+    /// ([`Options::queue_bytes`](crate::Options::queue_bytes)).
+    BatchTooLarge {
+        /// Total payload bytes of the refused batch.
+        len: u64,
+        /// The configured maximum.
+        max: u64,
+    },
+    /// `try_append` found the writer queue full.
+    Full,
+    /// No record with this sequence number was ever appended.
+    UnknownSeq {
+        /// The sequence number.
+        seq: Seq,
+    },
+    /// `ack` or `release` of a record that is not claimed.
+    NotClaimed {
+        /// The sequence number.
+        seq: Seq,
+    },
+    /// An option is out of its documented range.
+    InvalidOption {
+        /// The option's name.
+        name: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Error {
+        Error::Io {
+            op,
+            path: path.into(),
+            source: Arc::new(source),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { op, path, source } => {
+                write!(f, "{op} {}: {source}", path.display())
+            }
+            Error::Corrupt {
+                path,
+                offset,
+                seq,
+                kind,
+            } => {
+                write!(f, "corrupt segment {} at offset {offset}", path.display())?;
+                if let Some(seq) = seq {
+                    write!(f, " (seq {seq})")?;
+                }
+                write!(f, ": {kind}")
+            }
+            Error::Locked { dir, pid } => {
+                write!(
+                    f,
+                    "outbox directory {} is locked by another outbox",
+                    dir.display()
+                )?;
+                if let Some(pid) = pid {
+                    write!(f, " (pid {pid})")?;
+                }
+                Ok(())
+            }
+            Error::Closed => f.write_str("outbox is closed"),
+            Error::Poisoned { path, op, source } => write!(
+                f,
+                "outbox is poisoned by a failed {op} on {}: {source}; reopen it to recover",
+                path.display()
+            ),
+            Error::RecordTooLarge { len, max } => {
+                write!(f, "record of {len} bytes exceeds max_record_bytes ({max})")
+            }
+            Error::BatchTooLarge { len, max } => {
+                write!(f, "batch of {len} bytes exceeds queue_bytes ({max})")
+            }
+            Error::Full => f.write_str("writer queue is full"),
+            Error::UnknownSeq { seq } => write!(f, "no record with seq {seq} was ever appended"),
+            Error::NotClaimed { seq } => write!(f, "record {seq} is not claimed"),
+            Error::InvalidOption { name, reason } => write!(f, "invalid option {name}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } | Error::Poisoned { source, .. } => Some(&**source),
+            _ => None,
+        }
+    }
+}
+
+/// What a corrupt segment holds, and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Corruption {
+    /// The segment header's magic bytes are wrong: not a segwal segment.
+    BadSegmentMagic,
+    /// The segment header is from a format version this build cannot read.
+    UnsupportedVersion {
+        /// The version found.
+        found: u16,
+    },
+    /// The segment header's checksum does not match.
+    BadSegmentHeader,
+    /// The file is shorter than a segment header.
+    ShortSegmentHeader {
+        /// The file's length.
+        len: u64,
+    },
+    /// The first sequence number in the header differs from the file name.
+    NameMismatch {
+        /// From the file name.
+        expected: Seq,
+        /// From the header.
+        found: Seq,
+    },
+    /// A frame does not start with the frame magic.
+    BadFrameMagic,
+    /// A frame's checksum does not match its contents.
+    ChecksumMismatch {
+        /// The checksum stored in the frame.
+        stored: u32,
+        /// The checksum of the bytes found.
+        computed: u32,
+    },
+    /// A frame's length field is beyond the format's limit.
+    LengthOutOfRange {
+        /// The length found.
+        len: u64,
+        /// The largest valid length.
+        max: u64,
+    },
+    /// A frame runs past the end of the file.
+    Truncated {
+        /// Bytes the frame needs.
+        needed: u64,
+        /// Bytes left in the file.
+        available: u64,
+    },
+    /// A frame of an unknown kind, or with unknown flags or fields.
+    Unsupported {
+        /// What was not understood.
+        what: &'static str,
+        /// The value found.
+        value: u64,
+    },
+    /// A frame's sequence number breaks the log's order.
+    UnexpectedSeq {
+        /// The sequence number that should come next.
+        expected: Seq,
+        /// The one found.
+        found: Seq,
+    },
+    /// A frame's group number is inconsistent with the frames around it.
+    BadGroup {
+        /// The group the frame should belong to.
+        expected: Seq,
+        /// The group it names.
+        found: Seq,
+    },
+    /// A sealed segment does not end at the end of a write batch.
+    IncompleteBatch,
+    /// A valid frame of a later, fsynced write batch follows the damage: the
+    /// damage cannot be a torn tail.
+    DamageBeforeValidFrame {
+        /// Offset of the valid frame found after the damage.
+        valid_offset: u64,
+        /// Its sequence number.
+        valid_seq: Seq,
+    },
+    /// A segment is missing from the sequence.
+    MissingSegment {
+        /// The first sequence number the missing segment should hold.
+        expected_first: Seq,
+    },
+    /// A segment's header names a predecessor other than the segment before it.
+    BrokenChain {
+        /// The last sequence number of the segment before, as found on disk.
+        expected_prev: Seq,
+        /// The predecessor the header names.
+        found_prev: Seq,
+    },
+    /// The read path found a frame of another kind or sequence number than the
+    /// state table recorded at that offset.
+    WrongFrame {
+        /// The sequence number expected at that offset.
+        expected: Seq,
+        /// The sequence number found.
+        found: Seq,
+    },
+}
+
+impl fmt::Display for Corruption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Corruption::BadSegmentMagic => f.write_str("bad segment magic: not a segwal segment"),
+            Corruption::UnsupportedVersion { found } => {
+                write!(f, "unsupported segment format version {found}")
+            }
+            Corruption::BadSegmentHeader => f.write_str("segment header checksum mismatch"),
+            Corruption::ShortSegmentHeader { len } => {
+                write!(f, "file of {len} bytes is shorter than a segment header")
+            }
+            Corruption::NameMismatch { expected, found } => write!(
+                f,
+                "header says first seq {found}, file name says {expected}"
+            ),
+            Corruption::BadFrameMagic => f.write_str("expected frame magic"),
+            Corruption::ChecksumMismatch { stored, computed } => write!(
+                f,
+                "frame checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+            ),
+            Corruption::LengthOutOfRange { len, max } => {
+                write!(f, "frame length {len} exceeds the limit {max}")
+            }
+            Corruption::Truncated { needed, available } => write!(
+                f,
+                "frame needs {needed} bytes but only {available} remain in the file"
+            ),
+            Corruption::Unsupported { what, value } => write!(f, "unsupported {what} {value:#x}"),
+            Corruption::UnexpectedSeq { expected, found } => {
+                write!(f, "expected seq {expected}, found seq {found}")
+            }
+            Corruption::BadGroup { expected, found } => {
+                write!(f, "expected sync group {expected}, found group {found}")
+            }
+            Corruption::IncompleteBatch => f.write_str("sealed segment ends inside a write batch"),
+            Corruption::DamageBeforeValidFrame {
+                valid_offset,
+                valid_seq,
+            } => write!(
+                f,
+                "damaged frame followed by a valid frame of a later fsynced batch (seq {valid_seq} at offset {valid_offset})"
+            ),
+            Corruption::MissingSegment { expected_first } => {
+                write!(
+                    f,
+                    "missing segment: expected one starting at seq {expected_first}"
+                )
+            }
+            Corruption::BrokenChain {
+                expected_prev,
+                found_prev,
+            } => write!(
+                f,
+                "segment follows seq {found_prev} but the segment before it ends at seq {expected_prev}"
+            ),
+            Corruption::WrongFrame { expected, found } => {
+                write!(f, "expected record {expected}, found frame {found}")
+            }
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! The frame codec: one record (or internal marker) as it lies in a segment file.
+//!
+//! Pure functions over byte slices: no I/O, testable and fuzzable without a file
+//! system. The byte layout is documented once, in `docs/FORMAT.md` ("Frames"); the
+//! offsets below are derived from each other and must agree with it.
+
+use crate::error::Corruption;
+use crate::seq::Seq;
+
+/// Magic bytes that start every frame. Never all zero, so that a zero-filled tail
+/// never looks like a frame.
+pub(crate) const FRAME_MAGIC: [u8; 4] = [0xC5, b'W', b'F', b'R'];
+
+const MAGIC_AT: usize = 0;
+const CRC_AT: usize = MAGIC_AT + 4;
+/// The checksum covers every byte from here to the end of the payload.
+const CHECKED_FROM: usize = CRC_AT + 4;
+const LEN_AT: usize = CHECKED_FROM;
+const KIND_AT: usize = LEN_AT + 4;
+const FLAGS_AT: usize = KIND_AT + 1;
+const EXT_LEN_AT: usize = FLAGS_AT + 1;
+const SEQ_AT: usize = EXT_LEN_AT + 2;
+const GROUP_AT: usize = SEQ_AT + 8;
+const TIME_AT: usize = GROUP_AT + 8;
+/// Length of the fixed frame header.
+pub(crate) const FRAME_HEADER_LEN: usize = TIME_AT + 8;
+
+/// Largest payload the format allows, whatever the options say. Checked on encode
+/// and on decode, before anything is sliced.
+pub(crate) const RECORD_BYTES_LIMIT: usize = 1 << 30;
+
+/// Flag: this frame is the last one of a write batch.
+pub(crate) const FLAG_BATCH_END: u8 = 0x01;
+const KNOWN_FLAGS: u8 = FLAG_BATCH_END;
+
+/// What a frame holds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum FrameKind {
+    /// A user record: the payload is the user's bytes.
+    Record,
+    /// Internal: the payload is a little-endian u64, the first sequence number of
+    /// the oldest segment still in the log. Written before segments are deleted.
+    LogStart,
+    /// A kind from a later format that this build may skip (kinds 0x80..=0xFF).
+    Skippable(u8),
+}
+
+impl FrameKind {
+    fn to_byte(self) -> u8 {
+        match self {
+            FrameKind::Record => 1,
+            FrameKind::LogStart => 2,
+            FrameKind::Skippable(b) => b,
+        }
+    }
+
+    fn from_byte(byte: u8) -> Option<FrameKind> {
+        match byte {
+            1 => Some(FrameKind::Record),
+            2 => Some(FrameKind::LogStart),
+            0x80..=0xFF => Some(FrameKind::Skippable(byte)),
+            _ => None,
+        }
+    }
+}
+
+/// The fields of a frame header that the writer chooses.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct FrameHeader {
+    pub kind: FrameKind,
+    /// Set on the last frame of a write batch.
+    pub batch_end: bool,
+    pub seq: Seq,
+    /// The sequence number of the first frame written since the last fsync of this
+    /// segment: the frame's *sync group*. See the torn-tail rule in `docs/FORMAT.md`.
+    pub group: Seq,
+    /// Wall clock at encode time, microseconds since the Unix epoch.
+    pub timestamp_us: u64,
+}
+
+/// A frame decoded from a byte slice, borrowing its payload.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Frame<'a> {
+    pub header: FrameHeader,
+    /// Optional per-record fields (empty in format version 1).
+    pub ext: &'a [u8],
+    pub payload: &'a [u8],
+    /// Total encoded length of the frame in bytes.
+    pub len: usize,
+}
+
+/// Encoded length of a frame with this payload length.
+pub(crate) const fn frame_len(payload_len: usize) -> usize {
+    FRAME_HEADER_LEN + payload_len
+}
+
+/// Appends one encoded frame to `out`.
+pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8]) {
+    assert!(
+        payload.len() <= RECORD_BYTES_LIMIT,
+        "payload of {} bytes passed the size check",
+        payload.len()
+    );
+    let start = out.len();
+    let flags = if header.batch_end { FLAG_BATCH_END } else { 0 };
+    out.extend_from_slice(&FRAME_MAGIC);
+    out.extend_from_slice(&[0; 4]); // checksum, filled below
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.push(header.kind.to_byte());
+    out.push(flags);
+    out.extend_from_slice(&0u16.to_le_bytes()); // no optional fields
+    out.extend_from_slice(&header.seq.get().to_le_bytes());
+    out.extend_from_slice(&header.group.get().to_le_bytes());
+    out.extend_from_slice(&header.timestamp_us.to_le_bytes());
+    debug_assert_eq!(out.len() - start, FRAME_HEADER_LEN);
+    out.extend_from_slice(payload);
+    let crc = crc32fast::hash(&out[start + CHECKED_FROM..]);
+    out[start + CRC_AT..start + CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+    if cfg!(debug_assertions) {
+        // Check a frame right after it is encoded, as it will be checked when read.
+        match decode(&out[start..]) {
+            Ok(frame) => {
+                debug_assert_eq!(frame.header, *header);
+                debug_assert_eq!(frame.payload, payload);
+            }
+            Err(e) => panic!("encoded frame does not decode: {e:?}"),
+        }
+    }
+}
+
+/// Sets or clears the batch-end flag of an already encoded frame and fixes its
+/// checksum. `frame` starts at the frame's first byte.
+pub(crate) fn set_batch_end(frame: &mut [u8], batch_end: bool) {
+    let Some(flags) = frame.get_mut(FLAGS_AT) else {
+        panic!("set_batch_end on a buffer shorter than a frame header");
+    };
+    if batch_end {
+        *flags |= FLAG_BATCH_END;
+    } else {
+        *flags &= !FLAG_BATCH_END;
+    }
+    let crc = crc32fast::hash(&frame[CHECKED_FROM..]);
+    frame[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Decodes the frame at the start of `buf`. `buf` may extend past the frame.
+///
+/// Never panics and never allocates, whatever `buf` holds.
+pub(crate) fn decode(buf: &[u8]) -> Result<Frame<'_>, Corruption> {
+    let Some(header) = buf.get(..FRAME_HEADER_LEN) else {
+        if buf.len() >= 4 && buf[..4] != FRAME_MAGIC {
+            return Err(Corruption::BadFrameMagic);
+        }
+        return Err(Corruption::Truncated {
+            needed: FRAME_HEADER_LEN as u64,
+            available: buf.len() as u64,
+        });
+    };
+    if header[MAGIC_AT..MAGIC_AT + 4] != FRAME_MAGIC {
+        return Err(Corruption::BadFrameMagic);
+    }
+    let stored_crc = u32_at(header, CRC_AT);
+    let payload_len = u32_at(header, LEN_AT) as usize;
+    if payload_len > RECORD_BYTES_LIMIT {
+        return Err(Corruption::LengthOutOfRange {
+            len: payload_len as u64,
+            max: RECORD_BYTES_LIMIT as u64,
+        });
+    }
+    let ext_len = u16::from_le_bytes([header[EXT_LEN_AT], header[EXT_LEN_AT + 1]]) as usize;
+    let len = FRAME_HEADER_LEN + ext_len + payload_len;
+    let Some(whole) = buf.get(..len) else {
+        return Err(Corruption::Truncated {
+            needed: len as u64,
+            available: buf.len() as u64,
+        });
+    };
+    let computed = crc32fast::hash(&whole[CHECKED_FROM..]);
+    if computed != stored_crc {
+        return Err(Corruption::ChecksumMismatch {
+            stored: stored_crc,
+            computed,
+        });
+    }
+    // The checksum matched: from here on, anything unexpected was written by a
+    // format this build does not know.
+    let kind_byte = header[KIND_AT];
+    let Some(kind) = FrameKind::from_byte(kind_byte) else {
+        return Err(Corruption::Unsupported {
+            what: "frame kind",
+            value: u64::from(kind_byte),
+        });
+    };
+    let flags = header[FLAGS_AT];
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(Corruption::Unsupported {
+            what: "frame flags",
+            value: u64::from(flags),
+        });
+    }
+    if ext_len != 0 && kind != FrameKind::Skippable(kind_byte) {
+        return Err(Corruption::Unsupported {
+            what: "optional field area of length",
+            value: ext_len as u64,
+        });
+    }
+    let seq = Seq::from(u64_at(header, SEQ_AT));
+    let group = Seq::from(u64_at(header, GROUP_AT));
+    if group > seq {
+        return Err(Corruption::BadGroup {
+            expected: seq,
+            found: group,
+        });
+    }
+    let (ext, payload) = whole[FRAME_HEADER_LEN..].split_at(ext_len);
+    Ok(Frame {
+        header: FrameHeader {
+            kind,
+            batch_end: flags & FLAG_BATCH_END != 0,
+            seq,
+            group,
+            timestamp_us: u64_at(header, TIME_AT),
+        },
+        ext,
+        payload,
+        len,
+    })
+}
+
+/// Reads the timestamp of a frame header without checking it (for statistics).
+pub(crate) fn timestamp_us(header: &[u8]) -> Option<u64> {
+    let bytes = header.get(TIME_AT..TIME_AT + 8)?;
+    Some(u64::from_le_bytes(bytes.try_into().ok()?))
+}
+
+fn u32_at(header: &[u8], at: usize) -> u32 {
+    let mut bytes = [0u8; 4];
+    bytes.copy_from_slice(&header[at..at + 4]);
+    u32::from_le_bytes(bytes)
+}
+
+fn u64_at(header: &[u8], at: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&header[at..at + 8]);
+    u64::from_le_bytes(bytes)
+}
+
+/// Offset of the first position at or after `from` where a valid frame decodes,
+/// with that frame. Used by recovery to look past damage.
+pub(crate) fn find_valid_frame(buf: &[u8], from: usize) -> Option<(usize, Frame<'_>)> {
+    let mut at = from;
+    while at + FRAME_HEADER_LEN <= buf.len() {
+        let window = &buf[at..];
+        let found = window
+            .windows(FRAME_MAGIC.len())
+            .position(|w| w == FRAME_MAGIC)?;
+        at += found;
+        if let Ok(frame) = decode(&buf[at..]) {
+            return Some((at, frame));
+        }
+        at += 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(seq: u64) -> FrameHeader {
+        FrameHeader {
+            kind: FrameKind::Record,
+            batch_end: seq % 2 == 0,
+            seq: Seq::from(seq),
+            group: Seq::from(seq - seq % 4),
+            timestamp_us: 1_700_000_000_000_000 + seq,
+        }
+    }
+
+    #[test]
+    fn frames_round_trip_including_empty_payloads() {
+        let mut buf = Vec::new();
+        let payloads: [&[u8]; 3] = [b"", b"hello", &[0xAB; 1000]];
+        for (i, p) in payloads.iter().enumerate() {
+            encode(&mut buf, &header(4 + i as u64), p);
+        }
+        let mut at = 0;
+        for (i, p) in payloads.iter().enumerate() {
+            let frame = decode(&buf[at..]).expect("valid frame");
+            assert_eq!(frame.header, header(4 + i as u64));
+            assert_eq!(frame.payload, *p);
+            assert_eq!(frame.len, frame_len(p.len()));
+            at += frame.len;
+        }
+        assert_eq!(at, buf.len());
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let mut buf = Vec::new();
+        encode(&mut buf, &header(7), b"payload bytes");
+        for bit in 0..buf.len() * 8 {
+            let mut damaged = buf.clone();
+            damaged[bit / 8] ^= 1 << (bit % 8);
+            assert!(
+                decode(&damaged).is_err(),
+                "flip of bit {bit} went unnoticed"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flipped_length_bit_is_an_error_not_a_shorter_frame() {
+        let mut buf = Vec::new();
+        encode(&mut buf, &header(8), &[1; 64]);
+        encode(&mut buf, &header(9), &[2; 64]);
+        buf[LEN_AT] ^= 0x10; // 64 -> 80: the frame now swallows the next one's header
+        assert!(matches!(
+            decode(&buf),
+            Err(Corruption::ChecksumMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn truncated_frames_report_what_they_need() {
+        let mut buf = Vec::new();
+        encode(&mut buf, &header(10), &[3; 100]);
+        for cut in [0, 3, 10, FRAME_HEADER_LEN, buf.len() - 1] {
+            match decode(&buf[..cut]) {
+                Err(Corruption::Truncated { available, .. }) => {
+                    assert_eq!(available, cut as u64)
+                }
+                other => panic!("cut at {cut}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn zeros_and_huge_lengths_are_refused_before_slicing() {
+        assert_eq!(decode(&[0; 64]), Err(Corruption::BadFrameMagic));
+        let mut buf = Vec::new();
+        encode(&mut buf, &header(2), b"x");
+        buf[LEN_AT..LEN_AT + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decode(&buf),
+            Err(Corruption::LengthOutOfRange { .. })
+        ));
+    }
+
+    #[test]
+    fn setting_batch_end_keeps_the_frame_valid() {
+        let mut buf = Vec::new();
+        let mut h = header(3);
+        h.batch_end = false;
+        encode(&mut buf, &h, b"abc");
+        set_batch_end(&mut buf, true);
+        let frame = decode(&buf).expect("valid after flag change");
+        assert!(frame.header.batch_end);
+        assert_eq!(frame.payload, b"abc");
+    }
+
+    #[test]
+    fn find_valid_frame_skips_garbage_and_false_magic() {
+        let mut buf = vec![0u8; 10];
+        buf.extend_from_slice(&FRAME_MAGIC);
+        buf.extend_from_slice(&[0xFF; 50]);
+        let at = buf.len();
+        encode(&mut buf, &header(12), b"real");
+        let (found_at, frame) = find_valid_frame(&buf, 0).expect("frame found");
+        assert_eq!(found_at, at);
+        assert_eq!(frame.payload, b"real");
+        assert!(find_valid_frame(&buf, at + 1).is_none());
+    }
+}

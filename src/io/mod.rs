@@ -1,0 +1,129 @@
+//! The narrow storage interface through which segwal does all of its file I/O.
+//!
+//! The engine never names `std::fs`: it holds an `Arc<dyn Storage>` and the
+//! `Arc<dyn StorageFile>` handles it returns. [`StdStorage`] is the real file
+//! system; a test can stand a simulated disk in its place with
+//! [`Outbox::open_with_storage`](crate::Outbox::open_with_storage). One dynamic
+//! call per system call costs nothing measurable next to the system call itself.
+//!
+//! Contract shared by every method: an error leaves the outbox to decide what
+//! happens next (a failed `write_at` or `sync_data` poisons it); implementations
+//! never retry a failed sync on their own.
+
+mod std_fs;
+
+use std::any::Any;
+use std::fmt;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use std_fs::StdStorage;
+
+/// A read-only view of a whole file, as `map` returns it.
+pub type Mapped = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A held directory lock; dropping it releases the lock.
+pub type LockGuard = Box<dyn Any + Send + Sync>;
+
+/// Why [`Storage::lock`] failed.
+#[derive(Debug)]
+pub enum LockError {
+    /// Another owner holds the lock.
+    Held {
+        /// The owner's process id, where the lock file records it.
+        pid: Option<u32>,
+    },
+    /// The lock could not be attempted.
+    Io(io::Error),
+}
+
+/// A directory of files: the operations segwal needs from a file system.
+pub trait Storage: Send + Sync + fmt::Debug {
+    /// Creates `dir` and any missing parents; returns whether `dir` was created.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<bool>;
+    /// Names of the entries of `dir` (file names, not paths), in any order.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Creates a new, empty file for reading and writing; fails if it exists.
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>>;
+    /// Opens an existing file for reading and writing.
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>>;
+    /// Removes a file. Not durable until [`Storage::sync_dir`] of its directory.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Makes the creation and removal of entries in `dir` durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock on `dir`, held until the guard is dropped. Must fail
+    /// with [`LockError::Held`] while another guard for `dir` is alive, in this
+    /// process or any other.
+    fn lock(&self, dir: &Path) -> Result<LockGuard, LockError>;
+}
+
+/// An open file.
+pub trait StorageFile: Send + Sync + fmt::Debug {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at
+    /// the end of the file).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Writes up to `buf.len()` bytes at `offset`; returns how many were written
+    /// (possibly fewer).
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize>;
+    /// Makes the file's data, and the metadata needed to read it back, durable.
+    fn sync_data(&self) -> io::Result<()>;
+    /// Truncates or extends the file to `len` bytes. Not durable until `sync_data`.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// The file's current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// A read-only view of the file's first `len` bytes. segwal maps only files it
+    /// will never write or truncate again while the view lives.
+    fn map(&self, len: u64) -> io::Result<Mapped>;
+}
+
+/// Writes all of `buf` at `offset`, looping over short writes.
+pub(crate) fn write_all_at(
+    file: &dyn StorageFile,
+    mut buf: &[u8],
+    mut offset: u64,
+) -> io::Result<()> {
+    while !buf.is_empty() {
+        match file.write_at(buf, offset) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "write returned zero bytes",
+                ));
+            }
+            Ok(n) => {
+                buf = &buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Fills `buf` from `offset`, looping over short reads. Fails with
+/// `UnexpectedEof` if the file ends first.
+pub(crate) fn read_exact_at(
+    file: &dyn StorageFile,
+    mut buf: &mut [u8],
+    mut offset: u64,
+) -> io::Result<()> {
+    while !buf.is_empty() {
+        match file.read_at(buf, offset) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file ended before the expected bytes",
+                ));
+            }
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! [`StdStorage`]: the real file system, through `std::fs` and `memmap2`.
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{self, Read, Seek, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{LockError, LockGuard, Mapped, Storage, StorageFile};
+
+/// The name of the lock file inside an outbox directory.
+const LOCK_FILE: &str = "LOCK";
+
+/// The operating system's file system.
+///
+/// Locking uses `flock(2)` on a `LOCK` file in the directory, which excludes a
+/// second open both from another process and from the same process. The lock file
+/// records the owner's pid so that a refused open can name it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StdStorage;
+
+#[derive(Debug)]
+struct StdFile {
+    file: File,
+}
+
+impl Storage for StdStorage {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<bool> {
+        if dir.is_dir() {
+            return Ok(false);
+        }
+        fs::create_dir_all(dir)?;
+        Ok(true)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            // A name that is not UTF-8 is not a segment; keep it out of the listing.
+            if let Ok(name) = entry.file_name().into_string() {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    }
+
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        Ok(Arc::new(StdFile { file }))
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        Ok(Arc::new(StdFile { file }))
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn lock(&self, dir: &Path) -> Result<LockGuard, LockError> {
+        let path = dir.join(LOCK_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(LockError::Io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut text = String::new();
+                let pid = file
+                    .read_to_string(&mut text)
+                    .ok()
+                    .and_then(|_| text.trim().parse().ok());
+                return Err(LockError::Held { pid });
+            }
+            Err(TryLockError::Error(e)) => return Err(LockError::Io(e)),
+        }
+        // Record our pid for the error message of a refused open. Not fsynced: it
+        // is a hint for humans, and the lock itself lives in the kernel.
+        let mut record = || -> io::Result<()> {
+            file.set_len(0)?;
+            file.rewind()?;
+            writeln!(file, "{}", std::process::id())
+        };
+        record().map_err(LockError::Io)?;
+        Ok(Box::new(file))
+    }
+}
+
+impl StorageFile for StdFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.file.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        self.file.write_at(buf, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    fn map(&self, len: u64) -> io::Result<Mapped> {
+        if len == 0 {
+            return Ok(Arc::new(Vec::<u8>::new()));
+        }
+        let len = usize::try_from(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file too large to map"))?;
+        // SAFETY: the mapping is read-only and covers bytes segwal never changes
+        // while it lives: segwal maps a segment only once the segment is sealed or
+        // while recovery scans it, it holds the directory lock so no other outbox
+        // writes the directory, and it never truncates a file while a view of it
+        // is alive. Another program writing the file behind segwal's back is
+        // outside the contract (docs/FORMAT.md, "What we assume").
+        let map = unsafe { memmap2::MmapOptions::new().len(len).map(&self.file)? };
+        Ok(Arc::new(map))
+    }
+}

@@ -1,0 +1,261 @@
+//! [`Options`], [`Durability`] and [`RecoveryMode`]: how an outbox is configured.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::frame::RECORD_BYTES_LIMIT;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// Smallest accepted [`Options::segment_bytes`].
+pub const SEGMENT_BYTES_MIN: u64 = KIB;
+/// Largest accepted [`Options::segment_bytes`]; frame offsets within a segment are
+/// 32-bit in memory.
+pub const SEGMENT_BYTES_MAX: u64 = 2 * 1024 * MIB;
+/// Largest accepted [`Options::max_record_bytes`]: the format's own limit (1 GiB).
+pub const MAX_RECORD_BYTES_LIMIT: usize = RECORD_BYTES_LIMIT;
+
+/// When `append` returns, and what survives a crash at that moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// `append` returns Ok only after the record, and every record before it, is
+    /// on stable storage: written, `fdatasync`ed, and the directory fsynced if the
+    /// record opened a new segment file. It survives a process crash and a power
+    /// loss. The writer thread groups concurrent appends so that one fsync serves
+    /// a whole batch.
+    #[default]
+    Sync,
+    /// `append` returns Ok once the record is written to the operating system (in
+    /// the page cache); the writer fsyncs within
+    /// [`Options::buffered_sync_interval`]. Survives a crash of the process, **not
+    /// a power loss or kernel crash**: the records appended during the last
+    /// interval may then be lost, and their sequence numbers reused. Records
+    /// become claimable only once fsynced, so a relay never publishes a record
+    /// that a power loss can take back.
+    Buffered,
+}
+
+/// What recovery does with damage it finds when the outbox is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RecoveryMode {
+    /// Truncate a torn tail (damage inside the last, never-acknowledged write batch
+    /// of the last segment); any other damage fails the open with
+    /// [`Error::Corrupt`] naming the file and offset, and nothing is changed on
+    /// disk. Nothing that was acknowledged to a producer is ever dropped.
+    #[default]
+    Strict,
+    /// For operators, after `Strict` refused to open: truncate the log at the first
+    /// damage, delete every later segment, and open. Records after the damage are
+    /// lost; [`RecoveryReport::dropped`](crate::RecoveryReport::dropped) says
+    /// exactly which sequence numbers. Those numbers are never reused.
+    Lossy,
+}
+
+/// Configuration of an [`Outbox`](crate::Outbox), built with consuming methods from
+/// [`Options::default()`].
+///
+/// ```
+/// use std::time::Duration;
+/// use segwal::{Durability, Options};
+///
+/// let options = Options::default()
+///     .segment_bytes(16 << 20)
+///     .segment_age(Duration::from_secs(60))
+///     .durability(Durability::Sync);
+/// # let _ = options;
+/// ```
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub(crate) segment_bytes: u64,
+    pub(crate) segment_age: Duration,
+    pub(crate) max_record_bytes: usize,
+    pub(crate) queue_capacity: usize,
+    pub(crate) queue_bytes: u64,
+    pub(crate) batch_bytes: usize,
+    pub(crate) linger: Duration,
+    pub(crate) durability: Durability,
+    pub(crate) buffered_sync_interval: Duration,
+    pub(crate) recovery: RecoveryMode,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            segment_bytes: 64 * MIB,
+            segment_age: Duration::from_secs(10 * 60),
+            max_record_bytes: 16 * MIB as usize,
+            queue_capacity: 4096,
+            queue_bytes: 64 * MIB,
+            batch_bytes: 4 * MIB as usize,
+            linger: Duration::ZERO,
+            durability: Durability::Sync,
+            buffered_sync_interval: Duration::from_millis(100),
+            recovery: RecoveryMode::Strict,
+        }
+    }
+}
+
+impl Options {
+    /// Size at which the writer starts a new segment file. Default 64 MiB; from
+    /// [`SEGMENT_BYTES_MIN`] (1 KiB) to [`SEGMENT_BYTES_MAX`] (2 GiB).
+    ///
+    /// A write batch never spans two segments, so a segment can exceed this size by
+    /// one batch (or by one record larger than the size). Smaller segments free
+    /// acknowledged space sooner; larger ones mean fewer files and fewer rotations.
+    pub fn segment_bytes(mut self, bytes: u64) -> Options {
+        self.segment_bytes = bytes;
+        self
+    }
+
+    /// Age at which the writer starts a new segment even when it is far from full.
+    /// Default 10 minutes; at least 1 ms.
+    ///
+    /// Only a sealed segment can be deleted, so under light traffic this bounds how
+    /// long acknowledged records keep their disk space: at most about one segment
+    /// age after the last record of a segment is acknowledged. Each rotation costs
+    /// one file creation and two fsyncs; every 10 minutes that is nothing, while a
+    /// quiet service never holds more than 10 minutes of acknowledged data. A
+    /// segment holding no record (only internal frames) is never rotated by age.
+    pub fn segment_age(mut self, age: Duration) -> Options {
+        self.segment_age = age;
+        self
+    }
+
+    /// Largest payload accepted by `append`. Default 16 MiB; at most
+    /// [`MAX_RECORD_BYTES_LIMIT`] (1 GiB). Larger payloads fail with
+    /// [`Error::RecordTooLarge`] before anything touches the disk. Records written
+    /// under a larger limit are still read after the limit is lowered.
+    pub fn max_record_bytes(mut self, bytes: usize) -> Options {
+        self.max_record_bytes = bytes;
+        self
+    }
+
+    /// How many append requests may wait for the writer thread. Default 4096; at
+    /// least 1. A full queue makes `append` wait and `try_append` fail with
+    /// [`Error::Full`]: producers feel backpressure.
+    pub fn queue_capacity(mut self, requests: usize) -> Options {
+        self.queue_capacity = requests;
+        self
+    }
+
+    /// How many payload bytes may wait for the writer thread. Default 64 MiB; at
+    /// least `max_record_bytes`. Also the largest `append_batch` accepted.
+    pub fn queue_bytes(mut self, bytes: u64) -> Options {
+        self.queue_bytes = bytes;
+        self
+    }
+
+    /// Payload bytes the writer gathers into one write and one fsync at most.
+    /// Default 4 MiB; at least 1. A single request larger than this is written in a
+    /// batch of its own.
+    pub fn batch_bytes(mut self, bytes: usize) -> Options {
+        self.batch_bytes = bytes;
+        self
+    }
+
+    /// Time the writer waits after the first request of a batch for more to
+    /// arrive. Default zero (off): a batch is whatever producers queued while the
+    /// previous write and fsync ran, which already grows with the load. A linger
+    /// adds its full length to the latency of every batch.
+    pub fn linger(mut self, linger: Duration) -> Options {
+        self.linger = linger;
+        self
+    }
+
+    /// When `append` returns. Default [`Durability::Sync`].
+    pub fn durability(mut self, durability: Durability) -> Options {
+        self.durability = durability;
+        self
+    }
+
+    /// Under [`Durability::Buffered`], the longest time written records wait for
+    /// their fsync. Default 100 ms; at least 1 ms. Ignored under `Sync`.
+    pub fn buffered_sync_interval(mut self, interval: Duration) -> Options {
+        self.buffered_sync_interval = interval;
+        self
+    }
+
+    /// What recovery does with damage. Default [`RecoveryMode::Strict`].
+    pub fn recovery(mut self, mode: RecoveryMode) -> Options {
+        self.recovery = mode;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let invalid = |name, reason: String| Err(Error::InvalidOption { name, reason });
+        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&self.segment_bytes) {
+            return invalid(
+                "segment_bytes",
+                format!(
+                    "{} is outside {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}",
+                    self.segment_bytes
+                ),
+            );
+        }
+        if self.segment_age < Duration::from_millis(1) {
+            return invalid("segment_age", "must be at least 1 ms".into());
+        }
+        if self.max_record_bytes > MAX_RECORD_BYTES_LIMIT {
+            return invalid(
+                "max_record_bytes",
+                format!("{} exceeds {MAX_RECORD_BYTES_LIMIT}", self.max_record_bytes),
+            );
+        }
+        if self.queue_capacity == 0 {
+            return invalid("queue_capacity", "must be at least 1".into());
+        }
+        if self.queue_bytes < self.max_record_bytes as u64 || self.queue_bytes == 0 {
+            return invalid(
+                "queue_bytes",
+                format!(
+                    "{} is below max_record_bytes ({})",
+                    self.queue_bytes, self.max_record_bytes
+                ),
+            );
+        }
+        if self.batch_bytes == 0 {
+            return invalid("batch_bytes", "must be at least 1".into());
+        }
+        if self.buffered_sync_interval < Duration::from_millis(1) {
+            return invalid("buffered_sync_interval", "must be at least 1 ms".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Options::default().validate().expect("defaults validate");
+    }
+
+    #[test]
+    fn out_of_range_options_are_named() {
+        let cases = [
+            (Options::default().segment_bytes(10), "segment_bytes"),
+            (
+                Options::default().segment_age(Duration::ZERO),
+                "segment_age",
+            ),
+            (
+                Options::default().max_record_bytes(MAX_RECORD_BYTES_LIMIT + 1),
+                "max_record_bytes",
+            ),
+            (Options::default().queue_capacity(0), "queue_capacity"),
+            (Options::default().queue_bytes(1), "queue_bytes"),
+            (Options::default().batch_bytes(0), "batch_bytes"),
+        ];
+        for (options, expected) in cases {
+            match options.validate() {
+                Err(Error::InvalidOption { name, .. }) => assert_eq!(name, expected),
+                other => panic!("{expected}: {other:?}"),
+            }
+        }
+    }
+}

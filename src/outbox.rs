@@ -1,0 +1,492 @@
+//! [`Outbox`]: the public handle, and how it opens and closes a directory.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use crossbeam_channel::{Sender, TrySendError};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::error::{Error, Result};
+use crate::frame::frame_len;
+use crate::io::{LockError, StdStorage, Storage};
+use crate::options::Options;
+use crate::reader::{self, Record};
+use crate::recovery::{self, RecoveryReport};
+use crate::segment::SEGMENT_HEADER_LEN;
+use crate::seq::Seq;
+use crate::shared::{Budget, Completion, Counters, Shared};
+use crate::state::{SegmentSlots, Table};
+use crate::writer::{Payloads, Request, Writer};
+
+/// A durable outbox on one directory.
+///
+/// A cheap handle: clone it freely and share it between any number of producer
+/// and relay threads (`Outbox` is `Send + Sync`). The outbox closes when
+/// [`close`](Outbox::close) is called on any handle or when the last handle is
+/// dropped; afterwards every call on every handle fails with [`Error::Closed`].
+#[derive(Clone)]
+pub struct Outbox {
+    handle: Arc<Handle>,
+}
+
+/// The state behind every clone of one `Outbox`; dropping it closes the outbox.
+struct Handle {
+    shared: Arc<Shared>,
+    /// `None` once closed. Producers send under the read lock; `close` takes the
+    /// write lock to drop the only sender, so that the writer drains the queue and
+    /// no request can be sent after it stopped.
+    tx: RwLock<Option<Sender<Request>>>,
+    writer: Mutex<Option<JoinHandle<Result<()>>>>,
+    report: RecoveryReport,
+}
+
+/// What an operator needs to see whether the relay keeps up. From
+/// [`Outbox::stats`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Records durable and waiting to be claimed.
+    pub pending: u64,
+    /// Records claimed and not yet acknowledged.
+    pub claimed: u64,
+    /// Payload bytes of the records not yet acknowledged.
+    pub backlog_bytes: u64,
+    /// Segment files in the log.
+    pub segments: usize,
+    /// Bytes of those segment files.
+    pub disk_bytes: u64,
+    /// Oldest record not yet acknowledged (pending or claimed).
+    pub first_seq: Option<Seq>,
+    /// Newest durable record or internal frame.
+    pub last_seq: Option<Seq>,
+    /// Age of the oldest pending (not claimed) record.
+    pub oldest_pending_age: Option<Duration>,
+    /// Age of the oldest record not yet acknowledged (pending or claimed).
+    pub oldest_unacked_age: Option<Duration>,
+    /// Records appended since open.
+    pub records_appended: u64,
+    /// Write batches since open.
+    pub batches: u64,
+    /// `fdatasync` calls since open (segment headers and directories included).
+    pub fsyncs: u64,
+    /// Records per write batch since open: how well group commit amortises fsyncs.
+    pub records_per_batch: f64,
+    /// Segment files deleted since open.
+    pub segments_deleted: u64,
+    /// Records set aside by the read path since open because their frame no
+    /// longer matched its checksum.
+    pub corrupt_records: u64,
+    /// Whether a failed write or fsync poisoned the outbox.
+    pub poisoned: bool,
+}
+
+impl Outbox {
+    /// Opens the outbox in `dir`, creating the directory if it is missing.
+    ///
+    /// Takes the directory lock, recovers the log (see
+    /// [`RecoveryMode`](crate::RecoveryMode)), and starts the writer thread. Fails
+    /// with [`Error::Locked`] if another outbox has the directory open, in this
+    /// process or another, and with [`Error::Corrupt`] if recovery finds damage it
+    /// may not repair.
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Outbox> {
+        Outbox::open_with_storage(dir, options, Arc::new(StdStorage))
+    }
+
+    /// Opens the outbox through a [`Storage`] other than the real file system: a
+    /// simulated or fault-injecting disk for tests.
+    pub fn open_with_storage(
+        dir: impl AsRef<Path>,
+        options: Options,
+        storage: Arc<dyn Storage>,
+    ) -> Result<Outbox> {
+        options.validate()?;
+        let dir = dir.as_ref().to_path_buf();
+        let created = storage
+            .create_dir_all(&dir)
+            .map_err(|e| Error::io("create directory", &dir, e))?;
+        if created {
+            // The new directory's own entry must be durable in its parent.
+            let parent = dir
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            storage
+                .sync_dir(parent)
+                .map_err(|e| Error::io("sync parent directory", parent, e))?;
+        }
+        let lock = match storage.lock(&dir) {
+            Ok(guard) => guard,
+            Err(LockError::Held { pid }) => return Err(Error::Locked { dir, pid }),
+            Err(LockError::Io(e)) => return Err(Error::io("lock directory", dir, e)),
+        };
+        let recovered = recovery::recover(&*storage, &dir, options.recovery)?;
+
+        let mut table = Table::new();
+        for seg in recovered.segments {
+            let frames_at = SEGMENT_HEADER_LEN as u32;
+            table.push_segment(SegmentSlots::new(seg.id, seg.path, seg.file, frames_at));
+            table.push_frames(seg.id, seg.id.first_seq(), &seg.frames);
+            table.seal_last(seg.id, seg.map);
+        }
+        if cfg!(debug_assertions) {
+            table.check_invariants();
+        }
+        let (tx, rx) = crossbeam_channel::bounded(options.queue_capacity);
+        let shared = Arc::new(Shared {
+            dir,
+            storage,
+            budget: Budget::new(options.queue_bytes),
+            options,
+            table: Mutex::new(table),
+            arrived: Condvar::new(),
+            closed: AtomicBool::new(false),
+            poison: OnceLock::new(),
+            counters: Counters::default(),
+            lock: Mutex::new(Some(lock)),
+        });
+        let writer = Writer::start(
+            shared.clone(),
+            rx,
+            recovered.next_seq,
+            recovered.prev_seq,
+            recovered.log_start,
+        )?;
+        let thread = std::thread::Builder::new()
+            .name("segwal-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| Error::io("spawn writer thread", &shared.dir, e))?;
+        Ok(Outbox {
+            handle: Arc::new(Handle {
+                shared,
+                tx: RwLock::new(Some(tx)),
+                writer: Mutex::new(Some(thread)),
+                report: recovered.report,
+            }),
+        })
+    }
+
+    /// The outbox directory.
+    pub fn dir(&self) -> &Path {
+        &self.handle.shared.dir
+    }
+
+    /// What recovery found and changed when this outbox was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.handle.report
+    }
+
+    /// Appends one record and returns its sequence number once it is durable (under
+    /// the default [`Durability::Sync`](crate::Durability::Sync)).
+    ///
+    /// Waits while the writer queue is full. An error means the record may or may
+    /// not be delivered after a reopen (it is *in doubt*), except for
+    /// [`Error::RecordTooLarge`] and [`Error::Closed`] raised before the record
+    /// reached the writer. Zero-length payloads are valid records.
+    pub fn append(&self, payload: &[u8]) -> Result<Seq> {
+        self.check_record(payload)?;
+        let bytes = frame_len(payload.len()) as u64;
+        self.submit(Payloads::One(payload.to_vec()), bytes, true)
+    }
+
+    /// Like [`append`](Outbox::append), but fails with [`Error::Full`] instead of
+    /// waiting when the writer queue is full. Once queued, it waits for
+    /// durability like `append`.
+    pub fn try_append(&self, payload: &[u8]) -> Result<Seq> {
+        self.check_record(payload)?;
+        let bytes = frame_len(payload.len()) as u64;
+        self.submit(Payloads::One(payload.to_vec()), bytes, false)
+    }
+
+    /// Appends many records with one wait. They get contiguous sequence numbers,
+    /// are written in one write batch and become durable together: after a crash
+    /// either all of them are recovered or none. An empty batch returns at once.
+    pub fn append_batch<P: AsRef<[u8]>>(&self, payloads: &[P]) -> Result<Vec<Seq>> {
+        self.handle.shared.check_usable()?;
+        if payloads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut bytes = 0u64;
+        for p in payloads {
+            self.check_record(p.as_ref())?;
+            bytes += frame_len(p.as_ref().len()) as u64;
+        }
+        let max = self.handle.shared.options.queue_bytes;
+        if bytes > max {
+            return Err(Error::BatchTooLarge { len: bytes, max });
+        }
+        let owned = payloads.iter().map(|p| p.as_ref().to_vec()).collect();
+        let first = self.submit(Payloads::Many(owned), bytes, true)?;
+        Ok((0..payloads.len() as u64)
+            .map(|i| Seq::from(first.get() + i))
+            .collect())
+    }
+
+    /// Makes every record appended so far durable. Only useful under
+    /// [`Durability::Buffered`](crate::Durability::Buffered); under `Sync` every
+    /// append already is.
+    pub fn sync(&self) -> Result<()> {
+        self.handle.shared.check_usable()?;
+        let (completion, done) = Completion::new();
+        self.send(Request::Sync { done }, true)?;
+        completion.wait().map(|_| ())
+    }
+
+    fn check_record(&self, payload: &[u8]) -> Result<()> {
+        let shared = &self.handle.shared;
+        shared.check_usable()?;
+        let max = shared.options.max_record_bytes;
+        if payload.len() > max {
+            return Err(Error::RecordTooLarge {
+                len: payload.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    fn submit(&self, payloads: Payloads, bytes: u64, wait: bool) -> Result<Seq> {
+        let shared = &self.handle.shared;
+        if wait {
+            shared.budget.acquire(bytes, &shared.closed)?;
+        } else if !shared.budget.try_acquire(bytes) {
+            return Err(Error::Full);
+        }
+        let (completion, done) = Completion::new();
+        let request = Request::Append {
+            payloads,
+            bytes,
+            done,
+        };
+        if let Err(e) = self.send(request, wait) {
+            shared.budget.release(bytes);
+            return Err(e);
+        }
+        completion.wait()
+    }
+
+    fn send(&self, request: Request, wait: bool) -> Result<()> {
+        let tx = self.handle.tx.read();
+        let Some(tx) = tx.as_ref() else {
+            return Err(Error::Closed);
+        };
+        if wait {
+            tx.send(request).map_err(|_| Error::Closed)
+        } else {
+            match tx.try_send(request) {
+                Ok(()) => Ok(()),
+                Err(TrySendError::Full(_)) => Err(Error::Full),
+                Err(TrySendError::Disconnected(_)) => Err(Error::Closed),
+            }
+        }
+    }
+
+    /// Claims up to `max_records` of the oldest pending records and returns them.
+    ///
+    /// Records come oldest first (by sequence number), records released back
+    /// before newer ones. A claimed record stays claimed until it is acknowledged
+    /// or released, or the outbox is closed; after a reopen every record not
+    /// acknowledged is pending again. Never waits for an fsync in progress; returns
+    /// an empty vector when nothing is pending.
+    ///
+    /// If a record's frame fails its checksum, the claim fails with
+    /// [`Error::Corrupt`] naming the file, offset and seq; that record is set aside
+    /// (counted in [`Stats::corrupt_records`], never handed out) and the others
+    /// are released, so the next claim moves on.
+    pub fn claim(&self, max_records: usize) -> Result<Vec<Record>> {
+        self.claim_bytes(max_records, u64::MAX)
+    }
+
+    /// Like [`claim`](Outbox::claim), also stopping before the total payload
+    /// bytes exceed `max_bytes`; at least one record is returned when any is
+    /// pending, however large.
+    pub fn claim_bytes(&self, max_records: usize, max_bytes: u64) -> Result<Vec<Record>> {
+        let shared = &self.handle.shared;
+        shared.check_usable()?;
+        let runs = shared.table.lock().claim(max_records, max_bytes);
+        self.read_claimed(runs)
+    }
+
+    /// Like [`claim`](Outbox::claim), but waits up to `timeout` for a record to
+    /// become claimable; the writer wakes it as soon as one is durable. Returns an
+    /// empty vector on timeout.
+    pub fn claim_wait(&self, max_records: usize, timeout: Duration) -> Result<Vec<Record>> {
+        let shared = &self.handle.shared;
+        let deadline = Instant::now() + timeout;
+        let mut table = shared.table.lock();
+        loop {
+            shared.check_usable()?;
+            let runs = table.claim(max_records, u64::MAX);
+            if !runs.is_empty() || max_records == 0 {
+                drop(table);
+                return self.read_claimed(runs);
+            }
+            if shared.arrived.wait_until(&mut table, deadline).timed_out() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    fn read_claimed(&self, runs: Vec<crate::state::ClaimRun>) -> Result<Vec<Record>> {
+        let claimed: usize = runs.iter().map(|r| r.frames.len()).sum();
+        let mut records = Vec::with_capacity(claimed);
+        match reader::read_runs(&runs, &mut records) {
+            Ok(()) => Ok(records),
+            Err(failure) => {
+                let shared = &self.handle.shared;
+                let mut table = shared.table.lock();
+                let others = runs
+                    .iter()
+                    .flat_map(|r| r.frames.iter().map(|f| f.0))
+                    .filter(|&s| !failure.corrupt || s != failure.seq);
+                table.release_all(others);
+                let reclaim = failure.corrupt && table.set_aside(failure.seq);
+                drop(table);
+                if failure.corrupt {
+                    Counters::add(&shared.counters.corrupt_records, 1);
+                }
+                if reclaim {
+                    self.nudge_writer();
+                }
+                Err(failure.error)
+            }
+        }
+    }
+
+    /// Acknowledges a claimed record: it is delivered and will not be handed out
+    /// again. Once every record of a sealed segment is acknowledged, the writer
+    /// deletes the segment file.
+    ///
+    /// Acknowledging a record already acknowledged (or deleted) is Ok, so a relay
+    /// may retry. A record that is pending (never claimed, or released) fails
+    /// with [`Error::NotClaimed`]; a number never assigned with
+    /// [`Error::UnknownSeq`]. Acknowledgements live in memory: after a restart,
+    /// records not yet in a deleted segment are handed out again.
+    pub fn ack(&self, seq: Seq) -> Result<()> {
+        self.ack_many(&[seq])
+    }
+
+    /// Acknowledges many claimed records, all or none: if any of them would fail
+    /// [`ack`](Outbox::ack), none is acknowledged and that error is returned.
+    pub fn ack_many(&self, seqs: &[Seq]) -> Result<()> {
+        let shared = &self.handle.shared;
+        shared.check_usable()?;
+        let reclaim = shared.table.lock().ack(seqs)?;
+        if reclaim {
+            self.nudge_writer();
+        }
+        Ok(())
+    }
+
+    /// Returns a claimed record to pending: it is handed out again before any
+    /// newer record. Fails with [`Error::NotClaimed`] if it is not claimed.
+    pub fn release(&self, seq: Seq) -> Result<()> {
+        let shared = &self.handle.shared;
+        shared.check_usable()?;
+        shared.table.lock().release(seq)?;
+        shared.arrived.notify_one();
+        Ok(())
+    }
+
+    /// Asks the writer to delete fully acknowledged segments. A full queue means
+    /// the writer is busy and checks after its next batch anyway.
+    fn nudge_writer(&self) {
+        if let Some(tx) = self.handle.tx.read().as_ref() {
+            let _ = tx.try_send(Request::Reclaim);
+        }
+    }
+
+    /// A snapshot of the outbox's figures. Works on a closed outbox too.
+    pub fn stats(&self) -> Stats {
+        let shared = &self.handle.shared;
+        let t = shared.table.lock().stats();
+        let c = &shared.counters;
+        let now = SystemTime::now();
+        let age = |first: &Option<(Seq, crate::state::Source, u32)>| {
+            first
+                .as_ref()
+                .and_then(|(_, source, offset)| reader::frame_time(source, *offset))
+                .map(|t| now.duration_since(t).unwrap_or(Duration::ZERO))
+        };
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let batches = load(&c.batches);
+        let records = load(&c.records_appended);
+        Stats {
+            pending: t.pending,
+            claimed: t.claimed,
+            backlog_bytes: t.backlog_bytes,
+            segments: t.segments,
+            disk_bytes: t.disk_bytes,
+            first_seq: t.first_unacked.as_ref().map(|f| f.0),
+            last_seq: t.last_seq,
+            oldest_pending_age: age(&t.first_pending),
+            oldest_unacked_age: age(&t.first_unacked),
+            records_appended: records,
+            batches,
+            fsyncs: load(&c.fsyncs),
+            records_per_batch: if batches == 0 {
+                0.0
+            } else {
+                records as f64 / batches as f64
+            },
+            segments_deleted: load(&c.segments_deleted),
+            corrupt_records: load(&c.corrupt_records),
+            poisoned: shared.poison.get().is_some(),
+        }
+    }
+
+    /// Closes the outbox: stops accepting requests, lets the writer finish and
+    /// fsync everything it holds, and releases the directory lock.
+    ///
+    /// Returns the outcome of the final fsync (or the poisoning error). Afterwards
+    /// every call on any handle fails with [`Error::Closed`], including `close`.
+    /// Records claimed and not acknowledged are pending again at the next open.
+    pub fn close(&self) -> Result<()> {
+        self.handle.close()
+    }
+}
+
+impl Handle {
+    fn close(&self) -> Result<()> {
+        let shared = &self.shared;
+        if shared.closed.swap(true, Ordering::AcqRel) {
+            return Err(Error::Closed);
+        }
+        // Wake producers waiting for queue space and relays waiting for records.
+        shared.budget.wake_all();
+        {
+            let _table = shared.table.lock();
+            shared.arrived.notify_all();
+        }
+        // Dropping the only sender lets the writer drain the queue and stop.
+        drop(self.tx.write().take());
+        let outcome = match self.writer.lock().take() {
+            Some(thread) => thread.join().unwrap_or(Err(Error::Closed)),
+            None => Ok(()),
+        };
+        drop(shared.lock.lock().take());
+        outcome
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("dir", &self.dir())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `Outbox` must stay a `Send + Sync` handle.
+const _: () = {
+    const fn is_send_sync<T: Send + Sync + Clone>() {}
+    is_send_sync::<Outbox>();
+};

@@ -1,0 +1,117 @@
+//! Identities: [`Seq`], the sequence number of a frame, and [`SegmentId`], the name
+//! of a segment file.
+
+use std::fmt;
+
+/// The sequence number of a record: its identity in the whole API.
+///
+/// Assigned by the writer thread, strictly increasing, stored in the record's frame,
+/// stable across restarts and never reused. Sequence numbers start at 1. They are
+/// increasing but not always contiguous from one append to the next: the writer
+/// also numbers the few internal frames it writes (see `docs/FORMAT.md`), and a
+/// lossy recovery skips the numbers it dropped. The records of one
+/// [`Outbox::append_batch`](crate::Outbox::append_batch) call are always contiguous.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Seq(u64);
+
+impl Seq {
+    /// The sequence number as a plain integer.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    pub(crate) const fn next(self) -> Seq {
+        Seq(self.0 + 1)
+    }
+}
+
+impl fmt::Display for Seq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl From<Seq> for u64 {
+    fn from(seq: Seq) -> u64 {
+        seq.0
+    }
+}
+
+impl From<u64> for Seq {
+    fn from(value: u64) -> Seq {
+        Seq(value)
+    }
+}
+
+/// The identity of a segment: the sequence number of its first frame.
+///
+/// A segment file is named after it, zero-padded to 20 digits, so that a directory
+/// listing sorts in log order: `00000000000000000001.seg`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct SegmentId(pub(crate) u64);
+
+impl SegmentId {
+    /// The sequence number of the segment's first frame.
+    pub const fn first_seq(self) -> Seq {
+        Seq(self.0)
+    }
+
+    /// The file name of this segment.
+    pub fn file_name(self) -> String {
+        format!("{:020}{}", self.0, SEGMENT_SUFFIX)
+    }
+
+    /// Parses a segment file name; `None` for any other name.
+    pub(crate) fn parse(name: &str) -> Option<SegmentId> {
+        let digits = name.strip_suffix(SEGMENT_SUFFIX)?;
+        if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok().map(SegmentId)
+    }
+}
+
+impl fmt::Display for SegmentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.file_name())
+    }
+}
+
+/// Suffix of segment file names.
+pub(crate) const SEGMENT_SUFFIX: &str = ".seg";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_names_sort_in_log_order() {
+        let mut names: Vec<String> = [1u64, 10, 9, 100_000, 2]
+            .iter()
+            .map(|&s| SegmentId(s).file_name())
+            .collect();
+        names.sort();
+        let parsed: Vec<u64> = names
+            .iter()
+            .map(|n| SegmentId::parse(n).map(|id| id.0).unwrap_or(0))
+            .collect();
+        assert_eq!(parsed, vec![1, 2, 9, 10, 100_000]);
+    }
+
+    #[test]
+    fn foreign_names_are_not_segments() {
+        for name in [
+            "LOCK",
+            "1.seg",
+            "0000000000000000000a.seg",
+            "00000000000000000001.tmp",
+        ] {
+            assert_eq!(SegmentId::parse(name), None, "{name}");
+        }
+        assert_eq!(
+            SegmentId::parse("18446744073709551615.seg"),
+            Some(SegmentId(u64::MAX))
+        );
+        assert_eq!(SegmentId::parse("99999999999999999999.seg"), None);
+    }
+}

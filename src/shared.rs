@@ -1,0 +1,170 @@
+//! State shared by the handles of one outbox and its writer thread, and the small
+//! synchronisation types between them.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{Error, Result};
+use crate::io::{LockGuard, Storage};
+use crate::options::Options;
+use crate::seq::Seq;
+use crate::state::Table;
+
+/// Everything the handles and the writer thread share.
+pub(crate) struct Shared {
+    pub dir: PathBuf,
+    pub storage: Arc<dyn Storage>,
+    pub options: Options,
+    pub table: Mutex<Table>,
+    /// Notified when records become claimable, and at close.
+    pub arrived: Condvar,
+    pub closed: AtomicBool,
+    /// Set once, by the writer, at the first failed write or sync.
+    pub poison: OnceLock<Error>,
+    pub budget: Budget,
+    pub counters: Counters,
+    pub lock: Mutex<Option<LockGuard>>,
+}
+
+impl Shared {
+    /// Fails if the outbox is closed or poisoned.
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if let Some(e) = self.poison.get() {
+            return Err(e.clone());
+        }
+        Ok(())
+    }
+}
+
+/// Counters an operator reads in [`Stats`](crate::Stats).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub fsyncs: AtomicU64,
+    pub batches: AtomicU64,
+    pub records_appended: AtomicU64,
+    pub bytes_appended: AtomicU64,
+    pub segments_deleted: AtomicU64,
+    pub corrupt_records: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// The byte bound of the writer queue: producers acquire the encoded size of their
+/// request before sending it, and the writer releases it once the request is
+/// finished.
+pub(crate) struct Budget {
+    used: Mutex<u64>,
+    freed: Condvar,
+    max: u64,
+}
+
+impl Budget {
+    pub(crate) fn new(max: u64) -> Budget {
+        Budget {
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+            max,
+        }
+    }
+
+    /// Waits until `bytes` fit (a request alone always fits), unless the outbox
+    /// closes first.
+    pub(crate) fn acquire(&self, bytes: u64, closed: &AtomicBool) -> Result<()> {
+        let mut used = self.used.lock();
+        while *used > 0 && *used + bytes > self.max {
+            if closed.load(Ordering::Acquire) {
+                return Err(Error::Closed);
+            }
+            self.freed.wait(&mut used);
+        }
+        *used += bytes;
+        Ok(())
+    }
+
+    /// Takes `bytes` if they fit now.
+    pub(crate) fn try_acquire(&self, bytes: u64) -> bool {
+        let mut used = self.used.lock();
+        if *used > 0 && *used + bytes > self.max {
+            return false;
+        }
+        *used += bytes;
+        true
+    }
+
+    pub(crate) fn release(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let mut used = self.used.lock();
+        *used -= bytes;
+        drop(used);
+        self.freed.notify_all();
+    }
+
+    /// Wakes every waiter, so that it sees the outbox closed.
+    pub(crate) fn wake_all(&self) {
+        let _used = self.used.lock();
+        self.freed.notify_all();
+    }
+}
+
+/// Where the writer puts the outcome of one request, and its producer waits.
+pub(crate) struct Completion {
+    slot: Mutex<Option<Result<Seq>>>,
+    done: Condvar,
+}
+
+impl Completion {
+    /// A completion and the writer's end of it.
+    pub(crate) fn new() -> (Arc<Completion>, Completer) {
+        let c = Arc::new(Completion {
+            slot: Mutex::new(None),
+            done: Condvar::new(),
+        });
+        (c.clone(), Completer(Some(c)))
+    }
+
+    /// Waits for the outcome.
+    pub(crate) fn wait(&self) -> Result<Seq> {
+        let mut slot = self.slot.lock();
+        loop {
+            if let Some(outcome) = slot.take() {
+                return outcome;
+            }
+            self.done.wait(&mut slot);
+        }
+    }
+}
+
+/// The writer's end of a [`Completion`]. Completing it wakes the producer; dropping
+/// it uncompleted (the writer stopped, or panicked) wakes the producer with
+/// [`Error::Closed`], so no waiter sleeps forever on any exit path.
+pub(crate) struct Completer(Option<Arc<Completion>>);
+
+impl Completer {
+    pub(crate) fn complete(mut self, outcome: Result<Seq>) {
+        if let Some(c) = self.0.take() {
+            *c.slot.lock() = Some(outcome);
+            c.done.notify_all();
+        }
+    }
+}
+
+impl Drop for Completer {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            *c.slot.lock() = Some(Err(Error::Closed));
+            c.done.notify_all();
+        }
+    }
+}

@@ -1,0 +1,677 @@
+//! The claim/ack state table: where every durable frame of the log stands.
+//!
+//! # States
+//!
+//! Every frame of every live segment has one slot, found by its sequence number.
+//! A slot is in one of three states, kept in two bitsets per segment:
+//!
+//! | state   | `claimed` | `done` | meaning                                          |
+//! |---------|-----------|--------|--------------------------------------------------|
+//! | Pending | 0         | 0      | a durable record waiting to be claimed            |
+//! | Claimed | 1         | 0      | handed out by `claim`, not yet acknowledged       |
+//! | Done    | 0         | 1      | acknowledged, set aside as corrupt, or internal   |
+//!
+//! Legal transitions: Pending → Claimed (`claim`), Claimed → Pending (`release`),
+//! Claimed → Done (`ack`), Pending|Claimed → Done (read path found it corrupt).
+//! A slot enters the table Pending (a record) or Done (an internal frame), and only
+//! once its frame is durable. Done is final.
+//!
+//! # Invariants
+//!
+//! - `claimed & done == 0` in every word, and no bit is set past the segment's
+//!   last slot.
+//! - Each segment's counters equal the population counts of its bitsets; the
+//!   table's totals equal the sums over segments.
+//! - Every slot with a sequence number below `cursor` is not Pending, so a claim
+//!   starts scanning at `cursor`. `release` moves `cursor` back.
+//! - Segments are contiguous in sequence numbers and sorted; only the last one
+//!   (the writer's active segment) is unsealed.
+//!
+//! Memory per frame: a 32-bit offset and two bits, so about 4.25 bytes per pending
+//! record, and no heap object per record.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::frame::FRAME_HEADER_LEN;
+use crate::io::{Mapped, StorageFile};
+use crate::seq::{SegmentId, Seq};
+
+/// Where the bytes of a segment can be read.
+#[derive(Clone)]
+pub(crate) enum Source {
+    /// A sealed segment, mapped.
+    Map(Mapped),
+    /// The active segment, read with `read_at`.
+    File(Arc<dyn StorageFile>),
+}
+
+/// One segment's slots.
+pub(crate) struct SegmentSlots {
+    pub id: SegmentId,
+    pub path: Arc<Path>,
+    pub file: Arc<dyn StorageFile>,
+    /// Set once the segment is sealed: the writer will never write it again.
+    pub map: Option<Mapped>,
+    /// Byte offset of each frame; index = seq - first seq.
+    offsets: Vec<u32>,
+    /// Byte offset just past the last frame.
+    end: u32,
+    claimed: Vec<u64>,
+    done: Vec<u64>,
+    claimed_count: u32,
+    done_count: u32,
+}
+
+impl SegmentSlots {
+    /// An empty segment whose frames start at `frames_at`.
+    pub(crate) fn new(
+        id: SegmentId,
+        path: Arc<Path>,
+        file: Arc<dyn StorageFile>,
+        frames_at: u32,
+    ) -> Self {
+        SegmentSlots {
+            id,
+            path,
+            file,
+            map: None,
+            offsets: Vec::new(),
+            end: frames_at,
+            claimed: Vec::new(),
+            done: Vec::new(),
+            claimed_count: 0,
+            done_count: 0,
+        }
+    }
+
+    fn len(&self) -> u64 {
+        self.offsets.len() as u64
+    }
+
+    fn first(&self) -> u64 {
+        self.id.0
+    }
+
+    /// One past the last sequence number held.
+    fn end_seq(&self) -> u64 {
+        self.first() + self.len()
+    }
+
+    fn is_finished(&self) -> bool {
+        self.map.is_some() && u64::from(self.done_count) == self.len()
+    }
+
+    /// Byte range of slot `i`'s frame.
+    fn frame_range(&self, i: usize) -> (u32, u32) {
+        let start = self.offsets[i];
+        let end = self.offsets.get(i + 1).copied().unwrap_or(self.end);
+        (start, end - start)
+    }
+
+    fn source(&self) -> Source {
+        match &self.map {
+            Some(map) => Source::Map(map.clone()),
+            None => Source::File(self.file.clone()),
+        }
+    }
+
+    fn bit(words: &[u64], i: usize) -> bool {
+        words[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    fn set(words: &mut [u64], i: usize, on: bool) {
+        if on {
+            words[i / 64] |= 1 << (i % 64);
+        } else {
+            words[i / 64] &= !(1 << (i % 64));
+        }
+    }
+
+    fn check_invariants(&self) {
+        let len = self.offsets.len();
+        assert_eq!(self.claimed.len(), len.div_ceil(64));
+        assert_eq!(self.done.len(), len.div_ceil(64));
+        let mut claimed = 0;
+        let mut done = 0;
+        for (w, (&c, &d)) in self.claimed.iter().zip(&self.done).enumerate() {
+            assert_eq!(c & d, 0, "slot both claimed and done in word {w}");
+            if w == len / 64 && len % 64 != 0 {
+                let past = !0u64 << (len % 64);
+                assert_eq!((c | d) & past, 0, "bit set past the last slot");
+            }
+            claimed += c.count_ones();
+            done += d.count_ones();
+        }
+        assert_eq!(claimed, self.claimed_count);
+        assert_eq!(done, self.done_count);
+        assert!(self.offsets.windows(2).all(|w| w[0] < w[1]));
+        assert!(self.offsets.last().is_none_or(|&o| o < self.end));
+    }
+}
+
+/// A run of claimed frames from one segment, to be read outside the table lock.
+pub(crate) struct ClaimRun {
+    pub path: Arc<Path>,
+    pub source: Source,
+    /// (seq, frame offset, frame length), in sequence order.
+    pub frames: Vec<(Seq, u32, u32)>,
+}
+
+/// What an operator sees of the table; the rest of [`Stats`](crate::Stats).
+#[derive(Default)]
+pub(crate) struct TableStats {
+    pub pending: u64,
+    pub claimed: u64,
+    pub backlog_bytes: u64,
+    pub segments: usize,
+    pub disk_bytes: u64,
+    pub first_unacked: Option<(Seq, Source, u32)>,
+    pub first_pending: Option<(Seq, Source, u32)>,
+    pub last_seq: Option<Seq>,
+}
+
+/// The state table. See the module documentation for its states and invariants.
+pub(crate) struct Table {
+    segments: VecDeque<SegmentSlots>,
+    /// Every slot below this sequence number is not Pending.
+    cursor: u64,
+    pending: u64,
+    claimed: u64,
+    /// Payload bytes of records not Done.
+    backlog_bytes: u64,
+}
+
+impl Table {
+    pub(crate) fn new() -> Table {
+        Table {
+            segments: VecDeque::new(),
+            cursor: 0,
+            pending: 0,
+            claimed: 0,
+            backlog_bytes: 0,
+        }
+    }
+
+    /// Adds a new last segment. `id` must continue the log.
+    pub(crate) fn push_segment(&mut self, slots: SegmentSlots) {
+        if let Some(last) = self.segments.back() {
+            assert!(
+                last.map.is_some(),
+                "a segment was added before the last one was sealed"
+            );
+            assert!(slots.first() >= last.end_seq(), "segments out of order");
+        }
+        self.segments.push_back(slots);
+    }
+
+    /// Seals the last segment: from now on its frames are read through `map`.
+    pub(crate) fn seal_last(&mut self, id: SegmentId, map: Mapped) {
+        let last = self.segments.back_mut().expect("seal of an empty table");
+        assert_eq!(last.id, id, "seal of a segment that is not the last one");
+        last.map = Some(map);
+    }
+
+    /// Adds durable frames at the end of the segment `id` (the last one). Each frame
+    /// is (offset, length, is_record); records enter Pending, others Done.
+    pub(crate) fn push_frames(
+        &mut self,
+        id: SegmentId,
+        next_seq: Seq,
+        frames: &[(u32, u32, bool)],
+    ) {
+        let seg = self
+            .segments
+            .back_mut()
+            .expect("frames pushed into an empty table");
+        assert_eq!(
+            seg.id, id,
+            "frames pushed into a segment that is not the last one"
+        );
+        assert_eq!(
+            seg.end_seq(),
+            next_seq.get(),
+            "frames pushed out of sequence"
+        );
+        for &(offset, len, is_record) in frames {
+            assert_eq!(offset, seg.end, "frames pushed with a gap");
+            let i = seg.offsets.len();
+            seg.offsets.push(offset);
+            seg.end = offset + len;
+            if i % 64 == 0 {
+                seg.claimed.push(0);
+                seg.done.push(0);
+            }
+            if is_record {
+                self.pending += 1;
+                self.backlog_bytes += u64::from(len) - FRAME_HEADER_LEN as u64;
+            } else {
+                SegmentSlots::set(&mut seg.done, i, true);
+                seg.done_count += 1;
+            }
+        }
+        if cfg!(debug_assertions) {
+            seg.check_invariants();
+        }
+    }
+
+    /// Index of the segment holding `seq`, or None if no live segment does.
+    fn locate(&self, seq: u64) -> Option<usize> {
+        let i = self.segments.partition_point(|s| s.first() <= seq);
+        let seg = self.segments.get(i.checked_sub(1)?)?;
+        (seq < seg.end_seq()).then(|| i - 1)
+    }
+
+    /// One past the last sequence number in the table.
+    fn end_seq(&self) -> u64 {
+        self.segments.back().map_or(0, |s| s.end_seq())
+    }
+
+    /// Marks up to `max_records` of the oldest Pending records Claimed, stopping
+    /// before the payload total would exceed `max_bytes` (but always taking at
+    /// least one record if any is pending).
+    pub(crate) fn claim(&mut self, max_records: usize, max_bytes: u64) -> Vec<ClaimRun> {
+        let mut runs: Vec<ClaimRun> = Vec::new();
+        if max_records == 0 || self.pending == 0 {
+            return runs;
+        }
+        let mut taken = 0usize;
+        let mut bytes = 0u64;
+        let start_seg = match self.locate(self.cursor) {
+            Some(i) => i,
+            None if self
+                .segments
+                .front()
+                .is_some_and(|s| self.cursor < s.first()) =>
+            {
+                0
+            }
+            None => return runs,
+        };
+        let mut stop_at = self.end_seq();
+        'segments: for si in start_seg..self.segments.len() {
+            let seg = &mut self.segments[si];
+            let len = seg.offsets.len();
+            let from = self.cursor.saturating_sub(seg.first()) as usize;
+            let mut run: Option<ClaimRun> = None;
+            let mut w = from / 64;
+            while w * 64 < len {
+                let mut free = !(seg.claimed[w] | seg.done[w]);
+                if w == from / 64 {
+                    free &= !0u64 << (from % 64);
+                }
+                if w == len / 64 {
+                    free &= !(!0u64 << (len % 64));
+                }
+                while free != 0 {
+                    let i = w * 64 + free.trailing_zeros() as usize;
+                    free &= free - 1;
+                    let (offset, frame_len) = seg.frame_range(i);
+                    let payload = u64::from(frame_len) - FRAME_HEADER_LEN as u64;
+                    if taken > 0 && bytes + payload > max_bytes {
+                        stop_at = seg.first() + i as u64;
+                        if let Some(run) = run.take() {
+                            runs.push(run);
+                        }
+                        break 'segments;
+                    }
+                    SegmentSlots::set(&mut seg.claimed, i, true);
+                    seg.claimed_count += 1;
+                    taken += 1;
+                    bytes += payload;
+                    let seq = Seq::from(seg.first() + i as u64);
+                    run.get_or_insert_with(|| ClaimRun {
+                        path: seg.path.clone(),
+                        source: seg.source(),
+                        frames: Vec::new(),
+                    })
+                    .frames
+                    .push((seq, offset, frame_len));
+                    if taken == max_records {
+                        stop_at = seq.get() + 1;
+                        if let Some(run) = run.take() {
+                            runs.push(run);
+                        }
+                        break 'segments;
+                    }
+                }
+                w += 1;
+            }
+            if let Some(run) = run.take() {
+                runs.push(run);
+            }
+            if cfg!(debug_assertions) {
+                seg.check_invariants();
+            }
+        }
+        self.cursor = self.cursor.max(stop_at);
+        self.pending -= taken as u64;
+        self.claimed += taken as u64;
+        runs
+    }
+
+    /// The state of `seq`'s slot, or the error `ack` and `release` give for it.
+    fn slot(&self, seq: Seq) -> Result<Option<(usize, usize)>> {
+        let s = seq.get();
+        match self.locate(s) {
+            Some(si) => Ok(Some((si, (s - self.segments[si].first()) as usize))),
+            // Below the oldest live segment: acknowledged and deleted long ago.
+            None if self.segments.front().is_some_and(|f| s < f.first()) && s > 0 => Ok(None),
+            None => Err(Error::UnknownSeq { seq }),
+        }
+    }
+
+    fn check_ackable(&self, seq: Seq) -> Result<Option<(usize, usize)>> {
+        let Some((si, i)) = self.slot(seq)? else {
+            return Ok(None);
+        };
+        let seg = &self.segments[si];
+        if SegmentSlots::bit(&seg.claimed, i) {
+            Ok(Some((si, i)))
+        } else if SegmentSlots::bit(&seg.done, i) {
+            Ok(None)
+        } else {
+            Err(Error::NotClaimed { seq })
+        }
+    }
+
+    fn set_done(&mut self, si: usize, i: usize) {
+        let seg = &mut self.segments[si];
+        let (_, frame_len) = seg.frame_range(i);
+        if SegmentSlots::bit(&seg.claimed, i) {
+            SegmentSlots::set(&mut seg.claimed, i, false);
+            seg.claimed_count -= 1;
+            self.claimed -= 1;
+        } else {
+            self.pending -= 1;
+        }
+        SegmentSlots::set(&mut seg.done, i, true);
+        seg.done_count += 1;
+        self.backlog_bytes -= u64::from(frame_len) - FRAME_HEADER_LEN as u64;
+        if cfg!(debug_assertions) {
+            seg.check_invariants();
+        }
+    }
+
+    /// Acknowledges the claimed records `seqs`, all or none. Returns whether the
+    /// oldest segment became deletable.
+    pub(crate) fn ack(&mut self, seqs: &[Seq]) -> Result<bool> {
+        for &seq in seqs {
+            self.check_ackable(seq)?;
+        }
+        for &seq in seqs {
+            // Checked above; a seq listed twice is Done the second time.
+            if let Some((si, i)) = self.check_ackable(seq)? {
+                self.set_done(si, i);
+            }
+        }
+        Ok(self.segments.front().is_some_and(|s| s.is_finished()))
+    }
+
+    /// Returns a claimed record to Pending; it is handed out before newer ones.
+    pub(crate) fn release(&mut self, seq: Seq) -> Result<()> {
+        let Some((si, i)) = self.slot(seq)? else {
+            return Err(Error::NotClaimed { seq });
+        };
+        let seg = &mut self.segments[si];
+        if !SegmentSlots::bit(&seg.claimed, i) {
+            return Err(Error::NotClaimed { seq });
+        }
+        SegmentSlots::set(&mut seg.claimed, i, false);
+        seg.claimed_count -= 1;
+        self.claimed -= 1;
+        self.pending += 1;
+        self.cursor = self.cursor.min(seq.get());
+        if cfg!(debug_assertions) {
+            seg.check_invariants();
+        }
+        Ok(())
+    }
+
+    /// Releases records claimed by a claim that could not be completed.
+    pub(crate) fn release_all(&mut self, seqs: impl IntoIterator<Item = Seq>) {
+        for seq in seqs {
+            // These were claimed by the caller a moment ago and cannot have moved
+            // on except by a concurrent ack, which leaves nothing to release.
+            let _ = self.release(seq);
+        }
+    }
+
+    /// Sets aside a record whose frame failed its check on the read path, so that
+    /// one bad record cannot wedge the queue.
+    pub(crate) fn set_aside(&mut self, seq: Seq) -> bool {
+        match self.slot(seq) {
+            Ok(Some((si, i))) if !SegmentSlots::bit(&self.segments[si].done, i) => {
+                self.set_done(si, i);
+                self.segments.front().is_some_and(|s| s.is_finished())
+            }
+            _ => false,
+        }
+    }
+
+    /// The oldest segments that are sealed and entirely Done, and the first
+    /// sequence number of the segment that would then be the oldest.
+    pub(crate) fn reclaimable(&self) -> Option<(usize, Seq)> {
+        let count = self.segments.iter().take_while(|s| s.is_finished()).count();
+        if count == 0 {
+            return None;
+        }
+        let next = self.segments.get(count)?;
+        Some((count, next.id.first_seq()))
+    }
+
+    /// The paths of the oldest `count` segments.
+    pub(crate) fn front_paths(&self, count: usize) -> Vec<Arc<Path>> {
+        self.segments
+            .iter()
+            .take(count)
+            .map(|s| s.path.clone())
+            .collect()
+    }
+
+    /// Drops the oldest `count` segments from the table (after their files are
+    /// deleted).
+    pub(crate) fn remove_front(&mut self, count: usize) {
+        for _ in 0..count {
+            let seg = self
+                .segments
+                .pop_front()
+                .expect("remove_front past the end");
+            assert!(seg.is_finished(), "removed a segment with live records");
+        }
+    }
+
+    pub(crate) fn stats(&self) -> TableStats {
+        let mut stats = TableStats {
+            pending: self.pending,
+            claimed: self.claimed,
+            backlog_bytes: self.backlog_bytes,
+            segments: self.segments.len(),
+            ..TableStats::default()
+        };
+        for seg in &self.segments {
+            stats.disk_bytes += u64::from(seg.end);
+        }
+        stats.last_seq = self
+            .segments
+            .iter()
+            .rev()
+            .find(|s| s.len() > 0)
+            .map(|s| Seq::from(s.end_seq() - 1));
+        stats.first_unacked = self.find_first(0, |_, d| !d);
+        stats.first_pending = self.find_first(self.cursor, |c, d| !(c | d));
+        stats
+    }
+
+    /// The first slot at or after `from` whose words satisfy `pick`.
+    fn find_first(&self, from: u64, pick: impl Fn(u64, u64) -> u64) -> Option<(Seq, Source, u32)> {
+        for seg in &self.segments {
+            if seg.end_seq() <= from {
+                continue;
+            }
+            let start = from.saturating_sub(seg.first()) as usize;
+            let len = seg.offsets.len();
+            for w in start / 64..len.div_ceil(64) {
+                let mut bits = pick(seg.claimed[w], seg.done[w]);
+                if w == start / 64 {
+                    bits &= !0u64 << (start % 64);
+                }
+                if w == len / 64 {
+                    bits &= !(!0u64 << (len % 64));
+                }
+                if bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    return Some((
+                        Seq::from(seg.first() + i as u64),
+                        seg.source(),
+                        seg.offsets[i],
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// Checks every invariant of the table (tests and debug builds).
+    pub(crate) fn check_invariants(&self) {
+        let (mut claimed, mut pending) = (0u64, 0u64);
+        for (k, seg) in self.segments.iter().enumerate() {
+            seg.check_invariants();
+            if k + 1 < self.segments.len() {
+                assert!(
+                    seg.map.is_some(),
+                    "an unsealed segment that is not the last"
+                );
+                assert!(seg.end_seq() <= self.segments[k + 1].first());
+            }
+            claimed += u64::from(seg.claimed_count);
+            pending += seg.len() - u64::from(seg.claimed_count) - u64::from(seg.done_count);
+            for i in 0..seg.offsets.len() {
+                if seg.first() + (i as u64) < self.cursor {
+                    assert!(
+                        SegmentSlots::bit(&seg.claimed, i) || SegmentSlots::bit(&seg.done, i),
+                        "pending slot below the cursor"
+                    );
+                }
+            }
+        }
+        assert_eq!(claimed, self.claimed);
+        assert_eq!(pending, self.pending);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::{StdStorage, Storage};
+
+    /// A table with one unsealed segment holding `n` records of 10-byte payloads,
+    /// with frame `internal` (if any) an internal frame.
+    fn table(n: u32, internal: Option<u32>) -> (Table, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path: Arc<Path> = dir.path().join("f").into();
+        let file = StdStorage.create(&path).expect("create");
+        let mut t = Table::new();
+        t.push_segment(SegmentSlots::new(SegmentId(1), path, file, 64));
+        let frame = FRAME_HEADER_LEN as u32 + 10;
+        let frames: Vec<(u32, u32, bool)> = (0..n)
+            .map(|i| (64 + i * frame, frame, Some(i) != internal))
+            .collect();
+        t.push_frames(SegmentId(1), Seq::from(1), &frames);
+        (t, dir)
+    }
+
+    fn seqs(runs: &[ClaimRun]) -> Vec<u64> {
+        runs.iter()
+            .flat_map(|r| r.frames.iter().map(|f| f.0.get()))
+            .collect()
+    }
+
+    #[test]
+    fn claims_hand_out_oldest_first_and_skip_internal_frames() {
+        let (mut t, _d) = table(200, Some(2));
+        assert_eq!(seqs(&t.claim(4, u64::MAX)), vec![1, 2, 4, 5]);
+        assert_eq!(seqs(&t.claim(3, u64::MAX)), vec![6, 7, 8]);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn released_records_come_back_before_newer_ones() {
+        let (mut t, _d) = table(100, None);
+        assert_eq!(seqs(&t.claim(10, u64::MAX)), (1..=10).collect::<Vec<_>>());
+        t.release(Seq::from(3)).expect("release");
+        t.release(Seq::from(7)).expect("release");
+        assert_eq!(seqs(&t.claim(3, u64::MAX)), vec![3, 7, 11]);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn claim_by_bytes_takes_at_least_one_record() {
+        let (mut t, _d) = table(10, None);
+        assert_eq!(seqs(&t.claim(100, 25)), vec![1, 2]);
+        assert_eq!(seqs(&t.claim(100, 1)), vec![3]);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn ack_semantics() {
+        let (mut t, _d) = table(10, None);
+        t.claim(2, u64::MAX);
+        assert!(matches!(
+            t.ack(&[Seq::from(5)]),
+            Err(Error::NotClaimed { .. })
+        ));
+        assert!(matches!(
+            t.ack(&[Seq::from(11)]),
+            Err(Error::UnknownSeq { .. })
+        ));
+        assert!(matches!(
+            t.ack(&[Seq::from(0)]),
+            Err(Error::UnknownSeq { .. })
+        ));
+        // All or nothing: the valid seq in a failing ack_many stays claimed.
+        assert!(t.ack(&[Seq::from(1), Seq::from(9)]).is_err());
+        assert_eq!(t.claimed, 2);
+        t.ack(&[Seq::from(1), Seq::from(2)]).expect("ack");
+        // Acking twice is not an error: relays retry acks.
+        t.ack(&[Seq::from(1)]).expect("ack again");
+        assert!(matches!(
+            t.release(Seq::from(1)),
+            Err(Error::NotClaimed { .. })
+        ));
+        assert_eq!((t.pending, t.claimed), (8, 0));
+        t.check_invariants();
+    }
+
+    #[test]
+    fn a_segment_is_reclaimable_only_when_sealed_and_done() {
+        let (mut t, d) = table(3, None);
+        t.claim(3, u64::MAX);
+        assert!(
+            !t.ack(&[Seq::from(1), Seq::from(2), Seq::from(3)])
+                .expect("ack")
+        );
+        assert_eq!(t.reclaimable(), None, "unsealed");
+        t.seal_last(SegmentId(1), Arc::new(Vec::new()));
+        let path: Arc<Path> = d.path().join("g").into();
+        let file = StdStorage.create(&path).expect("create");
+        t.push_segment(SegmentSlots::new(SegmentId(4), path, file, 64));
+        assert_eq!(t.reclaimable(), Some((1, Seq::from(4))));
+        t.remove_front(1);
+        // Seqs of deleted segments were acknowledged: acking them again is fine.
+        t.ack(&[Seq::from(2)]).expect("ack of a deleted seq");
+        t.check_invariants();
+    }
+
+    #[test]
+    fn set_aside_moves_past_a_bad_record() {
+        let (mut t, _d) = table(5, None);
+        let first = seqs(&t.claim(2, u64::MAX));
+        t.set_aside(Seq::from(first[0]));
+        t.release_all([Seq::from(first[1])]);
+        assert_eq!(seqs(&t.claim(10, u64::MAX)), vec![2, 3, 4, 5]);
+        t.check_invariants();
+    }
+}

@@ -1,0 +1,462 @@
+//! The writer thread: the only code that writes segments, calls `sync_data` and
+//! deletes segment files.
+//!
+//! It takes whatever producers queued while its previous write and fsync ran (no
+//! fixed wait, unless a linger is configured), encodes the frames into one reused
+//! buffer, issues one write and one `sync_data`, publishes the now durable records
+//! to the state table, and completes every producer of the batch. After the first
+//! failed write or sync it poisons the outbox and answers every request with the
+//! error until the outbox is closed; it never retries.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+
+use crate::error::{Error, Result};
+use crate::frame::{self, FrameHeader, FrameKind};
+use crate::io::{self, StorageFile};
+use crate::options::Durability;
+use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
+use crate::seq::{SegmentId, Seq};
+use crate::shared::{Completer, Counters, Shared};
+use crate::state::SegmentSlots;
+
+/// The payloads of one append request.
+pub(crate) enum Payloads {
+    One(Vec<u8>),
+    Many(Vec<Vec<u8>>),
+}
+
+impl Payloads {
+    fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        let (one, many) = match self {
+            Payloads::One(p) => (Some(p.as_slice()), &[][..]),
+            Payloads::Many(ps) => (None, ps.as_slice()),
+        };
+        one.into_iter().chain(many.iter().map(Vec::as_slice))
+    }
+}
+
+/// A request to the writer thread.
+pub(crate) enum Request {
+    /// Append records; complete with the first one's sequence number once they are
+    /// written (buffered) or durable (sync).
+    Append {
+        payloads: Payloads,
+        /// Encoded size, acquired from the queue budget.
+        bytes: u64,
+        done: Completer,
+    },
+    /// Make everything written so far durable.
+    Sync { done: Completer },
+    /// The oldest segment may be fully acknowledged: delete what can be.
+    Reclaim,
+}
+
+/// The segment being written.
+struct Active {
+    id: SegmentId,
+    path: Arc<Path>,
+    file: Arc<dyn StorageFile>,
+    /// Bytes written (header and frames).
+    len: u64,
+    created: Instant,
+    /// Records written to it (internal frames not counted).
+    records: u64,
+}
+
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    rx: Receiver<Request>,
+    active: Active,
+    /// Sequence number of the next frame.
+    next_seq: Seq,
+    /// Sequence number of the last frame written to disk.
+    last_written: Seq,
+    log_start: Seq,
+    /// Encoding buffer, reused across batches.
+    buf: Vec<u8>,
+    /// Frames written since the last sync: (offset, length, is_record).
+    unsynced: Vec<(u32, u32, bool)>,
+    /// Sequence number of the first of them: the current sync group.
+    group: Option<Seq>,
+    unsynced_since: Option<Instant>,
+    batch: Vec<Request>,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+impl Writer {
+    /// Creates the first segment of this run and returns the writer, ready to run.
+    pub(crate) fn start(
+        shared: Arc<Shared>,
+        rx: Receiver<Request>,
+        next_seq: Seq,
+        prev_seq: Seq,
+        log_start: Seq,
+    ) -> Result<Writer> {
+        let active = create_segment(&shared, next_seq, prev_seq, log_start)
+            .map_err(|(op, path, e)| Error::io(op, path, e))?;
+        Ok(Writer {
+            shared,
+            rx,
+            active,
+            next_seq,
+            last_written: prev_seq,
+            log_start,
+            buf: Vec::with_capacity(1 << 16),
+            unsynced: Vec::new(),
+            group: None,
+            unsynced_since: None,
+            batch: Vec::new(),
+        })
+    }
+
+    /// Runs until every handle is closed and the queue is drained. Returns the
+    /// outcome of the final sync.
+    pub(crate) fn run(mut self) -> Result<()> {
+        loop {
+            let first = match self.deadline() {
+                Some(deadline) => match self.rx.recv_deadline(deadline) {
+                    Ok(r) => r,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.on_timer();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                },
+                None => match self.rx.recv() {
+                    Ok(r) => r,
+                    Err(_) => break,
+                },
+            };
+            self.gather(first);
+            self.process_batch();
+            self.on_timer();
+        }
+        // Closed: everything queued was processed; make it durable.
+        if let Some(e) = self.shared.poison.get() {
+            return Err(e.clone());
+        }
+        self.sync()
+    }
+
+    /// The next time the writer must act without a request.
+    fn deadline(&self) -> Option<Instant> {
+        let opts = &self.shared.options;
+        let rotate = (self.active.records > 0).then(|| self.active.created + opts.segment_age);
+        let sync = self.unsynced_since.map(|t| t + opts.buffered_sync_interval);
+        match (rotate, sync) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Timed duties: the buffered sync interval and rotation by age.
+    fn on_timer(&mut self) {
+        if self.shared.poison.get().is_some() {
+            return;
+        }
+        let interval = self.shared.options.buffered_sync_interval;
+        if self.unsynced_since.is_some_and(|t| t.elapsed() >= interval) {
+            let _ = self.sync();
+        }
+        let age = self.shared.options.segment_age;
+        if self.active.records > 0 && self.active.created.elapsed() >= age {
+            if self.rotate().is_ok() {
+                self.reclaim();
+            }
+        }
+    }
+
+    /// Collects the first request and whatever else is queued, up to the batch size.
+    fn gather(&mut self, first: Request) {
+        let opts = &self.shared.options;
+        let limit = opts.batch_bytes as u64;
+        let mut bytes = request_bytes(&first);
+        self.batch.push(first);
+        let linger_until = (!opts.linger.is_zero()).then(|| Instant::now() + opts.linger);
+        while bytes < limit {
+            let next = match linger_until {
+                Some(until) => self.rx.recv_deadline(until).ok(),
+                None => match self.rx.try_recv() {
+                    Ok(r) => Some(r),
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
+                },
+            };
+            let Some(r) = next else { break };
+            bytes += request_bytes(&r);
+            self.batch.push(r);
+        }
+    }
+
+    fn process_batch(&mut self) {
+        let mut batch = std::mem::take(&mut self.batch);
+        let durability = self.shared.options.durability;
+        let batch_first = self.next_seq;
+        let written = self.write_batch(&batch);
+        let wants_sync = durability == Durability::Sync
+            || batch.iter().any(|r| matches!(r, Request::Sync { .. }));
+        let durable = match &written {
+            Ok(()) if wants_sync => self.sync(),
+            other => other.clone(),
+        };
+        let mut first = batch_first;
+        for r in batch.drain(..) {
+            match r {
+                Request::Append {
+                    payloads,
+                    bytes,
+                    done,
+                } => {
+                    let outcome = match durability {
+                        Durability::Buffered => written.clone(),
+                        _ => durable.clone(),
+                    };
+                    done.complete(outcome.map(|()| first));
+                    first = Seq::from(first.get() + payloads.iter().count() as u64);
+                    self.shared.budget.release(bytes);
+                }
+                Request::Sync { done } => {
+                    done.complete(durable.clone().map(|()| self.last_written))
+                }
+                Request::Reclaim => {}
+            }
+        }
+        self.batch = batch;
+        self.reclaim();
+    }
+
+    /// Encodes and writes every append of the batch as one write batch.
+    fn write_batch(&mut self, batch: &[Request]) -> Result<()> {
+        if let Some(e) = self.shared.poison.get() {
+            return Err(e.clone());
+        }
+        let encoded: u64 = batch.iter().map(request_bytes).sum();
+        if encoded == 0 {
+            return Ok(());
+        }
+        let over = self.active.len + encoded > self.shared.options.segment_bytes;
+        if over && self.active.records > 0 {
+            self.rotate()?;
+        }
+        self.buf.clear();
+        let timestamp_us = now_us();
+        let mut offset = self.active.len;
+        let mut last_frame_at = 0;
+        let first_unsynced = self.unsynced.len();
+        for r in batch {
+            let Request::Append { payloads, .. } = r else {
+                continue;
+            };
+            for payload in payloads.iter() {
+                let seq = self.next_seq;
+                let group = *self.group.get_or_insert(seq);
+                last_frame_at = self.buf.len();
+                frame::encode(
+                    &mut self.buf,
+                    &FrameHeader {
+                        kind: FrameKind::Record,
+                        batch_end: false,
+                        seq,
+                        group,
+                        timestamp_us,
+                    },
+                    payload,
+                );
+                let len = frame::frame_len(payload.len()) as u32;
+                self.unsynced.push((offset as u32, len, true));
+                offset += u64::from(len);
+                self.next_seq = seq.next();
+            }
+        }
+        frame::set_batch_end(&mut self.buf[last_frame_at..], true);
+        let records = (self.unsynced.len() - first_unsynced) as u64;
+        self.write_buf()?;
+        self.active.records += records;
+        Counters::add(&self.shared.counters.batches, 1);
+        Counters::add(&self.shared.counters.records_appended, records);
+        Counters::add(&self.shared.counters.bytes_appended, encoded);
+        Ok(())
+    }
+
+    /// Writes `buf` at the end of the active segment.
+    fn write_buf(&mut self) -> Result<()> {
+        if let Err(e) = io::write_all_at(&*self.active.file, &self.buf, self.active.len) {
+            return Err(self.poison("write", &self.active.path.clone(), e));
+        }
+        self.active.len += self.buf.len() as u64;
+        self.last_written = Seq::from(self.next_seq.get() - 1);
+        if self.unsynced_since.is_none() {
+            self.unsynced_since = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Makes every written frame durable and publishes it to the state table.
+    fn sync(&mut self) -> Result<()> {
+        if let Some(e) = self.shared.poison.get() {
+            return Err(e.clone());
+        }
+        let Some(group) = self.group else {
+            return Ok(());
+        };
+        if let Err(e) = self.active.file.sync_data() {
+            return Err(self.poison("fsync", &self.active.path.clone(), e));
+        }
+        Counters::add(&self.shared.counters.fsyncs, 1);
+        self.shared
+            .table
+            .lock()
+            .push_frames(self.active.id, group, &self.unsynced);
+        self.unsynced.clear();
+        self.group = None;
+        self.unsynced_since = None;
+        self.shared.arrived.notify_all();
+        Ok(())
+    }
+
+    /// Records the first failure; every later request gets this error.
+    fn poison(&self, op: &'static str, path: &Path, e: std::io::Error) -> Error {
+        let error = Error::Poisoned {
+            path: path.to_path_buf(),
+            op,
+            source: Arc::new(e),
+        };
+        let _ = self.shared.poison.set(error.clone());
+        // Claimers waiting for records will get none from this run.
+        self.shared.arrived.notify_all();
+        self.shared.poison.get().cloned().unwrap_or(error)
+    }
+
+    /// Seals the active segment and starts a new one.
+    fn rotate(&mut self) -> Result<()> {
+        self.sync()?;
+        let map = match self.active.file.map(self.active.len) {
+            Ok(map) => map,
+            Err(e) => return Err(self.poison("map", &self.active.path.clone(), e)),
+        };
+        self.shared.table.lock().seal_last(self.active.id, map);
+        match create_segment(
+            &self.shared,
+            self.next_seq,
+            self.last_written,
+            self.log_start,
+        ) {
+            Ok(active) => {
+                self.active = active;
+                Ok(())
+            }
+            Err((op, path, e)) => Err(self.poison(op, &path, e)),
+        }
+    }
+
+    /// Deletes the oldest segments once they are sealed and fully acknowledged.
+    ///
+    /// The new log start is written and fsynced in a `LogStart` frame *before* any
+    /// file is removed, so that recovery can tell a deleted segment from a missing
+    /// one (docs/FORMAT.md, "Deleting segments").
+    fn reclaim(&mut self) {
+        if self.shared.poison.get().is_some() {
+            return;
+        }
+        let Some((count, new_start)) = self.shared.table.lock().reclaimable() else {
+            return;
+        };
+        self.buf.clear();
+        let seq = self.next_seq;
+        let group = *self.group.get_or_insert(seq);
+        frame::encode(
+            &mut self.buf,
+            &FrameHeader {
+                kind: FrameKind::LogStart,
+                batch_end: true,
+                seq,
+                group,
+                timestamp_us: now_us(),
+            },
+            &new_start.get().to_le_bytes(),
+        );
+        let len = self.buf.len() as u32;
+        self.unsynced.push((self.active.len as u32, len, false));
+        self.next_seq = seq.next();
+        if self.write_buf().is_err() || self.sync().is_err() {
+            return;
+        }
+        self.log_start = new_start;
+        let paths = self.shared.table.lock().front_paths(count);
+        for path in &paths {
+            // A file that cannot be removed now is below the durable log start:
+            // the next recovery removes it.
+            let _ = self.shared.storage.remove(path);
+        }
+        if let Err(e) = self.shared.storage.sync_dir(&self.shared.dir) {
+            let _ = self.poison("directory fsync", &self.shared.dir.clone(), e);
+            return;
+        }
+        self.shared.table.lock().remove_front(count);
+        Counters::add(&self.shared.counters.segments_deleted, count as u64);
+    }
+}
+
+/// Encoded bytes of a request: what it takes of the queue budget and the batch.
+pub(crate) fn request_bytes(r: &Request) -> u64 {
+    match r {
+        Request::Append { bytes, .. } => *bytes,
+        _ => 0,
+    }
+}
+
+/// Why creating a segment failed: the operation, the path, the cause.
+type CreateError = (&'static str, PathBuf, std::io::Error);
+
+/// Creates segment `first`, writes its header, and makes both durable: the header
+/// is fsynced, then the directory, before any frame is written.
+fn create_segment(
+    shared: &Shared,
+    first: Seq,
+    prev_seq: Seq,
+    log_start: Seq,
+) -> Result<Active, CreateError> {
+    let id = SegmentId(first.get());
+    let path: Arc<Path> = shared.dir.join(id.file_name()).into();
+    let fail = |op, e| (op, path.to_path_buf(), e);
+    let file = shared
+        .storage
+        .create(&path)
+        .map_err(|e| fail("create segment", e))?;
+    let header = SegmentHeader {
+        first_seq: first,
+        prev_seq,
+        log_start,
+        created_unix_ms: now_us() / 1000,
+    };
+    io::write_all_at(&*file, &header.encode(), 0).map_err(|e| fail("write segment header", e))?;
+    file.sync_data()
+        .map_err(|e| fail("sync segment header", e))?;
+    shared
+        .storage
+        .sync_dir(&shared.dir)
+        .map_err(|e| ("sync directory", shared.dir.clone(), e))?;
+    Counters::add(&shared.counters.fsyncs, 2);
+    shared.table.lock().push_segment(SegmentSlots::new(
+        id,
+        path.clone(),
+        file.clone(),
+        SEGMENT_HEADER_LEN as u32,
+    ));
+    Ok(Active {
+        id,
+        path,
+        file,
+        len: SEGMENT_HEADER_LEN as u64,
+        created: Instant::now(),
+        records: 0,
+    })
+}

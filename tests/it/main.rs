@@ -1,0 +1,1 @@
+//! Integration tests of segwal, grouped by concern.
