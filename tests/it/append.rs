@@ -1,0 +1,254 @@
+//! Appends: durable on return, intact and in order after close and reopen.
+
+use std::sync::Arc;
+use std::thread;
+
+use segwal::{Error, Options, Outbox, Seq};
+
+use crate::{drain, drain_ack, payload, small_segments, tmp};
+
+#[test]
+fn many_producers_appends_survive_reopen_intact_and_in_order() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    let producers = 8;
+    let per = 300;
+    let handles: Vec<_> = (0..producers)
+        .map(|p| {
+            let outbox = outbox.clone();
+            thread::spawn(move || {
+                (0..per)
+                    .map(|i| (outbox.append(&payload(p, i)).expect("append"), p, i))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut acked: Vec<(Seq, usize, usize)> = handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("producer"))
+        .collect();
+    outbox.close().expect("close");
+
+    // Every producer's own appends got increasing sequence numbers.
+    for p in 0..producers {
+        let mine: Vec<Seq> = acked.iter().filter(|a| a.1 == p).map(|a| a.0).collect();
+        assert!(
+            mine.windows(2).all(|w| w[0] < w[1]),
+            "producer {p} out of order"
+        );
+    }
+    acked.sort();
+    let reopened = Outbox::open(&dir, small_segments()).expect("reopen");
+    let records = drain(&reopened);
+    assert_eq!(records.len(), producers * per);
+    for (record, (seq, p, i)) in records.iter().zip(&acked) {
+        assert_eq!(record.seq(), *seq);
+        assert_eq!(record.payload(), payload(*p, *i).as_slice(), "seq {seq}");
+    }
+    assert!(
+        reopened.stats().segments > 1,
+        "the test meant to span segments"
+    );
+}
+
+#[test]
+fn append_batch_gets_contiguous_seqs_and_empty_payloads_are_records() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let first = outbox.append(b"").expect("empty record");
+    let seqs = outbox
+        .append_batch(&[b"a".as_slice(), b"", b"ccc"])
+        .expect("batch");
+    assert_eq!(seqs.len(), 3);
+    assert!(seqs[0] > first);
+    assert_eq!(seqs[1].get(), seqs[0].get() + 1);
+    assert_eq!(seqs[2].get(), seqs[0].get() + 2);
+    assert_eq!(
+        outbox.append_batch::<&[u8]>(&[]).expect("empty batch"),
+        vec![]
+    );
+    outbox.close().expect("close");
+
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    assert_eq!(
+        drain_ack(&outbox),
+        vec![b"".to_vec(), b"a".to_vec(), b"".to_vec(), b"ccc".to_vec()]
+    );
+}
+
+#[test]
+fn an_oversized_record_is_refused_before_touching_disk() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default().max_record_bytes(100)).expect("open");
+    let before = outbox.stats();
+    match outbox.append(&[0; 101]) {
+        Err(Error::RecordTooLarge { len: 101, max: 100 }) => {}
+        other => panic!("expected RecordTooLarge, got {other:?}"),
+    }
+    assert!(matches!(
+        outbox.append_batch(&[vec![0; 10], vec![0; 101]]),
+        Err(Error::RecordTooLarge { .. })
+    ));
+    assert!(matches!(
+        outbox.try_append(&[0; 101]),
+        Err(Error::RecordTooLarge { .. })
+    ));
+    let after = outbox.stats();
+    assert_eq!(
+        (after.batches, after.disk_bytes),
+        (before.batches, before.disk_bytes)
+    );
+    outbox
+        .append(&[0; 100])
+        .expect("a record at the limit is fine");
+}
+
+#[test]
+fn a_batch_larger_than_the_queue_is_refused() {
+    let (_t, dir) = tmp();
+    let options = Options::default().max_record_bytes(1000).queue_bytes(4000);
+    let outbox = Outbox::open(&dir, options).expect("open");
+    let batch = vec![vec![1u8; 1000]; 5];
+    assert!(matches!(
+        outbox.append_batch(&batch),
+        Err(Error::BatchTooLarge { max: 4000, .. })
+    ));
+    assert_eq!(outbox.append_batch(&batch[..3]).expect("fits").len(), 3);
+}
+
+#[test]
+fn calls_after_close_are_refused_on_every_handle() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let other = outbox.clone();
+    let seq = outbox.append(b"x").expect("append");
+    outbox.close().expect("close");
+    assert!(matches!(other.append(b"y"), Err(Error::Closed)));
+    assert!(matches!(other.try_append(b"y"), Err(Error::Closed)));
+    assert!(matches!(other.append_batch(&[b"y"]), Err(Error::Closed)));
+    assert!(matches!(other.claim(1), Err(Error::Closed)));
+    assert!(matches!(
+        other.claim_wait(1, std::time::Duration::from_millis(1)),
+        Err(Error::Closed)
+    ));
+    assert!(matches!(other.ack(seq), Err(Error::Closed)));
+    assert!(matches!(other.release(seq), Err(Error::Closed)));
+    assert!(matches!(other.sync(), Err(Error::Closed)));
+    assert!(matches!(other.close(), Err(Error::Closed)));
+    // The lock is released: the directory opens again, with the record.
+    let reopened = Outbox::open(&dir, Options::default()).expect("reopen");
+    assert_eq!(drain_ack(&reopened), vec![b"x".to_vec()]);
+}
+
+#[test]
+fn dropping_the_last_handle_closes_and_releases_the_directory() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let clone = outbox.clone();
+    outbox.append(b"kept").expect("append");
+    drop(outbox);
+    // One handle still lives: the directory is still owned.
+    assert!(matches!(
+        Outbox::open(&dir, Options::default()),
+        Err(Error::Locked { .. })
+    ));
+    drop(clone);
+    let reopened = Outbox::open(&dir, Options::default()).expect("reopen after drop");
+    assert_eq!(drain_ack(&reopened), vec![b"kept".to_vec()]);
+}
+
+#[test]
+fn close_finishes_appends_already_handed_to_the_writer() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let outbox = Arc::new(outbox);
+    let producers: Vec<_> = (0..4)
+        .map(|p| {
+            let outbox = outbox.clone();
+            thread::spawn(move || {
+                let mut ok = Vec::new();
+                for i in 0..500 {
+                    match outbox.append(&payload(p, i)) {
+                        Ok(seq) => ok.push(seq),
+                        Err(Error::Closed) => break,
+                        Err(e) => panic!("unexpected error {e}"),
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    thread::sleep(std::time::Duration::from_millis(20));
+    outbox.close().expect("close");
+    let acked: Vec<Seq> = producers
+        .into_iter()
+        .flat_map(|h| h.join().expect("producer"))
+        .collect();
+    let reopened = Outbox::open(&dir, Options::default()).expect("reopen");
+    let recovered: std::collections::HashSet<Seq> =
+        drain(&reopened).iter().map(|r| r.seq()).collect();
+    for seq in &acked {
+        assert!(
+            recovered.contains(seq),
+            "acknowledged append {seq} lost at close"
+        );
+    }
+}
+
+#[test]
+fn try_append_reports_full_instead_of_waiting() {
+    let (_t, dir) = tmp();
+    // A queue of one request: while the writer works, a second try fails fast.
+    let options = Options::default().queue_capacity(1);
+    let outbox = Outbox::open(&dir, options).expect("open");
+    let mut full = 0;
+    let handles: Vec<_> = (0..4)
+        .map(|p| {
+            let outbox = outbox.clone();
+            thread::spawn(move || {
+                let mut full = 0;
+                for i in 0..200 {
+                    match outbox.try_append(&payload(p, i)) {
+                        Ok(_) => {}
+                        Err(Error::Full) => full += 1,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                full
+            })
+        })
+        .collect();
+    for h in handles {
+        full += h.join().expect("producer");
+    }
+    let stats = outbox.stats();
+    assert_eq!(stats.records_appended + full, 800);
+    assert!(
+        full > 0,
+        "four producers on a queue of one never found it full"
+    );
+}
+
+#[test]
+fn buffered_appends_become_claimable_after_the_interval_and_survive_close() {
+    let (_t, dir) = tmp();
+    let options = Options::default()
+        .durability(segwal::Durability::Buffered)
+        .buffered_sync_interval(std::time::Duration::from_millis(20));
+    let outbox = Outbox::open(&dir, options.clone()).expect("open");
+    let seq = outbox.append(b"buffered").expect("append");
+    let got = outbox
+        .claim_wait(10, std::time::Duration::from_secs(10))
+        .expect("claim");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].seq(), seq);
+    outbox.release(seq).expect("release");
+    outbox.append(b"second").expect("append");
+    outbox.sync().expect("sync");
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options).expect("reopen");
+    assert_eq!(
+        drain_ack(&outbox),
+        vec![b"buffered".to_vec(), b"second".to_vec()]
+    );
+}
