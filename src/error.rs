@@ -51,10 +51,11 @@ pub enum Error {
     },
     /// The outbox was closed; nothing more can be done with any of its handles.
     Closed,
-    /// A write or fsync failed earlier; the outbox accepts nothing until reopened.
+    /// A write or fsync failed; the outbox accepts no append until reopened.
     ///
     /// After a failed fsync the page cache can no longer be trusted, so segwal
-    /// never retries one. Reopening the directory recovers from what is on disk.
+    /// never retries one. Claims and acknowledgements of records already durable
+    /// go on working; reopening the directory recovers from what is on disk.
     /// Appends that failed with this error are *in doubt*: they may or may not be
     /// delivered after the reopen.
     Poisoned {

@@ -304,7 +304,7 @@ impl Outbox {
     /// pending, however large.
     pub fn claim_bytes(&self, max_records: usize, max_bytes: u64) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
-        shared.check_usable()?;
+        shared.check_open()?;
         let runs = shared.table.lock().claim(max_records, max_bytes);
         self.read_claimed(runs)
     }
@@ -317,7 +317,7 @@ impl Outbox {
         let deadline = Instant::now() + timeout;
         let mut table = shared.table.lock();
         loop {
-            shared.check_usable()?;
+            shared.check_open()?;
             let runs = table.claim(max_records, u64::MAX);
             if !runs.is_empty() || max_records == 0 {
                 drop(table);
@@ -372,7 +372,7 @@ impl Outbox {
     /// [`ack`](Outbox::ack), none is acknowledged and that error is returned.
     pub fn ack_many(&self, seqs: &[Seq]) -> Result<()> {
         let shared = &self.handle.shared;
-        shared.check_usable()?;
+        shared.check_open()?;
         let reclaim = shared.table.lock().ack(seqs)?;
         if reclaim {
             self.nudge_writer();
@@ -384,7 +384,7 @@ impl Outbox {
     /// newer record. Fails with [`Error::NotClaimed`] if it is not claimed.
     pub fn release(&self, seq: Seq) -> Result<()> {
         let shared = &self.handle.shared;
-        shared.check_usable()?;
+        shared.check_open()?;
         shared.table.lock().release(seq)?;
         shared.arrived.notify_one();
         Ok(())

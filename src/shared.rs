@@ -30,13 +30,21 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Fails if the outbox is closed or poisoned.
+    /// Fails if the outbox is closed or poisoned: the check before an append.
     pub(crate) fn check_usable(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed);
-        }
+        self.check_open()?;
         if let Some(e) = self.poison.get() {
             return Err(e.clone());
+        }
+        Ok(())
+    }
+
+    /// Fails if the outbox is closed: the check before a claim or an ack, which
+    /// go on working on a poisoned outbox so that a relay can deliver what is
+    /// durable while the process prepares to reopen.
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
         }
         Ok(())
     }

@@ -208,6 +208,7 @@ impl Writer {
             other => other.clone(),
         };
         let mut first = batch_first;
+        let mut barriers = Vec::new();
         for r in batch.drain(..) {
             match r {
                 Request::Append {
@@ -223,14 +224,17 @@ impl Writer {
                     first = Seq::from(first.get() + payloads.iter().count() as u64);
                     self.shared.budget.release(bytes);
                 }
-                Request::Sync { done } => {
-                    done.complete(durable.clone().map(|()| self.last_written))
-                }
+                Request::Sync { done } => barriers.push(done),
                 Request::Reclaim => {}
             }
         }
         self.batch = batch;
         self.reclaim();
+        // A sync request is a barrier: it completes after everything queued before
+        // it, deletions included.
+        for done in barriers {
+            done.complete(durable.clone().map(|()| self.last_written));
+        }
     }
 
     /// Encodes and writes every append of the batch as one write batch.

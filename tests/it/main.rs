@@ -62,3 +62,18 @@ pub fn payload(producer: usize, i: usize) -> Vec<u8> {
     p.resize(p.len() + (i * 7 + producer) % 300, b'a' + (i % 26) as u8);
     p
 }
+
+/// Flips every bit of the byte at `offset` of `path`, in place (never truncating
+/// the file, which the outbox may have mapped).
+pub fn flip_byte(path: &Path, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open for damage");
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, offset).expect("read byte");
+    byte[0] ^= 0xFF;
+    file.write_all_at(&byte, offset).expect("write byte");
+}
