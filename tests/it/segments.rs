@@ -1,1 +1,164 @@
-//! placeholder
+//! Segments: rotation by size and by age, deletion once fully acknowledged and
+//! not before, and what `stats` reports about them.
+
+use std::time::{Duration, Instant};
+
+use segwal::{Options, Outbox, Seq};
+
+use crate::{drain, segment_files, small_segments, tmp};
+
+/// Waits (without asserting on time) until `cond` holds; panics after a minute.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn segments_rotate_by_size_and_are_named_by_their_first_seq() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    let seqs: Vec<Seq> = (0..100)
+        .map(|_| outbox.append(&[1u8; 200]).expect("append"))
+        .collect();
+    let files = segment_files(&dir);
+    assert!(files.len() >= 5, "4 KiB segments, 24 KB appended: {files:?}");
+    for file in &files {
+        let name = file.file_name().and_then(|n| n.to_str()).expect("name");
+        assert_eq!(name.len(), "00000000000000000001.seg".len());
+        let first: u64 = name[..20].parse().expect("numeric name");
+        assert!(
+            seqs.contains(&Seq::from(first)) || first > seqs[99].get(),
+            "{name} does not start at a record"
+        );
+    }
+    // No segment grows far beyond the limit: a batch never spans two segments.
+    for file in &files[..files.len() - 1] {
+        let len = std::fs::metadata(file).expect("stat").len();
+        assert!(len <= 4096 + 64 + 240, "{} is {len} bytes", file.display());
+    }
+    assert_eq!(outbox.stats().segments, files.len());
+}
+
+#[test]
+fn a_segment_is_deleted_once_fully_acknowledged_and_not_before() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    for _ in 0..60 {
+        outbox.append(&[2u8; 200]).expect("append");
+    }
+    let files = segment_files(&dir);
+    assert!(files.len() >= 3);
+    let first_of_second: u64 = files[1].file_name().and_then(|n| n.to_str()).expect("name")[..20]
+        .parse()
+        .expect("numeric");
+    let records = drain(&outbox);
+    // Acknowledge every record of the first segment but its last one.
+    let in_first: Vec<Seq> = records
+        .iter()
+        .map(|r| r.seq())
+        .filter(|s| s.get() < first_of_second)
+        .collect();
+    let (last, rest) = in_first.split_last().expect("records in the first segment");
+    outbox.ack_many(rest).expect("ack");
+    outbox.sync().expect("barrier");
+    assert!(files[0].exists(), "deleted while a record was unacknowledged");
+    outbox.ack(*last).expect("ack the last one");
+    outbox.sync().expect("barrier: the deletion ran before it");
+    assert!(!files[0].exists(), "a fully acknowledged segment was kept");
+    assert!(files[1].exists());
+    assert_eq!(outbox.stats().segments_deleted, 1);
+
+    // Acknowledging everything frees every sealed segment.
+    let all: Vec<Seq> = records.iter().map(|r| r.seq()).collect();
+    outbox.ack_many(&all).expect("ack all");
+    outbox.sync().expect("barrier");
+    let remaining = segment_files(&dir);
+    assert_eq!(remaining.len(), 1, "only the active segment stays");
+    let active_first: u64 = remaining[0].file_name().and_then(|n| n.to_str()).expect("name")[..20]
+        .parse()
+        .expect("numeric");
+    outbox.close().expect("close");
+
+    // The deletions were recorded: the reopened log has no gap. Acknowledgements
+    // live in memory, so only the records of the segment that was not deleted
+    // come back.
+    let outbox = Outbox::open(&dir, small_segments()).expect("reopen after deletions");
+    let back = drain(&outbox);
+    assert!(back.iter().all(|r| r.seq().get() >= active_first));
+    assert!(back.len() < records.len());
+    let next = outbox.append(b"after").expect("append");
+    assert!(next > *all.last().expect("records"), "seq reused after deletions");
+}
+
+#[test]
+fn segments_are_deleted_in_log_order() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    for _ in 0..60 {
+        outbox.append(&[3u8; 200]).expect("append");
+    }
+    let files = segment_files(&dir);
+    let first_of_second: u64 = files[1].file_name().and_then(|n| n.to_str()).expect("name")[..20]
+        .parse()
+        .expect("numeric");
+    let records = drain(&outbox);
+    // Acknowledge everything except one record of the first segment: later
+    // segments wait for it, so that a missing segment can always be told from a
+    // deleted one.
+    let keep = Seq::from(first_of_second - 1);
+    let others: Vec<Seq> = records.iter().map(|r| r.seq()).filter(|&s| s != keep).collect();
+    outbox.ack_many(&others).expect("ack");
+    outbox.sync().expect("barrier");
+    assert_eq!(segment_files(&dir), files[..files.len()].to_vec());
+    outbox.ack(keep).expect("ack");
+    outbox.sync().expect("barrier");
+    assert_eq!(segment_files(&dir).len(), 1);
+}
+
+#[test]
+fn an_idle_segment_rotates_by_age_so_acknowledged_space_is_freed() {
+    let (_t, dir) = tmp();
+    let options = Options::default().segment_age(Duration::from_millis(50));
+    let outbox = Outbox::open(&dir, options).expect("open");
+    let seq = outbox.append(b"lonely record").expect("append");
+    let first_file = segment_files(&dir)[0].clone();
+    eventually("the writer rotates the idle segment", || {
+        segment_files(&dir).len() == 2
+    });
+    let records = outbox.claim(1).expect("claim");
+    assert_eq!(records[0].seq(), seq);
+    outbox.ack(seq).expect("ack");
+    eventually("the acknowledged segment is deleted", || !first_file.exists());
+    // A segment holding only the deletion marker is not rotated again and again.
+    let settled = segment_files(&dir);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(segment_files(&dir), settled);
+}
+
+#[test]
+fn stats_show_backlog_and_group_commit() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let empty = outbox.stats();
+    assert_eq!((empty.pending, empty.first_seq, empty.last_seq), (0, None, None));
+    assert_eq!(empty.oldest_pending_age, None);
+    outbox.append_batch(&[[0u8; 10]; 4]).expect("batch");
+    std::thread::sleep(Duration::from_millis(5));
+    let claimed = outbox.claim(1).expect("claim");
+    let stats = outbox.stats();
+    assert_eq!((stats.pending, stats.claimed), (3, 1));
+    assert_eq!(stats.backlog_bytes, 40);
+    assert_eq!(stats.first_seq, Some(claimed[0].seq()));
+    assert_eq!(stats.last_seq, Some(Seq::from(claimed[0].seq().get() + 3)));
+    assert!(stats.oldest_unacked_age.expect("age") >= Duration::from_millis(5));
+    assert!(stats.oldest_pending_age.is_some());
+    assert_eq!(stats.records_appended, 4);
+    assert_eq!(stats.batches, 1);
+    assert_eq!(stats.records_per_batch, 4.0);
+    assert!(stats.fsyncs >= 1);
+    assert!(stats.disk_bytes > 40);
+    assert!(!stats.poisoned);
+}
