@@ -254,6 +254,11 @@ pub enum Corruption {
         /// The first sequence number the missing segment should hold.
         expected_first: Seq,
     },
+    /// A segment that is not the newest does not end with a seal frame: its tail
+    /// was lost.
+    MissingSeal,
+    /// A frame follows the seal frame of its segment.
+    FrameAfterSeal,
     /// A segment's header names a predecessor other than the segment before it.
     BrokenChain {
         /// The last sequence number of the segment before, as found on disk.
@@ -319,6 +324,10 @@ impl fmt::Display for Corruption {
                     "missing segment: expected one starting at seq {expected_first}"
                 )
             }
+            Corruption::MissingSeal => {
+                f.write_str("segment is followed by another but does not end with a seal frame")
+            }
+            Corruption::FrameAfterSeal => f.write_str("frame after the segment's seal frame"),
             Corruption::BrokenChain {
                 expected_prev,
                 found_prev,

@@ -41,6 +41,10 @@ pub(crate) enum FrameKind {
     /// Internal: the payload is a little-endian u64, the first sequence number of
     /// the oldest segment still in the log. Written before segments are deleted.
     LogStart,
+    /// Internal: the last frame of every segment but the newest, written once the
+    /// next segment exists. Empty payload. It lets recovery tell a lost newest
+    /// segment from one that was never created.
+    Seal,
     /// A kind from a later format that this build may skip (kinds 0x80..=0xFF).
     Skippable(u8),
 }
@@ -50,6 +54,7 @@ impl FrameKind {
         match self {
             FrameKind::Record => 1,
             FrameKind::LogStart => 2,
+            FrameKind::Seal => 3,
             FrameKind::Skippable(b) => b,
         }
     }
@@ -58,6 +63,7 @@ impl FrameKind {
         match byte {
             1 => Some(FrameKind::Record),
             2 => Some(FrameKind::LogStart),
+            3 => Some(FrameKind::Seal),
             0x80..=0xFF => Some(FrameKind::Skippable(byte)),
             _ => None,
         }

@@ -19,7 +19,7 @@ use crate::segment::SEGMENT_HEADER_LEN;
 use crate::seq::Seq;
 use crate::shared::{Budget, Completion, Counters, Shared};
 use crate::state::{SegmentSlots, Table};
-use crate::writer::{Payloads, Request, Writer};
+use crate::writer::{Payloads, Request, Start, Writer};
 
 /// A durable outbox on one directory.
 ///
@@ -124,6 +124,18 @@ impl Outbox {
         };
         let recovered = recovery::recover(&*storage, &dir, options.recovery)?;
 
+        let newest = recovered.segments.last().map(|s| {
+            let end = s.frames.last().map_or(SEGMENT_HEADER_LEN as u64, |f| {
+                u64::from(f.0) + u64::from(f.1)
+            });
+            (s.path.clone(), s.file.clone(), end)
+        });
+        let start = Start {
+            next_seq: recovered.next_seq,
+            prev_seq: recovered.prev_seq,
+            log_start: recovered.log_start,
+            newest,
+        };
         let mut table = Table::new();
         for seg in recovered.segments {
             let frames_at = SEGMENT_HEADER_LEN as u32;
@@ -147,13 +159,7 @@ impl Outbox {
             counters: Counters::default(),
             lock: Mutex::new(Some(lock)),
         });
-        let writer = Writer::start(
-            shared.clone(),
-            rx,
-            recovered.next_seq,
-            recovered.prev_seq,
-            recovered.log_start,
-        )?;
+        let writer = Writer::start(shared.clone(), rx, start)?;
         let thread = std::thread::Builder::new()
             .name("segwal-writer".into())
             .spawn(move || writer.run())

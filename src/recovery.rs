@@ -129,20 +129,31 @@ struct Scan {
     frames: Vec<(u32, u32, bool)>,
     /// Highest `LogStart` value found in the segment's frames.
     log_start_marker: Option<Seq>,
+    /// The seal frame, if the segment ends with one: (seq, offset).
+    seal: Option<(Seq, u32)>,
+    /// The file's length.
+    len: u64,
     damage: Option<Damage>,
 }
 
 impl Scan {
+    /// Sequence number of the `n`-th frame counting from 1 (`None` for 0).
+    /// Numbers are contiguous within a segment except that its seal frame, always
+    /// the last, may skip ahead.
+    fn seq_at(&self, n: usize) -> Option<Seq> {
+        match self.seal {
+            Some((seal, _)) if n == self.frames.len() && n > 0 => Some(seal),
+            _ => (n > 0).then(|| Seq::from(self.id.0 + n as u64 - 1)),
+        }
+    }
+
     /// Last sequence number held (before any damage), or the one before the
     /// segment if it holds no frame.
     fn last_seq(&self) -> Seq {
-        let held = self.frames.len() as u64;
-        if held > 0 {
-            Seq::from(self.id.0 + held - 1)
-        } else {
+        self.seq_at(self.frames.len()).unwrap_or_else(|| {
             self.header
                 .map_or(Seq::from(self.id.0.saturating_sub(1)), |h| h.prev_seq)
-        }
+        })
     }
 
     fn corrupt(&self, d: &Damage) -> Error {
@@ -174,7 +185,8 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> 
     }
 
     // The log start: the highest recorded anywhere. Segments wholly below it are
-    // leftovers of an interrupted deletion: acknowledged, whatever they now hold.
+    // leftovers of an interrupted deletion: acknowledged, whatever they now hold,
+    // but they must be segwal's own files.
     let log_start = scans
         .iter()
         .flat_map(|s| [s.header.map(|h| h.log_start), s.log_start_marker])
@@ -187,185 +199,191 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> 
         .count();
     let mut live: Vec<Scan> = scans.split_off(leftovers);
     let leftover_scans = scans;
-
-    if let Some(oldest) = live.first() {
-        if oldest.id.first_seq() != log_start {
-            return Err(Error::Corrupt {
-                path: oldest.path.clone(),
-                offset: 0,
-                seq: Some(log_start),
-                kind: Corruption::MissingSegment {
-                    expected_first: log_start,
-                },
-            });
-        }
-    } else if !leftover_scans.is_empty() {
-        // Every file is below the recorded log start, yet the segment that
-        // recorded it must still exist.
-        let last = &leftover_scans[leftover_scans.len() - 1];
+    if let Some(foreign) = leftover_scans.iter().find(|s| s.header.is_none()) {
+        let d = foreign
+            .damage
+            .as_ref()
+            .map_or(Corruption::BadSegmentHeader, |d| d.cause.clone());
         return Err(Error::Corrupt {
-            path: last.path.clone(),
+            path: foreign.path.clone(),
             offset: 0,
-            seq: Some(log_start),
-            kind: Corruption::MissingSegment {
-                expected_first: log_start,
-            },
+            seq: None,
+            kind: d,
         });
     }
+    let missing_start = |path: &Path| Error::Corrupt {
+        path: path.to_path_buf(),
+        offset: 0,
+        seq: Some(log_start),
+        kind: Corruption::MissingSegment {
+            expected_first: log_start,
+        },
+    };
+    match (live.first(), leftover_scans.last()) {
+        (Some(oldest), _) if oldest.id.first_seq() != log_start => {
+            return Err(missing_start(&oldest.path));
+        }
+        // Every file is below the recorded log start, yet the segment that
+        // recorded it must still exist.
+        (None, Some(last)) => return Err(missing_start(&last.path)),
+        _ => {}
+    }
 
-    // Find the first damage, in file order: a broken chain between segments, or
-    // damage inside one.
-    let mut first_damage: Option<(usize, Damage)> = None;
-    for k in 0..live.len() {
-        if k > 0 {
-            let prev_last = live[k - 1].last_seq();
-            let this = &live[k];
-            if let Some(h) = this.header {
-                if h.prev_seq != prev_last || this.id.first_seq() <= prev_last {
-                    let cause = if h.prev_seq > prev_last {
-                        Corruption::MissingSegment {
-                            expected_first: prev_last.next(),
-                        }
-                    } else {
-                        Corruption::BrokenChain {
-                            expected_prev: prev_last,
-                            found_prev: h.prev_seq,
-                        }
-                    };
-                    let damage = Damage {
-                        offset: 0,
-                        expected: prev_last.next(),
-                        cause,
-                        batch_start: 0,
-                        tearable: false,
-                        max_seen: None,
-                    };
-                    first_damage = Some((k, damage));
-                    break;
+    let mut max_seen: Option<Seq> = None;
+    let mut plan = Plan::default();
+
+    // The newest segment: a torn tail is cut at the start of its write batch. If
+    // nothing is left (a crash while creating it, or before its first batch was
+    // fsynced) the file goes, and a seal frame naming it in the segment before is
+    // cut too: that segment becomes the newest again.
+    let last_index = live.len().saturating_sub(1);
+    if let Some(last) = live.last_mut() {
+        let cut = match last.damage.take() {
+            Some(d) if d.tearable => {
+                let cut = d.batch_start;
+                plan.torn = Some((last.path.clone(), cut, d.cause.clone(), last.len));
+                max_seen = max_seen.max(d.max_seen);
+                Some(cut)
+            }
+            other => {
+                last.damage = other;
+                None
+            }
+        };
+        let kept = cut.map_or(last.frames.len(), |c| frames_below(&last.frames, c));
+        max_seen = max_seen.max(last.seq_at(last.frames.len()));
+        if let Some(cut) = cut.filter(|_| kept > 0) {
+            plan.truncate.push((last_index, cut));
+        }
+        if kept == 0 && last.damage.is_none() {
+            let empty = live.pop().expect("a last segment");
+            max_seen = max_seen.max(empty.header.map(|h| h.prev_seq));
+            if let Some(prev) = live.last() {
+                if prev
+                    .seal
+                    .is_some_and(|(seal, _)| seal.next() == empty.id.first_seq())
+                {
+                    plan.strip_seal = true;
                 }
             }
+            plan.remove_last = Some(empty);
         }
+    }
+
+    // Every other damage, in log order: inside a segment, or between two.
+    let mut first_damage: Option<(usize, Damage)> = None;
+    for k in 0..live.len() {
         if let Some(d) = live[k].damage.take() {
             first_damage = Some((k, d));
             break;
         }
-    }
-
-    // Decide, before touching anything.
-    let last_index = live.len().checked_sub(1);
-    let mut truncate: Option<(usize, u64, Damage)> = None;
-    let mut delete_after: Option<usize> = None;
-    if let Some((k, damage)) = first_damage {
-        let torn = damage.tearable && Some(k) == last_index;
-        if torn {
-            truncate = Some((k, damage.batch_start, damage));
-        } else if mode == RecoveryMode::Lossy {
-            // Cut at the start of the damaged write batch, so that the segment,
-            // sealed from now on, still ends at the end of a batch.
-            delete_after = Some(k);
-            truncate = Some((k, damage.batch_start, damage));
-        } else {
-            return Err(live[k].corrupt(&damage));
+        let next = live.get(k + 1);
+        if let Some(d) = check_link(&live[k], next, plan.strip_seal) {
+            // A broken link is reported on the later file when there is one.
+            let at = if next.is_some() && d.offset == 0 {
+                k + 1
+            } else {
+                k
+            };
+            first_damage = Some((at, d));
+            break;
         }
     }
 
-    // Apply: remove leftovers of interrupted deletions.
+    if let Some((k, damage)) = first_damage {
+        if mode != RecoveryMode::Lossy {
+            return Err(live[k].corrupt(&damage));
+        }
+        // Lossy: cut at the start of the damaged write batch, so that what is
+        // kept still ends at the end of a batch, and delete every later segment.
+        for s in live.drain(k + 1..) {
+            max_seen = max_seen.max(s.seq_at(s.frames.len()));
+            max_seen = max_seen.max(s.damage.as_ref().and_then(|d| d.max_seen));
+            plan.deleted.push(s);
+        }
+        if let Some(empty) = plan.remove_last.take() {
+            plan.deleted.push(empty);
+        }
+        max_seen = max_seen
+            .max(damage.max_seen)
+            .max(live[k].seq_at(live[k].frames.len()));
+        let kept = frames_below(&live[k].frames, damage.batch_start);
+        let first = live[k]
+            .seq_at(kept + 1)
+            .unwrap_or(live[k].id.first_seq())
+            .min(damage.expected);
+        plan.truncate.retain(|t| t.0 < k);
+        plan.torn = None;
+        if kept == 0 {
+            let whole = live.pop().expect("the damaged segment");
+            plan.deleted.push(whole);
+        } else {
+            plan.truncate.push((k, damage.batch_start));
+        }
+        // The segment now newest may end with a seal naming one just deleted.
+        plan.strip_seal = live.last().is_some_and(|s| s.seal.is_some());
+        report.dropped = Some(Dropped {
+            path: live
+                .get(k)
+                .map_or_else(|| plan.deleted[0].path.clone(), |s| s.path.clone()),
+            offset: damage.batch_start,
+            cause: damage.cause,
+            first,
+            last: max_seen.filter(|&m| m >= first),
+            deleted_segments: Vec::new(),
+        });
+    }
+
+    // Apply, each step durable before the next depends on it.
     let mut dir_dirty = false;
-    for s in &leftover_scans {
+    let remove = |s: &Scan, what: &'static str| {
         storage
             .remove(&s.path)
-            .map_err(|e| Error::io("remove acknowledged segment", &s.path, e))?;
+            .map_err(|e| Error::io(what, &s.path, e))
+    };
+    for s in &leftover_scans {
+        remove(s, "remove acknowledged segment")?;
         report.removed.push(s.path.clone());
         dir_dirty = true;
     }
-
-    // Lossy: later segments go whole; every number they held is dropped too.
-    let mut max_seen: Option<Seq> = None;
-    let mut deleted = Vec::new();
-    if let Some(k) = delete_after {
-        for s in live.drain(k + 1..) {
-            let held = s.frames.len() as u64;
-            let last_held = (held > 0).then(|| Seq::from(s.id.0 + held - 1));
-            max_seen = max_seen
-                .max(last_held)
-                .max(s.damage.and_then(|d| d.max_seen));
-            drop(s.map);
-            storage
-                .remove(&s.path)
-                .map_err(|e| Error::io("remove segment after damage", &s.path, e))?;
-            deleted.push(s.path);
-            dir_dirty = true;
+    for s in &plan.deleted {
+        remove(s, "remove segment after damage")?;
+        if let Some(d) = report.dropped.as_mut() {
+            d.deleted_segments.push(s.path.clone());
         }
+        dir_dirty = true;
     }
-
-    // Apply the truncation, durably, then map what is left.
-    if let Some((k, cut, damage)) = truncate {
-        max_seen = max_seen.max(damage.max_seen);
+    for &(k, cut) in &plan.truncate {
         let s = &mut live[k];
-        let old_len = (*s.map).as_ref().len() as u64;
+        truncate(s, cut)?;
         let kept = frames_below(&s.frames, cut);
-        let first_dropped = Seq::from(s.id.0 + kept as u64);
-        if s.frames.len() > kept {
-            max_seen = max_seen.max(Some(Seq::from(s.id.0 + s.frames.len() as u64 - 1)));
-        }
         s.frames.truncate(kept);
-        // Drop the view before truncating: a mapped page past the end of a file
-        // faults when touched.
-        s.map = Arc::new(Vec::new());
-        let removed_whole = cut < SEGMENT_HEADER_LEN as u64;
-        if removed_whole {
-            // Its header is damaged and nothing valid follows: it holds nothing.
-            storage
-                .remove(&s.path)
-                .map_err(|e| Error::io("remove damaged segment", &s.path, e))?;
-            report.removed.push(s.path.clone());
-            dir_dirty = true;
-        } else {
-            s.file
-                .set_len(cut)
-                .map_err(|e| Error::io("truncate segment", &s.path, e))?;
-            s.file
-                .sync_data()
-                .map_err(|e| Error::io("sync truncated segment", &s.path, e))?;
-            s.map = s
-                .file
-                .map(cut)
-                .map_err(|e| Error::io("map segment", &s.path, e))?;
-        }
-        if delete_after.is_some() {
-            report.dropped = Some(Dropped {
-                path: s.path.clone(),
-                offset: cut,
-                cause: damage.cause,
-                first: first_dropped.min(damage.expected),
-                last: max_seen.filter(|&m| m >= first_dropped),
-                deleted_segments: std::mem::take(&mut deleted),
-            });
-        } else {
-            report.torn_tail = Some(TornTail {
-                path: s.path.clone(),
-                offset: cut,
-                bytes: old_len - cut,
-                cause: damage.cause,
-            });
-        }
-        if removed_whole {
-            live.truncate(k);
+        if let Some((seal, _)) = s.seal {
+            if s.seq_at(kept).is_none_or(|last| last < seal) {
+                s.seal = None;
+            }
         }
     }
-
-    // The writer starts a new segment named after the next sequence number; an
-    // empty last segment would share its name and holds nothing: remove it.
-    if live.last().is_some_and(|s| s.frames.is_empty()) {
-        if let Some(s) = live.pop() {
-            max_seen = max_seen.max(s.header.map(|h| h.prev_seq));
-            drop(s.map);
-            storage
-                .remove(&s.path)
-                .map_err(|e| Error::io("remove empty segment", &s.path, e))?;
-            report.removed.push(s.path);
-            dir_dirty = true;
+    if let Some((path, cut, cause, old_len)) = plan.torn {
+        report.torn_tail = Some(TornTail {
+            path,
+            offset: cut,
+            bytes: old_len.saturating_sub(cut),
+            cause,
+        });
+    }
+    if plan.strip_seal {
+        if let Some(s) = live.last_mut() {
+            if let Some((_, at)) = s.seal.take() {
+                truncate(s, u64::from(at))?;
+                s.frames.pop();
+            }
         }
+    }
+    if let Some(empty) = plan.remove_last.take() {
+        remove(&empty, "remove empty segment")?;
+        report.removed.push(empty.path.clone());
+        dir_dirty = true;
     }
     if dir_dirty {
         storage
@@ -402,6 +420,93 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> 
     })
 }
 
+/// What recovery will change on disk, decided before anything is changed.
+#[derive(Default)]
+struct Plan {
+    /// Segments to cut: (index in the live list, new length).
+    truncate: Vec<(usize, u64)>,
+    /// The torn tail to report: (file, cut, cause, length before the cut).
+    torn: Option<(PathBuf, u64, Corruption, u64)>,
+    /// The newest segment, empty: removed whole.
+    remove_last: Option<Scan>,
+    /// Cut the seal frame off the segment that is newest once the rest is done.
+    strip_seal: bool,
+    /// Lossy: segments deleted whole.
+    deleted: Vec<Scan>,
+}
+
+/// Checks the link from segment `s` to the one after it (or its absence).
+fn check_link(s: &Scan, next: Option<&Scan>, strip_seal: bool) -> Option<Damage> {
+    let damage = |offset: u64, expected: Seq, cause| Damage {
+        offset,
+        expected,
+        cause,
+        batch_start: offset,
+        tearable: false,
+        max_seen: None,
+    };
+    let end = s.frames.last().map_or(SEGMENT_HEADER_LEN as u64, |f| {
+        u64::from(f.0) + u64::from(f.1)
+    });
+    match (s.seal, next) {
+        (None, None) => None,
+        // The newest segment is sealed, but its successor is gone; unless that
+        // successor was empty and is being removed.
+        (Some((seal, at)), None) if !strip_seal => Some(damage(
+            u64::from(at),
+            seal.next(),
+            Corruption::MissingSegment {
+                expected_first: seal.next(),
+            },
+        )),
+        (Some(_), None) => None,
+        (None, Some(_)) => Some(damage(end, s.last_seq().next(), Corruption::MissingSeal)),
+        // The next segment names the seal's number as its predecessor and starts
+        // after it (not always right after: numbers may be skipped, never reused).
+        (Some((seal, _)), Some(n)) => {
+            let prev = n.header.map_or(seal, |h| h.prev_seq);
+            if prev > seal {
+                Some(damage(
+                    0,
+                    seal.next(),
+                    Corruption::MissingSegment {
+                        expected_first: seal.next(),
+                    },
+                ))
+            } else if n.id.first_seq() <= seal || prev != seal {
+                Some(damage(
+                    0,
+                    seal.next(),
+                    Corruption::BrokenChain {
+                        expected_prev: seal,
+                        found_prev: prev,
+                    },
+                ))
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// Cuts a segment file to `len` bytes, durably, and maps what is left.
+fn truncate(s: &mut Scan, len: u64) -> Result<()> {
+    // Drop the view first: a mapped page past the end of a file faults when read.
+    s.map = Arc::new(Vec::new());
+    s.file
+        .set_len(len)
+        .map_err(|e| Error::io("truncate segment", &s.path, e))?;
+    s.file
+        .sync_data()
+        .map_err(|e| Error::io("sync truncated segment", &s.path, e))?;
+    s.map = s
+        .file
+        .map(len)
+        .map_err(|e| Error::io("map segment", &s.path, e))?;
+    s.len = len;
+    Ok(())
+}
+
 /// How many frames end at or before `cut`.
 fn frames_below(frames: &[(u32, u32, bool)], cut: u64) -> usize {
     frames
@@ -430,12 +535,15 @@ fn scan_segment(storage: &dyn Storage, dir: &Path, id: SegmentId, is_last: bool)
         header: None,
         frames: Vec::new(),
         log_start_marker: None,
+        seal: None,
+        len,
         damage: None,
     };
     let map = scan.map.clone();
     let buf: &[u8] = (*map).as_ref();
     let damage = scan_frames(buf, id, &mut scan);
     if let Some(mut d) = damage {
+        d.tearable &= is_last;
         // Look past the damage: a valid frame of a later sync group proves the
         // damaged one was fsynced, so it cannot be torn.
         let mut at = (d.offset as usize).saturating_add(1);
@@ -454,7 +562,6 @@ fn scan_segment(storage: &dyn Storage, dir: &Path, id: SegmentId, is_last: bool)
             }
             at = found_at + f.len.max(1);
         }
-        d.tearable &= is_last;
         scan.damage = Some(d);
     }
     Ok(scan)
@@ -524,7 +631,13 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
             }
         };
         let h = f.header;
-        if h.seq != expected {
+        if scan.seal.is_some() {
+            return structural(offset, expected, batch_start, Corruption::FrameAfterSeal);
+        }
+        // Seal frames may skip numbers: the writer seals a recovered segment with
+        // a number above every one recovery saw, so that none is reused.
+        let skips = h.kind == FrameKind::Seal && h.seq > expected;
+        if h.seq != expected && !skips {
             return structural(
                 offset,
                 expected,
@@ -582,9 +695,23 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
                 },
             );
         };
+        if h.kind == FrameKind::Seal {
+            if !f.payload.is_empty() {
+                return structural(
+                    offset,
+                    expected,
+                    batch_start,
+                    Corruption::Unsupported {
+                        what: "seal payload length",
+                        value: f.payload.len() as u64,
+                    },
+                );
+            }
+            scan.seal = Some((h.seq, at));
+        }
         scan.frames.push((at, len, h.kind == FrameKind::Record));
         offset += f.len;
-        expected = expected.next();
+        expected = h.seq.next();
         prev = Some((h.group, !h.batch_end));
         if h.batch_end {
             batch_start = offset;

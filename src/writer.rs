@@ -93,22 +93,38 @@ fn now_us() -> u64 {
 }
 
 impl Writer {
-    /// Creates the first segment of this run and returns the writer, ready to run.
+    /// Creates the first segment of this run, seals the newest recovered segment
+    /// (if any) behind it, and returns the writer, ready to run.
     pub(crate) fn start(
         shared: Arc<Shared>,
         rx: Receiver<Request>,
-        next_seq: Seq,
-        prev_seq: Seq,
-        log_start: Seq,
+        recovered: Start,
     ) -> Result<Writer> {
-        let active = create_segment(&shared, next_seq, prev_seq, log_start)
+        let Start {
+            mut next_seq,
+            prev_seq,
+            log_start,
+            newest,
+        } = recovered;
+        let mut last_written = prev_seq;
+        if newest.is_some() {
+            // The seal takes the next number; the new segment follows it.
+            last_written = next_seq;
+            next_seq = next_seq.next();
+        }
+        let active = create_segment(&shared, next_seq, last_written, log_start)
             .map_err(|(op, path, e)| Error::io(op, path, e))?;
+        if let Some((path, file, end)) = newest {
+            write_seal(&*file, end, last_written).map_err(|(op, e)| Error::io(op, &*path, e))?;
+            Counters::add(&shared.counters.fsyncs, 1);
+        }
+        push_active(&shared, &active);
         Ok(Writer {
             shared,
             rx,
             active,
             next_seq,
-            last_written: prev_seq,
+            last_written,
             log_start,
             buf: Vec::with_capacity(1 << 16),
             unsynced: Vec::new(),
@@ -199,8 +215,9 @@ impl Writer {
     fn process_batch(&mut self) {
         let mut batch = std::mem::take(&mut self.batch);
         let durability = self.shared.options.durability;
-        let batch_first = self.next_seq;
         let written = self.write_batch(&batch);
+        let batch_first = written.as_ref().copied().unwrap_or(self.next_seq);
+        let written = written.map(|_| ());
         let wants_sync = durability == Durability::Sync
             || batch.iter().any(|r| matches!(r, Request::Sync { .. }));
         let durable = match &written {
@@ -237,14 +254,15 @@ impl Writer {
         }
     }
 
-    /// Encodes and writes every append of the batch as one write batch.
-    fn write_batch(&mut self, batch: &[Request]) -> Result<()> {
+    /// Encodes and writes every append of the batch as one write batch; returns
+    /// the sequence number of its first record.
+    fn write_batch(&mut self, batch: &[Request]) -> Result<Seq> {
         if let Some(e) = self.shared.poison.get() {
             return Err(e.clone());
         }
         let encoded: u64 = batch.iter().map(request_bytes).sum();
         if encoded == 0 {
-            return Ok(());
+            return Ok(self.next_seq);
         }
         let over = self.active.len + encoded > self.shared.options.segment_bytes;
         if over && self.active.records > 0 {
@@ -252,6 +270,7 @@ impl Writer {
         }
         self.buf.clear();
         let timestamp_us = now_us();
+        let first = self.next_seq;
         let mut offset = self.active.len;
         let mut last_frame_at = 0;
         let first_unsynced = self.unsynced.len();
@@ -287,7 +306,7 @@ impl Writer {
         Counters::add(&self.shared.counters.batches, 1);
         Counters::add(&self.shared.counters.records_appended, records);
         Counters::add(&self.shared.counters.bytes_appended, encoded);
-        Ok(())
+        Ok(first)
     }
 
     /// Writes `buf` at the end of the active segment.
@@ -340,25 +359,35 @@ impl Writer {
     }
 
     /// Seals the active segment and starts a new one.
+    ///
+    /// Order matters for recovery: everything written is fsynced; the new segment
+    /// is created and made durable; only then is the seal frame written and
+    /// fsynced into the old one. A crash in between leaves an empty newest
+    /// segment after an unsealed one, which recovery removes.
     fn rotate(&mut self) -> Result<()> {
         self.sync()?;
+        let seal_seq = self.next_seq;
+        let first = seal_seq.next();
+        let next = match create_segment(&self.shared, first, seal_seq, self.log_start) {
+            Ok(active) => active,
+            Err((op, path, e)) => return Err(self.poison(op, &path, e)),
+        };
+        if let Err((op, e)) = write_seal(&*self.active.file, self.active.len, seal_seq) {
+            return Err(self.poison(op, &self.active.path.clone(), e));
+        }
+        Counters::add(&self.shared.counters.fsyncs, 1);
+        self.next_seq = first;
+        self.last_written = seal_seq;
+        // The table maps the old segment up to its last record; the seal frame
+        // after it holds nothing to claim.
         let map = match self.active.file.map(self.active.len) {
             Ok(map) => map,
             Err(e) => return Err(self.poison("map", &self.active.path.clone(), e)),
         };
         self.shared.table.lock().seal_last(self.active.id, map);
-        match create_segment(
-            &self.shared,
-            self.next_seq,
-            self.last_written,
-            self.log_start,
-        ) {
-            Ok(active) => {
-                self.active = active;
-                Ok(())
-            }
-            Err((op, path, e)) => Err(self.poison(op, &path, e)),
-        }
+        push_active(&self.shared, &next);
+        self.active = next;
+        Ok(())
     }
 
     /// Deletes the oldest segments once they are sealed and fully acknowledged.
@@ -449,12 +478,6 @@ fn create_segment(
         .sync_dir(&shared.dir)
         .map_err(|e| ("sync directory", shared.dir.clone(), e))?;
     Counters::add(&shared.counters.fsyncs, 2);
-    shared.table.lock().push_segment(SegmentSlots::new(
-        id,
-        path.clone(),
-        file.clone(),
-        SEGMENT_HEADER_LEN as u32,
-    ));
     Ok(Active {
         id,
         path,
@@ -463,4 +486,45 @@ fn create_segment(
         created: Instant::now(),
         records: 0,
     })
+}
+
+/// Adds the new active segment to the state table.
+fn push_active(shared: &Shared, active: &Active) {
+    shared.table.lock().push_segment(SegmentSlots::new(
+        active.id,
+        active.path.clone(),
+        active.file.clone(),
+        SEGMENT_HEADER_LEN as u32,
+    ));
+}
+
+/// Writes the seal frame `seq` at `at` and fsyncs it.
+fn write_seal(
+    file: &dyn StorageFile,
+    at: u64,
+    seq: Seq,
+) -> Result<(), (&'static str, std::io::Error)> {
+    let mut buf = Vec::with_capacity(frame::frame_len(0));
+    frame::encode(
+        &mut buf,
+        &FrameHeader {
+            kind: FrameKind::Seal,
+            batch_end: true,
+            seq,
+            group: seq,
+            timestamp_us: now_us(),
+        },
+        &[],
+    );
+    io::write_all_at(file, &buf, at).map_err(|e| ("write seal", e))?;
+    file.sync_data().map_err(|e| ("sync seal", e))
+}
+
+/// Where the writer starts, from recovery.
+pub(crate) struct Start {
+    pub next_seq: Seq,
+    pub prev_seq: Seq,
+    pub log_start: Seq,
+    /// The newest recovered segment, to be sealed: (path, file, end of its frames).
+    pub newest: Option<(Arc<Path>, Arc<dyn StorageFile>, u64)>,
 }

@@ -16,7 +16,12 @@ fn claims_hand_out_oldest_first_and_released_records_come_back_first() {
     let (_t, dir) = tmp();
     let outbox = Outbox::open(&dir, Options::default()).expect("open");
     let appended: Vec<u64> = (0..10)
-        .map(|i| outbox.append(format!("r{i}").as_bytes()).expect("append").get())
+        .map(|i| {
+            outbox
+                .append(format!("r{i}").as_bytes())
+                .expect("append")
+                .get()
+        })
         .collect();
     let first = outbox.claim(4).expect("claim");
     assert_eq!(seqs(&first), appended[..4]);
@@ -54,7 +59,10 @@ fn ack_and_release_errors_name_the_seq() {
     outbox.ack(a).expect("repeated ack is fine");
     assert!(matches!(outbox.release(a), Err(Error::NotClaimed { .. })));
     let stats = outbox.stats();
-    assert_eq!((stats.pending, stats.claimed, stats.backlog_bytes), (0, 0, 0));
+    assert_eq!(
+        (stats.pending, stats.claimed, stats.backlog_bytes),
+        (0, 0, 0)
+    );
     assert_eq!(stats.first_seq, None);
 }
 
@@ -76,10 +84,12 @@ fn claim_bytes_bounds_the_payload_total_but_always_makes_progress() {
 fn claim_wait_is_woken_by_the_writer_and_times_out_empty() {
     let (_t, dir) = tmp();
     let outbox = Outbox::open(&dir, Options::default()).expect("open");
-    assert!(outbox
-        .claim_wait(10, Duration::from_millis(30))
-        .expect("claim")
-        .is_empty());
+    assert!(
+        outbox
+            .claim_wait(10, Duration::from_millis(30))
+            .expect("claim")
+            .is_empty()
+    );
     let relay = {
         let outbox = outbox.clone();
         // A long timeout: the test passes only if the append wakes the relay.
@@ -125,13 +135,19 @@ fn unacknowledged_records_are_handed_out_again_after_reopen() {
     // back only if their segment was not yet deleted (acks live in memory).
     assert!(again.windows(2).all(|w| w[0] < w[1]));
     for seq in &all[100..] {
-        assert!(again.contains(seq), "unacknowledged {seq} not handed out again");
+        assert!(
+            again.contains(seq),
+            "unacknowledged {seq} not handed out again"
+        );
     }
     assert!(
         again.len() < all.len(),
         "no fully acknowledged segment was deleted"
     );
-    assert_eq!(outbox.recovery_report().records_recovered, again.len() as u64);
+    assert_eq!(
+        outbox.recovery_report().records_recovered,
+        again.len() as u64
+    );
 }
 
 #[test]
