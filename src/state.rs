@@ -279,17 +279,15 @@ impl Table {
         }
         let mut taken = 0usize;
         let mut bytes = 0u64;
-        let start_seg = match self.locate(self.cursor) {
-            Some(i) => i,
-            None if self
-                .segments
-                .front()
-                .is_some_and(|s| self.cursor < s.first()) =>
-            {
-                0
-            }
-            None => return runs,
-        };
+        // The first segment holding anything at or after the cursor. Numbers are
+        // not contiguous across segments (seal frames, skipped numbers), so the
+        // cursor may point into a gap.
+        let start_seg = self
+            .segments
+            .partition_point(|s| s.end_seq() <= self.cursor);
+        if start_seg == self.segments.len() {
+            return runs;
+        }
         let mut stop_at = self.end_seq();
         'segments: for si in start_seg..self.segments.len() {
             let seg = &mut self.segments[si];
@@ -662,6 +660,28 @@ mod tests {
         t.remove_front(1);
         // Seqs of deleted segments were acknowledged: acking them again is fine.
         t.ack(&[Seq::from(2)]).expect("ack of a deleted seq");
+        t.check_invariants();
+    }
+
+    #[test]
+    fn claims_cross_a_gap_in_numbers_between_segments() {
+        // Regression: a claim that ended exactly at a segment's last record left the
+        // cursor in the gap before the next segment, and every later claim found
+        // nothing while records were pending.
+        let (mut t, d) = table(3, None);
+        t.seal_last(SegmentId(1), Arc::new(Vec::new()));
+        let path: Arc<Path> = d.path().join("g").into();
+        let file = StdStorage.create(&path).expect("create");
+        t.push_segment(SegmentSlots::new(SegmentId(10), path, file, 64));
+        let frame = FRAME_HEADER_LEN as u32 + 10;
+        t.push_frames(
+            SegmentId(10),
+            Seq::from(10),
+            &[(64, frame, true), (64 + frame, frame, true)],
+        );
+        assert_eq!(seqs(&t.claim(3, u64::MAX)), vec![1, 2, 3]);
+        assert_eq!(seqs(&t.claim(1, u64::MAX)), vec![10]);
+        assert_eq!(seqs(&t.claim(5, u64::MAX)), vec![11]);
         t.check_invariants();
     }
 

@@ -177,3 +177,23 @@ fn one_corrupt_record_fails_one_claim_and_does_not_wedge_the_queue() {
     assert_eq!(seqs(&next), (2..=11).collect::<Vec<_>>());
     assert_eq!(outbox.stats().corrupt_records, 1);
 }
+
+#[test]
+fn claiming_one_record_at_a_time_crosses_segment_boundaries() {
+    // Regression: sequence numbers skip the seal frame between two segments; a
+    // claim that ended on a segment's last record left the cursor in that gap and
+    // every later claim came back empty while records were pending.
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    let appended: Vec<u64> = (0..100)
+        .map(|i| outbox.append(&[i as u8; 100]).expect("append").get())
+        .collect();
+    assert!(outbox.stats().segments > 2);
+    let mut claimed = Vec::new();
+    loop {
+        let got = outbox.claim(1).expect("claim");
+        let Some(record) = got.first() else { break };
+        claimed.push(record.seq().get());
+    }
+    assert_eq!(claimed, appended);
+}

@@ -1,1 +1,301 @@
-//! placeholder
+//! Fail stop: a failed write or fsync poisons the outbox, every waiter is woken
+//! with the error, nothing is retried, and a reopen recovers what was durable.
+//! The faults are injected through the storage interface.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use segwal::io::{LockError, LockGuard, Mapped, StdStorage, Storage, StorageFile};
+use segwal::{Error, Options, Outbox, Seq};
+
+use crate::{drain, payload, small_segments, tmp};
+
+/// Switches a test flips to make the disk misbehave.
+#[derive(Debug, Default)]
+struct Faults {
+    fail_sync: AtomicBool,
+    fail_write: AtomicBool,
+    fail_sync_dir: AtomicBool,
+    /// Set once any injected fault fired.
+    fired: AtomicBool,
+    /// Calls that reached a file after a fault fired.
+    syncs_after_fault: AtomicUsize,
+    writes_after_fault: AtomicUsize,
+    /// While true, `sync_data` blocks until it is cleared.
+    hold_syncs: Mutex<bool>,
+    held: Condvar,
+    syncs_waiting: AtomicUsize,
+}
+
+impl Faults {
+    fn set_hold(&self, hold: bool) {
+        *self.hold_syncs.lock().expect("lock") = hold;
+        self.held.notify_all();
+    }
+}
+
+#[derive(Debug)]
+struct FaultyStorage {
+    inner: StdStorage,
+    faults: Arc<Faults>,
+}
+
+#[derive(Debug)]
+struct FaultyFile {
+    inner: Arc<dyn StorageFile>,
+    faults: Arc<Faults>,
+}
+
+fn injected(kind: io::ErrorKind, what: &str) -> io::Error {
+    io::Error::new(kind, format!("injected {what} failure"))
+}
+
+impl Storage for FaultyStorage {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<bool> {
+        self.inner.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let inner = self.inner.create(path)?;
+        Ok(Arc::new(FaultyFile {
+            inner,
+            faults: self.faults.clone(),
+        }))
+    }
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let inner = self.inner.open(path)?;
+        Ok(Arc::new(FaultyFile {
+            inner,
+            faults: self.faults.clone(),
+        }))
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        if self.faults.fail_sync_dir.load(Ordering::SeqCst) {
+            self.faults.fired.store(true, Ordering::SeqCst);
+            return Err(injected(io::ErrorKind::Other, "directory fsync"));
+        }
+        self.inner.sync_dir(dir)
+    }
+    fn lock(&self, dir: &Path) -> Result<LockGuard, LockError> {
+        self.inner.lock(dir)
+    }
+}
+
+impl StorageFile for FaultyFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        let f = &self.faults;
+        if f.fired.load(Ordering::SeqCst) {
+            f.writes_after_fault.fetch_add(1, Ordering::SeqCst);
+        }
+        if f.fail_write.load(Ordering::SeqCst) {
+            f.fired.store(true, Ordering::SeqCst);
+            return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        let f = &self.faults;
+        {
+            let mut hold = f.hold_syncs.lock().expect("lock");
+            f.syncs_waiting.fetch_add(1, Ordering::SeqCst);
+            while *hold {
+                hold = f.held.wait(hold).expect("wait");
+            }
+            f.syncs_waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        if f.fired.load(Ordering::SeqCst) {
+            f.syncs_after_fault.fetch_add(1, Ordering::SeqCst);
+        }
+        if f.fail_sync.load(Ordering::SeqCst) {
+            f.fired.store(true, Ordering::SeqCst);
+            return Err(injected(io::ErrorKind::Other, "fsync"));
+        }
+        self.inner.sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn map(&self, len: u64) -> io::Result<Mapped> {
+        self.inner.map(len)
+    }
+}
+
+fn faulty(dir: &Path, options: Options) -> (Outbox, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let storage = Arc::new(FaultyStorage {
+        inner: StdStorage,
+        faults: faults.clone(),
+    });
+    let outbox = Outbox::open_with_storage(dir, options, storage).expect("open");
+    (outbox, faults)
+}
+
+fn active_segment(dir: &Path) -> PathBuf {
+    crate::segment_files(dir).pop().expect("a segment")
+}
+
+#[test]
+fn a_failed_fsync_poisons_and_wakes_every_waiter_and_is_never_retried() {
+    let (_t, dir) = tmp();
+    let (outbox, faults) = faulty(&dir, Options::default());
+    let durable: Vec<Seq> = (0..3)
+        .map(|i| outbox.append(&payload(0, i)).expect("append"))
+        .collect();
+    faults.fail_sync.store(true, Ordering::SeqCst);
+    let producers: Vec<_> = (0..8)
+        .map(|p| {
+            let outbox = outbox.clone();
+            thread::spawn(move || outbox.append(&payload(p + 1, 0)))
+        })
+        .collect();
+    let segment = active_segment(&dir);
+    for producer in producers {
+        match producer.join().expect("producer") {
+            Err(Error::Poisoned { path, op, .. }) => {
+                assert_eq!(path, segment);
+                assert_eq!(op, "fsync");
+            }
+            other => panic!("expected Poisoned, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        outbox.append(b"later"),
+        Err(Error::Poisoned { .. })
+    ));
+    assert!(matches!(outbox.sync(), Err(Error::Poisoned { .. })));
+    assert!(outbox.stats().poisoned);
+    // The durable records can still be handed to the relay.
+    let claimed: Vec<Seq> = outbox
+        .claim(10)
+        .expect("claim")
+        .iter()
+        .map(|r| r.seq())
+        .collect();
+    assert_eq!(claimed, durable);
+    outbox.ack_many(&claimed).expect("ack");
+    assert!(matches!(outbox.close(), Err(Error::Poisoned { .. })));
+    assert_eq!(
+        faults.syncs_after_fault.load(Ordering::SeqCst),
+        0,
+        "an fsync was retried"
+    );
+    assert_eq!(
+        faults.writes_after_fault.load(Ordering::SeqCst),
+        0,
+        "the segment was written after its fsync failed"
+    );
+
+    // Reopening recovers every acknowledged append; the failed ones are in doubt.
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    let recovered: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+    assert_eq!(recovered[..3], durable[..]);
+    assert!(recovered.len() <= 3 + 8);
+    outbox.append(b"progress").expect("appends work again");
+}
+
+#[test]
+fn a_failed_write_poisons_and_the_segment_is_never_written_again() {
+    let (_t, dir) = tmp();
+    let (outbox, faults) = faulty(&dir, Options::default());
+    let first = outbox.append(b"durable").expect("append");
+    faults.fail_write.store(true, Ordering::SeqCst);
+    match outbox.append(b"no space") {
+        Err(e @ Error::Poisoned { .. }) => {
+            let message = e.to_string();
+            assert!(message.contains("write"), "{message}");
+            assert!(message.contains(&active_segment(&dir).display().to_string()));
+            let source = std::error::Error::source(&e).expect("source");
+            assert!(source.to_string().contains("No space left"), "{source}");
+        }
+        other => panic!("expected Poisoned, got {other:?}"),
+    }
+    faults.fail_write.store(false, Ordering::SeqCst);
+    assert!(matches!(
+        outbox.append(b"after"),
+        Err(Error::Poisoned { .. })
+    ));
+    let _ = outbox.close();
+    assert_eq!(faults.writes_after_fault.load(Ordering::SeqCst), 0);
+    assert_eq!(faults.syncs_after_fault.load(Ordering::SeqCst), 0);
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    assert_eq!(drain(&outbox)[0].seq(), first);
+}
+
+#[test]
+fn a_failed_directory_fsync_at_rotation_poisons() {
+    let (_t, dir) = tmp();
+    let (outbox, faults) = faulty(&dir, small_segments());
+    let mut durable = Vec::new();
+    faults.fail_sync_dir.store(true, Ordering::SeqCst);
+    let error = loop {
+        match outbox.append(&[5u8; 500]) {
+            Ok(seq) => durable.push(seq),
+            Err(e) => break e,
+        }
+        assert!(durable.len() < 100, "never rotated");
+    };
+    assert!(
+        matches!(
+            error,
+            Error::Poisoned {
+                op: "sync directory",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let _ = outbox.close();
+    let outbox = Outbox::open(&dir, small_segments()).expect("reopen");
+    let recovered: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+    assert_eq!(recovered, durable);
+}
+
+#[test]
+fn claims_do_not_wait_for_an_fsync_in_progress() {
+    let (_t, dir) = tmp();
+    let (outbox, faults) = faulty(&dir, Options::default());
+    let first = outbox.append(b"durable").expect("append");
+    faults.set_hold(true);
+    let producer = {
+        let outbox = outbox.clone();
+        thread::spawn(move || outbox.append(b"waits for its fsync"))
+    };
+    // Wait until the writer is inside sync_data.
+    while faults.syncs_waiting.load(Ordering::SeqCst) == 0 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let relay = {
+        let outbox = outbox.clone();
+        thread::spawn(move || tx.send(outbox.claim(10)).expect("send"))
+    };
+    let claimed = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("claim returned while an fsync was in progress")
+        .expect("claim");
+    assert_eq!(
+        claimed.iter().map(|r| r.seq()).collect::<Vec<_>>(),
+        vec![first]
+    );
+    faults.set_hold(false);
+    producer
+        .join()
+        .expect("producer")
+        .expect("append completes");
+    relay.join().expect("relay");
+}
