@@ -5,7 +5,7 @@
 //! offsets below are derived from each other and must agree with it.
 
 use crate::error::Corruption;
-use crate::seq::Seq;
+use crate::seq::{SegmentId, Seq};
 
 /// Magic bytes that start every frame. Never all zero, so that a zero-filled tail
 /// never looks like a frame.
@@ -28,6 +28,24 @@ pub(crate) const FRAME_HEADER_LEN: usize = TIME_AT + 8;
 /// Largest payload the format allows, whatever the options say. Checked on encode
 /// and on decode, before anything is sliced.
 pub(crate) const RECORD_BYTES_LIMIT: usize = 1 << 30;
+
+/// Largest sequence number the format allows; far beyond any real log, it keeps
+/// every `seq + n` in range whatever a damaged file holds.
+pub(crate) const SEQ_MAX: u64 = 1 << 62;
+
+/// The seed of a segment's frame checksums: its first sequence number folded to
+/// 32 bits. A frame checks only in the segment it was written for, so a stale
+/// frame (old disk blocks in a file's unwritten tail) never passes as a frame of
+/// another segment.
+pub(crate) fn salt(segment: SegmentId) -> u32 {
+    (segment.0 ^ (segment.0 >> 32)) as u32
+}
+
+fn checksum(salt: u32, bytes: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new_with_initial(salt);
+    hasher.update(bytes);
+    hasher.finalize()
+}
 
 /// Flag: this frame is the last one of a write batch.
 pub(crate) const FLAG_BATCH_END: u8 = 0x01;
@@ -100,8 +118,8 @@ pub(crate) const fn frame_len(payload_len: usize) -> usize {
     FRAME_HEADER_LEN + payload_len
 }
 
-/// Appends one encoded frame to `out`.
-pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8]) {
+/// Appends one encoded frame to `out`, checksummed with `salt`.
+pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8], salt: u32) {
     assert!(
         payload.len() <= RECORD_BYTES_LIMIT,
         "payload of {} bytes passed the size check",
@@ -120,11 +138,11 @@ pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8]) {
     out.extend_from_slice(&header.timestamp_us.to_le_bytes());
     debug_assert_eq!(out.len() - start, FRAME_HEADER_LEN);
     out.extend_from_slice(payload);
-    let crc = crc32fast::hash(&out[start + CHECKED_FROM..]);
+    let crc = checksum(salt, &out[start + CHECKED_FROM..]);
     out[start + CRC_AT..start + CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     if cfg!(debug_assertions) {
         // Check a frame right after it is encoded, as it will be checked when read.
-        match decode(&out[start..]) {
+        match decode(&out[start..], salt) {
             Ok(frame) => {
                 debug_assert_eq!(frame.header, *header);
                 debug_assert_eq!(frame.payload, payload);
@@ -136,7 +154,7 @@ pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8]) {
 
 /// Sets or clears the batch-end flag of an already encoded frame and fixes its
 /// checksum. `frame` starts at the frame's first byte.
-pub(crate) fn set_batch_end(frame: &mut [u8], batch_end: bool) {
+pub(crate) fn set_batch_end(frame: &mut [u8], batch_end: bool, salt: u32) {
     let Some(flags) = frame.get_mut(FLAGS_AT) else {
         panic!("set_batch_end on a buffer shorter than a frame header");
     };
@@ -145,14 +163,16 @@ pub(crate) fn set_batch_end(frame: &mut [u8], batch_end: bool) {
     } else {
         *flags &= !FLAG_BATCH_END;
     }
-    let crc = crc32fast::hash(&frame[CHECKED_FROM..]);
+    let crc = checksum(salt, &frame[CHECKED_FROM..]);
     frame[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Decodes the frame at the start of `buf`. `buf` may extend past the frame.
+/// Decodes the frame at the start of `buf`, checking it against `salt`. `buf` may
+/// extend past the frame.
 ///
-/// Never panics and never allocates, whatever `buf` holds.
-pub(crate) fn decode(buf: &[u8]) -> Result<Frame<'_>, Corruption> {
+/// Never panics and never allocates, whatever `buf` holds. Errors for which
+/// [`is_checksummed`] holds come from a frame whose checksum matched.
+pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
     let Some(header) = buf.get(..FRAME_HEADER_LEN) else {
         if buf.len() >= 4 && buf[..4] != FRAME_MAGIC {
             return Err(Corruption::BadFrameMagic);
@@ -181,7 +201,7 @@ pub(crate) fn decode(buf: &[u8]) -> Result<Frame<'_>, Corruption> {
             available: buf.len() as u64,
         });
     };
-    let computed = crc32fast::hash(&whole[CHECKED_FROM..]);
+    let computed = checksum(salt, &whole[CHECKED_FROM..]);
     if computed != stored_crc {
         return Err(Corruption::ChecksumMismatch {
             stored: stored_crc,
@@ -212,7 +232,13 @@ pub(crate) fn decode(buf: &[u8]) -> Result<Frame<'_>, Corruption> {
     }
     let seq = Seq::from(u64_at(header, SEQ_AT));
     let group = Seq::from(u64_at(header, GROUP_AT));
-    if group > seq {
+    if seq.get() > SEQ_MAX || seq.get() == 0 {
+        return Err(Corruption::Unsupported {
+            what: "sequence number",
+            value: seq.get(),
+        });
+    }
+    if group > seq || group.get() == 0 {
         return Err(Corruption::BadGroup {
             expected: seq,
             found: group,
@@ -231,6 +257,15 @@ pub(crate) fn decode(buf: &[u8]) -> Result<Frame<'_>, Corruption> {
         payload,
         len,
     })
+}
+
+/// Whether a decode error was found in a frame whose checksum matched: written by
+/// a writer, not torn, so never to be truncated as a torn tail.
+pub(crate) fn is_checksummed(error: &Corruption) -> bool {
+    matches!(
+        error,
+        Corruption::Unsupported { .. } | Corruption::BadGroup { .. }
+    )
 }
 
 /// Reads the timestamp of a frame header without checking it (for statistics).
@@ -253,7 +288,7 @@ fn u64_at(header: &[u8], at: usize) -> u64 {
 
 /// Offset of the first position at or after `from` where a valid frame decodes,
 /// with that frame. Used by recovery to look past damage.
-pub(crate) fn find_valid_frame(buf: &[u8], from: usize) -> Option<(usize, Frame<'_>)> {
+pub(crate) fn find_valid_frame(buf: &[u8], from: usize, salt: u32) -> Option<(usize, Frame<'_>)> {
     let mut at = from;
     while at + FRAME_HEADER_LEN <= buf.len() {
         let window = &buf[at..];
@@ -261,7 +296,7 @@ pub(crate) fn find_valid_frame(buf: &[u8], from: usize) -> Option<(usize, Frame<
             .windows(FRAME_MAGIC.len())
             .position(|w| w == FRAME_MAGIC)?;
         at += found;
-        if let Ok(frame) = decode(&buf[at..]) {
+        if let Ok(frame) = decode(&buf[at..], salt) {
             return Some((at, frame));
         }
         at += 1;
@@ -273,12 +308,14 @@ pub(crate) fn find_valid_frame(buf: &[u8], from: usize) -> Option<(usize, Frame<
 mod tests {
     use super::*;
 
+    const SALT: u32 = 0x5EED;
+
     fn header(seq: u64) -> FrameHeader {
         FrameHeader {
             kind: FrameKind::Record,
             batch_end: seq % 2 == 0,
             seq: Seq::from(seq),
-            group: Seq::from(seq - seq % 4),
+            group: Seq::from(1 + (seq - 1) / 4 * 4),
             timestamp_us: 1_700_000_000_000_000 + seq,
         }
     }
@@ -288,11 +325,11 @@ mod tests {
         let mut buf = Vec::new();
         let payloads: [&[u8]; 3] = [b"", b"hello", &[0xAB; 1000]];
         for (i, p) in payloads.iter().enumerate() {
-            encode(&mut buf, &header(4 + i as u64), p);
+            encode(&mut buf, &header(4 + i as u64), p, SALT);
         }
         let mut at = 0;
         for (i, p) in payloads.iter().enumerate() {
-            let frame = decode(&buf[at..]).expect("valid frame");
+            let frame = decode(&buf[at..], SALT).expect("valid frame");
             assert_eq!(frame.header, header(4 + i as u64));
             assert_eq!(frame.payload, *p);
             assert_eq!(frame.len, frame_len(p.len()));
@@ -304,12 +341,12 @@ mod tests {
     #[test]
     fn every_single_bit_flip_is_detected() {
         let mut buf = Vec::new();
-        encode(&mut buf, &header(7), b"payload bytes");
+        encode(&mut buf, &header(7), b"payload bytes", SALT);
         for bit in 0..buf.len() * 8 {
             let mut damaged = buf.clone();
             damaged[bit / 8] ^= 1 << (bit % 8);
             assert!(
-                decode(&damaged).is_err(),
+                decode(&damaged, SALT).is_err(),
                 "flip of bit {bit} went unnoticed"
             );
         }
@@ -318,11 +355,11 @@ mod tests {
     #[test]
     fn a_flipped_length_bit_is_an_error_not_a_shorter_frame() {
         let mut buf = Vec::new();
-        encode(&mut buf, &header(8), &[1; 64]);
-        encode(&mut buf, &header(9), &[2; 64]);
+        encode(&mut buf, &header(8), &[1; 64], SALT);
+        encode(&mut buf, &header(9), &[2; 64], SALT);
         buf[LEN_AT] ^= 0x10; // 64 -> 80: the frame now swallows the next one's header
         assert!(matches!(
-            decode(&buf),
+            decode(&buf, SALT),
             Err(Corruption::ChecksumMismatch { .. })
         ));
     }
@@ -330,9 +367,9 @@ mod tests {
     #[test]
     fn truncated_frames_report_what_they_need() {
         let mut buf = Vec::new();
-        encode(&mut buf, &header(10), &[3; 100]);
+        encode(&mut buf, &header(10), &[3; 100], SALT);
         for cut in [0, 3, 10, FRAME_HEADER_LEN, buf.len() - 1] {
-            match decode(&buf[..cut]) {
+            match decode(&buf[..cut], SALT) {
                 Err(Corruption::Truncated { available, .. }) => {
                     assert_eq!(available, cut as u64)
                 }
@@ -343,13 +380,24 @@ mod tests {
 
     #[test]
     fn zeros_and_huge_lengths_are_refused_before_slicing() {
-        assert_eq!(decode(&[0; 64]), Err(Corruption::BadFrameMagic));
+        assert_eq!(decode(&[0; 64], SALT), Err(Corruption::BadFrameMagic));
         let mut buf = Vec::new();
-        encode(&mut buf, &header(2), b"x");
+        encode(&mut buf, &header(2), b"x", SALT);
         buf[LEN_AT..LEN_AT + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(
-            decode(&buf),
+            decode(&buf, SALT),
             Err(Corruption::LengthOutOfRange { .. })
+        ));
+    }
+
+    #[test]
+    fn a_frame_checks_only_in_its_own_segment() {
+        let mut buf = Vec::new();
+        encode(&mut buf, &header(5), b"stale", salt(SegmentId(1)));
+        assert!(decode(&buf, salt(SegmentId(1))).is_ok());
+        assert!(matches!(
+            decode(&buf, salt(SegmentId(7))),
+            Err(Corruption::ChecksumMismatch { .. })
         ));
     }
 
@@ -358,9 +406,9 @@ mod tests {
         let mut buf = Vec::new();
         let mut h = header(3);
         h.batch_end = false;
-        encode(&mut buf, &h, b"abc");
-        set_batch_end(&mut buf, true);
-        let frame = decode(&buf).expect("valid after flag change");
+        encode(&mut buf, &h, b"abc", SALT);
+        set_batch_end(&mut buf, true, SALT);
+        let frame = decode(&buf, SALT).expect("valid after flag change");
         assert!(frame.header.batch_end);
         assert_eq!(frame.payload, b"abc");
     }
@@ -371,10 +419,10 @@ mod tests {
         buf.extend_from_slice(&FRAME_MAGIC);
         buf.extend_from_slice(&[0xFF; 50]);
         let at = buf.len();
-        encode(&mut buf, &header(12), b"real");
-        let (found_at, frame) = find_valid_frame(&buf, 0).expect("frame found");
+        encode(&mut buf, &header(12), b"real", SALT);
+        let (found_at, frame) = find_valid_frame(&buf, 0, SALT).expect("frame found");
         assert_eq!(found_at, at);
         assert_eq!(frame.payload, b"real");
-        assert!(find_valid_frame(&buf, at + 1).is_none());
+        assert!(find_valid_frame(&buf, at + 1, SALT).is_none());
     }
 }

@@ -128,7 +128,7 @@ impl Outbox {
             let end = s.frames.last().map_or(SEGMENT_HEADER_LEN as u64, |f| {
                 u64::from(f.0) + u64::from(f.1)
             });
-            (s.path.clone(), s.file.clone(), end)
+            (s.id, s.path.clone(), s.file.clone(), end)
         });
         let start = Start {
             next_seq: recovered.next_seq,

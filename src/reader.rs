@@ -136,7 +136,7 @@ fn check(
             available: all.len().saturating_sub(at) as u64,
         })
     })?;
-    let f = frame::decode(window).map_err(fail)?;
+    let f = frame::decode(window, run.salt).map_err(fail)?;
     if f.header.seq != seq || f.header.kind != FrameKind::Record || f.len != len as usize {
         return Err(fail(Corruption::WrongFrame {
             expected: seq,

@@ -541,26 +541,33 @@ fn scan_segment(storage: &dyn Storage, dir: &Path, id: SegmentId, is_last: bool)
     };
     let map = scan.map.clone();
     let buf: &[u8] = (*map).as_ref();
+    let salt = frame::salt(id);
     let damage = scan_frames(buf, id, &mut scan);
     if let Some(mut d) = damage {
         d.tearable &= is_last;
         // Look past the damage: a valid frame of a later sync group proves the
         // damaged one was fsynced, so it cannot be torn.
         let mut at = (d.offset as usize).saturating_add(1);
-        while let Some((found_at, f)) = frame::find_valid_frame(buf, at) {
-            d.max_seen = d.max_seen.max(Some(f.header.seq));
+        while let Some((found_at, f)) = frame::find_valid_frame(buf, at, salt) {
+            let h = f.header;
+            at = found_at + f.len.max(1);
             // A header is fsynced before any frame is written, so a valid frame after
-            // a damaged header proves the header was once whole.
-            if d.offset == 0 || f.header.group > d.expected || f.header.seq <= d.expected {
+            // a damaged header proves the header was once whole. After a damaged
+            // frame, only a frame numbered after it counts: one numbered before it
+            // cannot have been written there, and is treated as garbage.
+            if d.offset != 0 && h.seq <= d.expected {
+                continue;
+            }
+            d.max_seen = d.max_seen.max(Some(h.seq));
+            if d.offset == 0 || h.group > d.expected {
                 if d.tearable {
                     d.tearable = false;
                     d.cause = Corruption::DamageBeforeValidFrame {
                         valid_offset: found_at as u64,
-                        valid_seq: f.header.seq,
+                        valid_seq: h.seq,
                     };
                 }
             }
-            at = found_at + f.len.max(1);
         }
         scan.damage = Some(d);
     }
@@ -569,6 +576,7 @@ fn scan_segment(storage: &dyn Storage, dir: &Path, id: SegmentId, is_last: bool)
 
 /// Walks the frames after the header; fills `scan` and returns the first damage.
 fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
+    let salt = frame::salt(id);
     let header = match SegmentHeader::decode(buf) {
         Ok(h) if h.first_seq != id.first_seq() => {
             return Some(Damage {
@@ -617,15 +625,15 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
     };
     while offset < buf.len() {
         let rest = buf.get(offset..).unwrap_or_default();
-        let f = match frame::decode(rest) {
+        let f = match frame::decode(rest, salt) {
             Ok(f) => f,
             Err(cause) => {
                 return Some(Damage {
                     offset: offset as u64,
                     expected,
+                    tearable: !frame::is_checksummed(&cause),
                     cause,
                     batch_start: batch_start as u64,
-                    tearable: true,
                     max_seen: None,
                 });
             }

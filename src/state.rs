@@ -155,6 +155,8 @@ impl SegmentSlots {
 /// A run of claimed frames from one segment, to be read outside the table lock.
 pub(crate) struct ClaimRun {
     pub path: Arc<Path>,
+    /// The segment's checksum seed.
+    pub salt: u32,
     pub source: Source,
     /// (seq, frame offset, frame length), in sequence order.
     pub frames: Vec<(Seq, u32, u32)>,
@@ -322,6 +324,7 @@ impl Table {
                     let seq = Seq::from(seg.first() + i as u64);
                     run.get_or_insert_with(|| ClaimRun {
                         path: seg.path.clone(),
+                        salt: crate::frame::salt(seg.id),
                         source: seg.source(),
                         frames: Vec::new(),
                     })

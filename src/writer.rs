@@ -114,8 +114,9 @@ impl Writer {
         }
         let active = create_segment(&shared, next_seq, last_written, log_start)
             .map_err(|(op, path, e)| Error::io(op, path, e))?;
-        if let Some((path, file, end)) = newest {
-            write_seal(&*file, end, last_written).map_err(|(op, e)| Error::io(op, &*path, e))?;
+        if let Some((id, path, file, end)) = newest {
+            write_seal(&*file, end, last_written, frame::salt(id))
+                .map_err(|(op, e)| Error::io(op, &*path, e))?;
             Counters::add(&shared.counters.fsyncs, 1);
         }
         push_active(&shared, &active);
@@ -270,6 +271,7 @@ impl Writer {
         }
         self.buf.clear();
         let timestamp_us = now_us();
+        let salt = frame::salt(self.active.id);
         let first = self.next_seq;
         let mut offset = self.active.len;
         let mut last_frame_at = 0;
@@ -292,6 +294,7 @@ impl Writer {
                         timestamp_us,
                     },
                     payload,
+                    salt,
                 );
                 let len = frame::frame_len(payload.len()) as u32;
                 self.unsynced.push((offset as u32, len, true));
@@ -299,7 +302,7 @@ impl Writer {
                 self.next_seq = seq.next();
             }
         }
-        frame::set_batch_end(&mut self.buf[last_frame_at..], true);
+        frame::set_batch_end(&mut self.buf[last_frame_at..], true, salt);
         let records = (self.unsynced.len() - first_unsynced) as u64;
         self.write_buf()?;
         self.active.records += records;
@@ -372,7 +375,8 @@ impl Writer {
             Ok(active) => active,
             Err((op, path, e)) => return Err(self.poison(op, &path, e)),
         };
-        if let Err((op, e)) = write_seal(&*self.active.file, self.active.len, seal_seq) {
+        let salt = frame::salt(self.active.id);
+        if let Err((op, e)) = write_seal(&*self.active.file, self.active.len, seal_seq, salt) {
             return Err(self.poison(op, &self.active.path.clone(), e));
         }
         Counters::add(&self.shared.counters.fsyncs, 1);
@@ -415,6 +419,7 @@ impl Writer {
                 timestamp_us: now_us(),
             },
             &new_start.get().to_le_bytes(),
+            frame::salt(self.active.id),
         );
         let len = self.buf.len() as u32;
         self.unsynced.push((self.active.len as u32, len, false));
@@ -503,6 +508,7 @@ fn write_seal(
     file: &dyn StorageFile,
     at: u64,
     seq: Seq,
+    salt: u32,
 ) -> Result<(), (&'static str, std::io::Error)> {
     let mut buf = Vec::with_capacity(frame::frame_len(0));
     frame::encode(
@@ -515,6 +521,7 @@ fn write_seal(
             timestamp_us: now_us(),
         },
         &[],
+        salt,
     );
     io::write_all_at(file, &buf, at).map_err(|e| ("write seal", e))?;
     file.sync_data().map_err(|e| ("sync seal", e))
@@ -526,5 +533,5 @@ pub(crate) struct Start {
     pub prev_seq: Seq,
     pub log_start: Seq,
     /// The newest recovered segment, to be sealed: (path, file, end of its frames).
-    pub newest: Option<(Arc<Path>, Arc<dyn StorageFile>, u64)>,
+    pub newest: Option<(SegmentId, Arc<Path>, Arc<dyn StorageFile>, u64)>,
 }
