@@ -124,17 +124,10 @@ impl Outbox {
         };
         let recovered = recovery::recover(&*storage, &dir, options.recovery)?;
 
-        let newest = recovered.segments.last().map(|s| {
-            let end = s.frames.last().map_or(SEGMENT_HEADER_LEN as u64, |f| {
-                u64::from(f.0) + u64::from(f.1)
-            });
-            (s.id, s.path.clone(), s.file.clone(), end)
-        });
         let start = Start {
-            next_seq: recovered.next_seq,
-            prev_seq: recovered.prev_seq,
+            active: recovered.active,
             log_start: recovered.log_start,
-            newest,
+            seal_newest: recovered.seal_newest,
         };
         let mut table = Table::new();
         for seg in recovered.segments {

@@ -18,6 +18,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Corruption, Error, Result};
 use crate::frame::{self, FrameKind};
@@ -93,14 +94,25 @@ pub(crate) struct RecoveredSegment {
 
 /// The log as recovery leaves it.
 pub(crate) struct Recovered {
+    /// Every segment holding frames; all sealed from now on.
     pub segments: Vec<RecoveredSegment>,
-    /// The sequence number the writer assigns next.
-    pub next_seq: Seq,
-    /// The last sequence number of the last segment kept (0 if none).
-    pub prev_seq: Seq,
-    /// First sequence number of the oldest live segment.
+    /// First sequence number of the oldest segment.
     pub log_start: Seq,
+    /// The writer's active segment: empty, its header durable.
+    pub active: ActiveStart,
+    /// The newest segment, if it lacks its seal frame: (id, path, file, offset
+    /// for the seal, seal number). The writer writes it before anything else.
+    pub seal_newest: Option<(SegmentId, Arc<Path>, Arc<dyn StorageFile>, u64, Seq)>,
     pub report: RecoveryReport,
+}
+
+/// An empty segment, durable, ready for the writer.
+pub(crate) struct ActiveStart {
+    pub id: SegmentId,
+    pub path: Arc<Path>,
+    pub file: Arc<dyn StorageFile>,
+    /// Its length: frames are written from here.
+    pub len: u64,
 }
 
 /// Damage found while scanning a segment.
@@ -133,6 +145,8 @@ struct Scan {
     seal: Option<(Seq, u32)>,
     /// The file's length.
     len: u64,
+    /// Where recovery will cut the file, once it has decided everything.
+    cut: Option<u64>,
     damage: Option<Damage>,
 }
 
@@ -154,6 +168,28 @@ impl Scan {
             self.header
                 .map_or(Seq::from(self.id.0.saturating_sub(1)), |h| h.prev_seq)
         })
+    }
+
+    /// Byte offset just past the last frame kept.
+    fn end(&self) -> u64 {
+        self.frames.last().map_or(SEGMENT_HEADER_LEN as u64, |f| {
+            u64::from(f.0) + u64::from(f.1)
+        })
+    }
+
+    /// A whole header and nothing after it.
+    fn is_empty_and_whole(&self) -> bool {
+        self.header.is_some() && self.frames.is_empty() && self.damage.is_none()
+    }
+
+    /// Plans a cut at `cut` and forgets the frames past it.
+    fn cut_at(&mut self, cut: u64) {
+        let kept = frames_below(&self.frames, cut);
+        self.frames.truncate(kept);
+        if self.seal.is_some_and(|(_, at)| u64::from(at) >= cut) {
+            self.seal = None;
+        }
+        self.cut = Some(cut);
     }
 
     fn corrupt(&self, d: &Damage) -> Error {
@@ -229,44 +265,51 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> 
         _ => {}
     }
 
-    let mut max_seen: Option<Seq> = None;
+    // The highest number the disk shows was ever assigned: in any frame, valid or
+    // past damage, in any header, in any file name. Nothing at or below it is
+    // assigned again.
+    let highest_id = ids.last().map_or(0, |id| id.0);
+    let max_seen = live
+        .iter()
+        .flat_map(|s| {
+            [
+                s.seq_at(s.frames.len()),
+                s.damage.as_ref().and_then(|d| d.max_seen),
+                s.header.map(|h| h.prev_seq),
+            ]
+        })
+        .flatten()
+        .max()
+        .unwrap_or(Seq::from(0))
+        .max(Seq::from(highest_id.saturating_sub(1)));
+
     let mut plan = Plan::default();
 
-    // The newest segment: a torn tail is cut at the start of its write batch. If
-    // nothing is left (a crash while creating it, or before its first batch was
-    // fsynced) the file goes, and a seal frame naming it in the segment before is
-    // cut too: that segment becomes the newest again.
-    let last_index = live.len().saturating_sub(1);
+    // An empty newest segment (created by a rotation, nothing written to it yet)
+    // becomes the writer's active segment again.
+    if live.last().is_some_and(|s| s.is_empty_and_whole()) {
+        plan.reuse = live.pop();
+    }
+
+    // A torn tail of the newest segment holding frames is cut at the start of its
+    // write batch. If its header itself never became durable, the file holds
+    // nothing and goes.
     if let Some(last) = live.last_mut() {
-        let cut = match last.damage.take() {
-            Some(d) if d.tearable => {
-                let cut = d.batch_start;
-                plan.torn = Some((last.path.clone(), cut, d.cause.clone(), last.len));
-                max_seen = max_seen.max(d.max_seen);
-                Some(cut)
-            }
-            other => {
-                last.damage = other;
-                None
-            }
-        };
-        let kept = cut.map_or(last.frames.len(), |c| frames_below(&last.frames, c));
-        max_seen = max_seen.max(last.seq_at(last.frames.len()));
-        if let Some(cut) = cut.filter(|_| kept > 0) {
-            plan.truncate.push((last_index, cut));
-        }
-        if kept == 0 && last.damage.is_none() {
-            let empty = live.pop().expect("a last segment");
-            max_seen = max_seen.max(empty.header.map(|h| h.prev_seq));
-            if let Some(prev) = live.last() {
-                if prev
-                    .seal
-                    .is_some_and(|(seal, _)| seal.next() == empty.id.first_seq())
-                {
-                    plan.strip_seal = true;
+        if let Some(d) = last.damage.take_if(|d| d.tearable) {
+            let cut = d.batch_start;
+            plan.torn = Some((last.path.clone(), cut, d.cause.clone(), last.len));
+            if cut >= SEGMENT_HEADER_LEN as u64 {
+                last.cut_at(cut);
+                if last.frames.is_empty() && plan.reuse.is_none() {
+                    plan.reuse = live.pop();
                 }
+            } else if plan.reuse.is_none() {
+                plan.remove.extend(live.pop());
+            } else {
+                // A newer segment exists, so this header was durable once.
+                last.damage = Some(d);
+                plan.torn = None;
             }
-            plan.remove_last = Some(empty);
         }
     }
 
@@ -277,91 +320,123 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> 
             first_damage = Some((k, d));
             break;
         }
-        let next = live.get(k + 1);
-        if let Some(d) = check_link(&live[k], next, plan.strip_seal) {
+        let next = match live.get(k + 1) {
+            Some(n) => Link::Segment(n),
+            None => plan.reuse.as_ref().map_or(Link::Nothing, Link::Active),
+        };
+        if let Some(d) = check_link(&live[k], next) {
             // A broken link is reported on the later file when there is one.
-            let at = if next.is_some() && d.offset == 0 {
-                k + 1
-            } else {
-                k
-            };
+            let at = if d.offset == 0 { k + 1 } else { k };
             first_damage = Some((at, d));
             break;
         }
     }
 
     if let Some((k, damage)) = first_damage {
+        let Some(damaged) = live.get(k).or(plan.reuse.as_ref()) else {
+            unreachable!("damage found in a segment that is not in the log");
+        };
         if mode != RecoveryMode::Lossy {
-            return Err(live[k].corrupt(&damage));
+            return Err(damaged.corrupt(&damage));
         }
         // Lossy: cut at the start of the damaged write batch, so that what is
         // kept still ends at the end of a batch, and delete every later segment.
-        for s in live.drain(k + 1..) {
-            max_seen = max_seen.max(s.seq_at(s.frames.len()));
-            max_seen = max_seen.max(s.damage.as_ref().and_then(|d| d.max_seen));
-            plan.deleted.push(s);
-        }
-        if let Some(empty) = plan.remove_last.take() {
-            plan.deleted.push(empty);
-        }
-        max_seen = max_seen
-            .max(damage.max_seen)
-            .max(live[k].seq_at(live[k].frames.len()));
-        let kept = frames_below(&live[k].frames, damage.batch_start);
-        let first = live[k]
-            .seq_at(kept + 1)
-            .unwrap_or(live[k].id.first_seq())
-            .min(damage.expected);
-        plan.truncate.retain(|t| t.0 < k);
+        let path = damaged.path.clone();
+        plan.remove.extend(live.drain((k + 1).min(live.len())..));
+        plan.remove.extend(plan.reuse.take());
         plan.torn = None;
-        if kept == 0 {
-            let whole = live.pop().expect("the damaged segment");
-            plan.deleted.push(whole);
-        } else {
-            plan.truncate.push((k, damage.batch_start));
+        let mut first = damage.expected;
+        if let Some(s) = live.get_mut(k) {
+            let kept = frames_below(&s.frames, damage.batch_start);
+            first = first.min(s.seq_at(kept + 1).unwrap_or(first));
+            if kept == 0 {
+                plan.remove.extend(live.pop());
+            } else {
+                s.cut_at(damage.batch_start);
+            }
         }
-        // The segment now newest may end with a seal naming one just deleted.
-        plan.strip_seal = live.last().is_some_and(|s| s.seal.is_some());
         report.dropped = Some(Dropped {
-            path: live
-                .get(k)
-                .map_or_else(|| plan.deleted[0].path.clone(), |s| s.path.clone()),
+            path,
             offset: damage.batch_start,
             cause: damage.cause,
             first,
-            last: max_seen.filter(|&m| m >= first),
-            deleted_segments: Vec::new(),
+            last: Some(max_seen).filter(|&m| m >= first),
+            deleted_segments: plan.remove.iter().map(|s| s.path.clone()).collect(),
         });
     }
 
-    // Apply, each step durable before the next depends on it.
+    // The writer's active segment: the empty one found, or a new one named above
+    // every number and file seen. The segment before it is sealed with the number
+    // the active segment's header names, unless it already is.
+    let newest_seal = live.last().and_then(|s| s.seal.map(|(seal, _)| seal));
+    let (active_prev, create) = match &plan.reuse {
+        Some(r) => (r.header.map_or(max_seen, |h| h.prev_seq), None),
+        None => {
+            let prev = match (live.last(), newest_seal) {
+                (Some(_), Some(seal)) => seal,
+                (Some(_), None) => max_seen.next(),
+                (None, _) => max_seen,
+            };
+            let first = prev.max(max_seen).max(Seq::from(highest_id)).next();
+            (prev, Some(first))
+        }
+    };
+    let seal_newest = match live.last() {
+        Some(s) if s.seal.is_none() => Some((
+            s.id,
+            s.path.as_path().into(),
+            s.file.clone(),
+            s.end(),
+            active_prev,
+        )),
+        _ => None,
+    };
+    let log_start = live.first().map_or_else(
+        || {
+            plan.reuse
+                .as_ref()
+                .map_or(create.unwrap_or(log_start), |r| r.id.first_seq())
+        },
+        |s| s.id.first_seq(),
+    );
+
+    // Apply. First the active segment, durably: from here on a crash leaves the
+    // highest number on disk. Then removals, made durable, then truncations.
+    let active = match (plan.reuse.take(), create) {
+        (Some(mut r), _) => {
+            if let Some(cut) = r.cut {
+                truncate(&mut r, cut)?;
+            }
+            ActiveStart {
+                id: r.id,
+                path: r.path.into(),
+                file: r.file,
+                len: r.len,
+            }
+        }
+        (None, Some(first)) => create_active(storage, dir, first, active_prev, log_start)?,
+        (None, None) => unreachable!("an active segment is either reused or created"),
+    };
     let mut dir_dirty = false;
-    let remove = |s: &Scan, what: &'static str| {
+    for s in leftover_scans.iter().chain(&plan.remove) {
         storage
             .remove(&s.path)
-            .map_err(|e| Error::io(what, &s.path, e))
-    };
-    for s in &leftover_scans {
-        remove(s, "remove acknowledged segment")?;
-        report.removed.push(s.path.clone());
+            .map_err(|e| Error::io("remove segment", &s.path, e))?;
         dir_dirty = true;
     }
-    for s in &plan.deleted {
-        remove(s, "remove segment after damage")?;
-        if let Some(d) = report.dropped.as_mut() {
-            d.deleted_segments.push(s.path.clone());
-        }
-        dir_dirty = true;
+    report.removed = leftover_scans
+        .iter()
+        .chain(plan.remove.iter().filter(|_| report.dropped.is_none()))
+        .map(|s| s.path.clone())
+        .collect();
+    if dir_dirty {
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Error::io("sync directory", dir, e))?;
     }
-    for &(k, cut) in &plan.truncate {
-        let s = &mut live[k];
-        truncate(s, cut)?;
-        let kept = frames_below(&s.frames, cut);
-        s.frames.truncate(kept);
-        if let Some((seal, _)) = s.seal {
-            if s.seq_at(kept).is_none_or(|last| last < seal) {
-                s.seal = None;
-            }
+    for s in &mut live {
+        if let Some(cut) = s.cut {
+            truncate(s, cut)?;
         }
     }
     if let Some((path, cut, cause, old_len)) = plan.torn {
@@ -372,31 +447,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> 
             cause,
         });
     }
-    if plan.strip_seal {
-        if let Some(s) = live.last_mut() {
-            if let Some((_, at)) = s.seal.take() {
-                truncate(s, u64::from(at))?;
-                s.frames.pop();
-            }
-        }
-    }
-    if let Some(empty) = plan.remove_last.take() {
-        remove(&empty, "remove empty segment")?;
-        report.removed.push(empty.path.clone());
-        dir_dirty = true;
-    }
-    if dir_dirty {
-        storage
-            .sync_dir(dir)
-            .map_err(|e| Error::io("sync directory", dir, e))?;
-    }
 
-    let prev_seq = live.last().map_or_else(
-        || max_seen.unwrap_or(Seq::from(log_start.get().saturating_sub(1))),
-        |s| s.last_seq(),
-    );
-    let next_seq = prev_seq.max(max_seen.unwrap_or(prev_seq)).next();
-    let log_start = live.first().map_or(next_seq, |s| s.id.first_seq());
     report.records_recovered = live
         .iter()
         .map(|s| s.frames.iter().filter(|f| f.2).count() as u64)
@@ -413,9 +464,9 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> 
         .collect();
     Ok(Recovered {
         segments,
-        next_seq,
-        prev_seq,
         log_start,
+        active,
+        seal_newest,
         report,
     })
 }
@@ -423,20 +474,26 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> 
 /// What recovery will change on disk, decided before anything is changed.
 #[derive(Default)]
 struct Plan {
-    /// Segments to cut: (index in the live list, new length).
-    truncate: Vec<(usize, u64)>,
     /// The torn tail to report: (file, cut, cause, length before the cut).
     torn: Option<(PathBuf, u64, Corruption, u64)>,
-    /// The newest segment, empty: removed whole.
-    remove_last: Option<Scan>,
-    /// Cut the seal frame off the segment that is newest once the rest is done.
-    strip_seal: bool,
-    /// Lossy: segments deleted whole.
-    deleted: Vec<Scan>,
+    /// An empty newest segment, to be the writer's active segment.
+    reuse: Option<Scan>,
+    /// Segments removed whole.
+    remove: Vec<Scan>,
 }
 
-/// Checks the link from segment `s` to the one after it (or its absence).
-fn check_link(s: &Scan, next: Option<&Scan>, strip_seal: bool) -> Option<Damage> {
+/// What follows a segment in the log.
+enum Link<'a> {
+    /// Another segment holding frames.
+    Segment(&'a Scan),
+    /// The empty segment that becomes the writer's active one.
+    Active(&'a Scan),
+    /// Nothing: the writer will create the next segment.
+    Nothing,
+}
+
+/// Checks the link from segment `s` to what follows it.
+fn check_link(s: &Scan, next: Link<'_>) -> Option<Damage> {
     let damage = |offset: u64, expected: Seq, cause| Damage {
         offset,
         expected,
@@ -445,26 +502,38 @@ fn check_link(s: &Scan, next: Option<&Scan>, strip_seal: bool) -> Option<Damage>
         tearable: false,
         max_seen: None,
     };
-    let end = s.frames.last().map_or(SEGMENT_HEADER_LEN as u64, |f| {
-        u64::from(f.0) + u64::from(f.1)
-    });
+    let prev_of = |n: &Scan| n.header.map_or(Seq::from(0), |h| h.prev_seq);
     match (s.seal, next) {
-        (None, None) => None,
-        // The newest segment is sealed, but its successor is gone; unless that
-        // successor was empty and is being removed.
-        (Some((seal, at)), None) if !strip_seal => Some(damage(
+        (None, Link::Nothing) => None,
+        // The writer seals `s` with the number the active segment names.
+        (None, Link::Active(n)) if prev_of(n) > s.last_seq() && n.id.first_seq() > prev_of(n) => {
+            None
+        }
+        (None, Link::Active(n)) => Some(damage(
+            0,
+            s.last_seq().next(),
+            Corruption::BrokenChain {
+                expected_prev: s.last_seq(),
+                found_prev: prev_of(n),
+            },
+        )),
+        (None, Link::Segment(_)) => Some(damage(
+            s.end(),
+            s.last_seq().next(),
+            Corruption::MissingSeal,
+        )),
+        // Sealed, but what followed is gone.
+        (Some((seal, at)), Link::Nothing) => Some(damage(
             u64::from(at),
             seal.next(),
             Corruption::MissingSegment {
                 expected_first: seal.next(),
             },
         )),
-        (Some(_), None) => None,
-        (None, Some(_)) => Some(damage(end, s.last_seq().next(), Corruption::MissingSeal)),
         // The next segment names the seal's number as its predecessor and starts
         // after it (not always right after: numbers may be skipped, never reused).
-        (Some((seal, _)), Some(n)) => {
-            let prev = n.header.map_or(seal, |h| h.prev_seq);
+        (Some((seal, _)), Link::Segment(n) | Link::Active(n)) => {
+            let prev = prev_of(n);
             if prev > seal {
                 Some(damage(
                     0,
@@ -489,6 +558,42 @@ fn check_link(s: &Scan, next: Option<&Scan>, strip_seal: bool) -> Option<Damage>
     }
 }
 
+/// Creates the writer's first segment, durably: header fsynced, then the directory.
+fn create_active(
+    storage: &dyn Storage,
+    dir: &Path,
+    first: Seq,
+    prev_seq: Seq,
+    log_start: Seq,
+) -> Result<ActiveStart> {
+    let id = SegmentId(first.get());
+    let path: Arc<Path> = dir.join(id.file_name()).into();
+    let header = SegmentHeader {
+        first_seq: first,
+        prev_seq,
+        log_start,
+        created_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    };
+    let file = storage
+        .create(&path)
+        .map_err(|e| Error::io("create segment", &*path, e))?;
+    crate::io::write_all_at(&*file, &header.encode(), 0)
+        .map_err(|e| Error::io("write segment header", &*path, e))?;
+    file.sync_data()
+        .map_err(|e| Error::io("sync segment header", &*path, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| Error::io("sync directory", dir, e))?;
+    Ok(ActiveStart {
+        id,
+        path,
+        file,
+        len: SEGMENT_HEADER_LEN as u64,
+    })
+}
+
 /// Cuts a segment file to `len` bytes, durably, and maps what is left.
 fn truncate(s: &mut Scan, len: u64) -> Result<()> {
     // Drop the view first: a mapped page past the end of a file faults when read.
@@ -504,6 +609,7 @@ fn truncate(s: &mut Scan, len: u64) -> Result<()> {
         .map(len)
         .map_err(|e| Error::io("map segment", &s.path, e))?;
     s.len = len;
+    s.cut = None;
     Ok(())
 }
 
@@ -537,6 +643,7 @@ fn scan_segment(storage: &dyn Storage, dir: &Path, id: SegmentId, is_last: bool)
         log_start_marker: None,
         seal: None,
         len,
+        cut: None,
         damage: None,
     };
     let map = scan.map.clone();

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::frame::{self, FrameHeader, FrameKind};
 use crate::io::{self, StorageFile};
 use crate::options::Durability;
+use crate::recovery::ActiveStart;
 use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
 use crate::seq::{SegmentId, Seq};
 use crate::shared::{Completer, Counters, Shared};
@@ -93,39 +94,39 @@ fn now_us() -> u64 {
 }
 
 impl Writer {
-    /// Creates the first segment of this run, seals the newest recovered segment
-    /// (if any) behind it, and returns the writer, ready to run.
+    /// Seals the newest recovered segment if recovery says so, and returns the
+    /// writer, ready to run on the active segment recovery prepared.
     pub(crate) fn start(
         shared: Arc<Shared>,
         rx: Receiver<Request>,
         recovered: Start,
     ) -> Result<Writer> {
         let Start {
-            mut next_seq,
-            prev_seq,
+            active,
             log_start,
-            newest,
+            seal_newest,
         } = recovered;
-        let mut last_written = prev_seq;
-        if newest.is_some() {
-            // The seal takes the next number; the new segment follows it.
-            last_written = next_seq;
-            next_seq = next_seq.next();
-        }
-        let active = create_segment(&shared, next_seq, last_written, log_start)
-            .map_err(|(op, path, e)| Error::io(op, path, e))?;
-        if let Some((id, path, file, end)) = newest {
-            write_seal(&*file, end, last_written, frame::salt(id))
+        if let Some((id, path, file, at, seq)) = seal_newest {
+            write_seal(&*file, at, seq, frame::salt(id))
                 .map_err(|(op, e)| Error::io(op, &*path, e))?;
             Counters::add(&shared.counters.fsyncs, 1);
         }
+        let active = Active {
+            id: active.id,
+            path: active.path,
+            file: active.file,
+            len: active.len,
+            created: Instant::now(),
+            records: 0,
+        };
         push_active(&shared, &active);
+        let next_seq = active.id.first_seq();
         Ok(Writer {
             shared,
             rx,
             active,
             next_seq,
-            last_written,
+            last_written: Seq::from(next_seq.get() - 1),
             log_start,
             buf: Vec::with_capacity(1 << 16),
             unsynced: Vec::new(),
@@ -529,9 +530,8 @@ fn write_seal(
 
 /// Where the writer starts, from recovery.
 pub(crate) struct Start {
-    pub next_seq: Seq,
-    pub prev_seq: Seq,
+    pub active: ActiveStart,
     pub log_start: Seq,
-    /// The newest recovered segment, to be sealed: (path, file, end of its frames).
-    pub newest: Option<(SegmentId, Arc<Path>, Arc<dyn StorageFile>, u64)>,
+    /// The newest recovered segment, to be sealed: (id, path, file, offset, seq).
+    pub seal_newest: Option<(SegmentId, Arc<Path>, Arc<dyn StorageFile>, u64, Seq)>,
 }

@@ -348,3 +348,61 @@ fn recovery_is_idempotent() {
         outbox.close().expect("close");
     }
 }
+
+#[test]
+fn reopening_without_appends_reuses_the_empty_segment() {
+    let (_t, dir, seqs) = one_segment(5);
+    for _ in 0..3 {
+        let outbox = Outbox::open(&dir, Options::default()).expect("open");
+        assert!(outbox.recovery_report().removed.is_empty());
+        outbox.close().expect("close");
+    }
+    // The records' segment, sealed, and one empty active segment: no churn.
+    assert_eq!(segment_files(&dir).len(), 2);
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    assert_eq!(recovered_seqs(&outbox), seqs);
+}
+
+#[test]
+fn a_crash_between_creating_a_segment_and_sealing_the_one_before_recovers() {
+    let (_t, dir, seqs) = one_segment(5);
+    // Reopen once so that the writer creates the next segment and seals this one,
+    // then cut the seal frame off: the state a crash leaves between the two steps.
+    Outbox::open(&dir, Options::default())
+        .expect("open")
+        .close()
+        .expect("close");
+    let files = segment_files(&dir);
+    assert_eq!(files.len(), 2);
+    let sealed_len = len(&files[0]);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&files[0])
+        .expect("open");
+    f.set_len(sealed_len - FRAME_HEADER).expect("cut the seal");
+    drop(f);
+    let outbox = Outbox::open(&dir, Options::default()).expect("recovers");
+    assert_eq!(recovered_seqs(&outbox), seqs);
+    assert_eq!(len(&files[0]), sealed_len, "sealed again");
+    let next = outbox.append(b"next").expect("append");
+    assert!(next > seqs[4]);
+}
+
+#[test]
+fn a_lost_newest_segment_is_detected() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    fill(&outbox, 120, 100);
+    outbox.close().expect("close");
+    let mut files = segment_files(&dir);
+    let newest = files.pop().expect("segments");
+    std::fs::remove_file(&newest).expect("lose the newest segment");
+    match Outbox::open(&dir, small_segments()) {
+        Err(Error::Corrupt {
+            path,
+            kind: Corruption::MissingSegment { .. },
+            ..
+        }) => assert_eq!(&path, files.last().expect("segments")),
+        other => panic!("expected a missing segment, got {other:?}"),
+    }
+}
