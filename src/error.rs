@@ -174,6 +174,9 @@ impl std::error::Error for Error {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Corruption {
+    /// A file named like a segment (`*.seg`) whose name is not a 20-digit
+    /// sequence number: not a segwal file.
+    BadSegmentName,
     /// The segment header's magic bytes are wrong: not a segwal segment.
     BadSegmentMagic,
     /// The segment header is from a format version this build cannot read.
@@ -279,6 +282,9 @@ pub enum Corruption {
 impl fmt::Display for Corruption {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Corruption::BadSegmentName => {
+                f.write_str("file named like a segment but not a segment name")
+            }
             Corruption::BadSegmentMagic => f.write_str("bad segment magic: not a segwal segment"),
             Corruption::UnsupportedVersion { found } => {
                 write!(f, "unsupported segment format version {found}")

@@ -313,7 +313,7 @@ mod tests {
     fn header(seq: u64) -> FrameHeader {
         FrameHeader {
             kind: FrameKind::Record,
-            batch_end: seq % 2 == 0,
+            batch_end: seq.is_multiple_of(2),
             seq: Seq::from(seq),
             group: Seq::from(1 + (seq - 1) / 4 * 4),
             timestamp_us: 1_700_000_000_000_000 + seq,

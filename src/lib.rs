@@ -47,7 +47,8 @@ mod writer;
 
 pub use error::{Corruption, Error, Result};
 pub use options::{
-    Durability, MAX_RECORD_BYTES_LIMIT, Options, RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
+    BATCH_BYTES_MAX, Durability, MAX_RECORD_BYTES_LIMIT, Options, QUEUE_BYTES_MAX, RecoveryMode,
+    SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
 };
 pub use outbox::{Outbox, Stats};
 pub use reader::Record;

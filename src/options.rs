@@ -15,6 +15,13 @@ pub const SEGMENT_BYTES_MIN: u64 = KIB;
 pub const SEGMENT_BYTES_MAX: u64 = 2 * 1024 * MIB;
 /// Largest accepted [`Options::max_record_bytes`]: the format's own limit (1 GiB).
 pub const MAX_RECORD_BYTES_LIMIT: usize = RECORD_BYTES_LIMIT;
+/// Largest accepted [`Options::queue_bytes`] (1.5 GiB).
+pub const QUEUE_BYTES_MAX: u64 = 3 * 512 * MIB;
+/// Largest accepted [`Options::batch_bytes`] (1 GiB).
+///
+/// With [`SEGMENT_BYTES_MAX`] and [`QUEUE_BYTES_MAX`] it keeps every segment file
+/// below 4 GiB, so that frame offsets fit in 32 bits.
+pub const BATCH_BYTES_MAX: usize = 1 << 30;
 
 /// When `append` returns, and what survives a crash at that moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -141,16 +148,18 @@ impl Options {
         self
     }
 
-    /// How many payload bytes may wait for the writer thread. Default 64 MiB; at
-    /// least `max_record_bytes`. Also the largest `append_batch` accepted.
+    /// How many bytes of encoded records (payload plus a 40-byte frame header
+    /// each) may wait for the writer thread. Default 64 MiB; at least one record
+    /// of `max_record_bytes`, at most [`QUEUE_BYTES_MAX`]. Also the largest
+    /// `append_batch` accepted.
     pub fn queue_bytes(mut self, bytes: u64) -> Options {
         self.queue_bytes = bytes;
         self
     }
 
-    /// Payload bytes the writer gathers into one write and one fsync at most.
-    /// Default 4 MiB; at least 1. A single request larger than this is written in a
-    /// batch of its own.
+    /// Encoded bytes the writer gathers into one write and one fsync at most.
+    /// Default 4 MiB; from 1 to [`BATCH_BYTES_MAX`]. A single request larger than
+    /// this is written in a batch of its own.
     pub fn batch_bytes(mut self, bytes: usize) -> Options {
         self.batch_bytes = bytes;
         self
@@ -207,17 +216,21 @@ impl Options {
         if self.queue_capacity == 0 {
             return invalid("queue_capacity", "must be at least 1".into());
         }
-        if self.queue_bytes < self.max_record_bytes as u64 || self.queue_bytes == 0 {
+        let one_record = crate::frame::frame_len(self.max_record_bytes) as u64;
+        if !(one_record..=QUEUE_BYTES_MAX).contains(&self.queue_bytes) {
             return invalid(
                 "queue_bytes",
                 format!(
-                    "{} is below max_record_bytes ({})",
-                    self.queue_bytes, self.max_record_bytes
+                    "{} is outside {one_record}..={QUEUE_BYTES_MAX} (one record of max_record_bytes, encoded)",
+                    self.queue_bytes
                 ),
             );
         }
-        if self.batch_bytes == 0 {
-            return invalid("batch_bytes", "must be at least 1".into());
+        if !(1..=BATCH_BYTES_MAX).contains(&self.batch_bytes) {
+            return invalid(
+                "batch_bytes",
+                format!("{} is outside 1..={BATCH_BYTES_MAX}", self.batch_bytes),
+            );
         }
         if self.buffered_sync_interval < Duration::from_millis(1) {
             return invalid("buffered_sync_interval", "must be at least 1 ms".into());

@@ -313,7 +313,8 @@ impl Outbox {
     /// empty vector on timeout.
     pub fn claim_wait(&self, max_records: usize, timeout: Duration) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
-        let deadline = Instant::now() + timeout;
+        // A timeout too long to represent waits without one.
+        let deadline = Instant::now().checked_add(timeout);
         let mut table = shared.table.lock();
         loop {
             shared.check_open()?;
@@ -322,8 +323,13 @@ impl Outbox {
                 drop(table);
                 return self.read_claimed(runs);
             }
-            if shared.arrived.wait_until(&mut table, deadline).timed_out() {
-                return Ok(Vec::new());
+            match deadline {
+                Some(deadline) => {
+                    if shared.arrived.wait_until(&mut table, deadline).timed_out() {
+                        return Ok(Vec::new());
+                    }
+                }
+                None => shared.arrived.wait(&mut table),
             }
         }
     }
@@ -343,6 +349,8 @@ impl Outbox {
                 table.release_all(others);
                 let reclaim = failure.corrupt && table.set_aside(failure.seq);
                 drop(table);
+                // The released records are claimable again.
+                shared.arrived.notify_all();
                 if failure.corrupt {
                     Counters::add(&shared.counters.corrupt_records, 1);
                 }

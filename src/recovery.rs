@@ -102,9 +102,12 @@ pub(crate) struct Recovered {
     pub active: ActiveStart,
     /// The newest segment, if it lacks its seal frame: (id, path, file, offset
     /// for the seal, seal number). The writer writes it before anything else.
-    pub seal_newest: Option<(SegmentId, Arc<Path>, Arc<dyn StorageFile>, u64, Seq)>,
+    pub seal_newest: Option<SealTarget>,
     pub report: RecoveryReport,
 }
+
+/// A segment to seal: (id, path, file, offset for the seal frame, seal number).
+pub(crate) type SealTarget = (SegmentId, Arc<Path>, Arc<dyn StorageFile>, u64, Seq);
 
 /// An empty segment, durable, ready for the writer.
 pub(crate) struct ActiveStart {
@@ -208,7 +211,22 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> 
     let names = storage
         .list(dir)
         .map_err(|e| Error::io("list directory", dir, e))?;
-    let mut ids: Vec<SegmentId> = names.iter().filter_map(|n| SegmentId::parse(n)).collect();
+    let mut ids = Vec::new();
+    for name in &names {
+        match SegmentId::parse(name) {
+            Some(id) => ids.push(id),
+            None if name.ends_with(crate::seq::SEGMENT_SUFFIX) => {
+                return Err(Error::Corrupt {
+                    path: dir.join(name),
+                    offset: 0,
+                    seq: None,
+                    kind: Corruption::BadSegmentName,
+                });
+            }
+            // Other files (the lock file, an operator's notes) are not ours to judge.
+            None => {}
+        }
+    }
     ids.sort();
     let mut report = RecoveryReport {
         segments_found: ids.len(),
@@ -294,22 +312,22 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> 
     // A torn tail of the newest segment holding frames is cut at the start of its
     // write batch. If its header itself never became durable, the file holds
     // nothing and goes.
-    if let Some(last) = live.last_mut() {
-        if let Some(d) = last.damage.take_if(|d| d.tearable) {
-            let cut = d.batch_start;
-            plan.torn = Some((last.path.clone(), cut, d.cause.clone(), last.len));
-            if cut >= SEGMENT_HEADER_LEN as u64 {
-                last.cut_at(cut);
-                if last.frames.is_empty() && plan.reuse.is_none() {
-                    plan.reuse = live.pop();
-                }
-            } else if plan.reuse.is_none() {
-                plan.remove.extend(live.pop());
-            } else {
-                // A newer segment exists, so this header was durable once.
-                last.damage = Some(d);
-                plan.torn = None;
+    if let Some(last) = live.last_mut()
+        && let Some(d) = last.damage.take_if(|d| d.tearable)
+    {
+        let cut = d.batch_start;
+        plan.torn = Some((last.path.clone(), cut, d.cause.clone(), last.len));
+        if cut >= SEGMENT_HEADER_LEN as u64 {
+            last.cut_at(cut);
+            if last.frames.is_empty() && plan.reuse.is_none() {
+                plan.reuse = live.pop();
             }
+        } else if plan.reuse.is_none() {
+            plan.remove.extend(live.pop());
+        } else {
+            // A newer segment exists, so this header was durable once.
+            last.damage = Some(d);
+            plan.torn = None;
         }
     }
 
@@ -666,14 +684,12 @@ fn scan_segment(storage: &dyn Storage, dir: &Path, id: SegmentId, is_last: bool)
                 continue;
             }
             d.max_seen = d.max_seen.max(Some(h.seq));
-            if d.offset == 0 || h.group > d.expected {
-                if d.tearable {
-                    d.tearable = false;
-                    d.cause = Corruption::DamageBeforeValidFrame {
-                        valid_offset: found_at as u64,
-                        valid_seq: h.seq,
-                    };
-                }
+            if (d.offset == 0 || h.group > d.expected) && d.tearable {
+                d.tearable = false;
+                d.cause = Corruption::DamageBeforeValidFrame {
+                    valid_offset: found_at as u64,
+                    valid_seq: h.seq,
+                };
             }
         }
         scan.damage = Some(d);

@@ -67,7 +67,11 @@ impl SegmentId {
         if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
-        digits.parse().ok().map(SegmentId)
+        digits
+            .parse()
+            .ok()
+            .filter(|&n| n <= crate::frame::SEQ_MAX)
+            .map(SegmentId)
     }
 }
 
@@ -109,9 +113,11 @@ mod tests {
             assert_eq!(SegmentId::parse(name), None, "{name}");
         }
         assert_eq!(
-            SegmentId::parse("18446744073709551615.seg"),
-            Some(SegmentId(u64::MAX))
+            SegmentId::parse("00000000000000000042.seg"),
+            Some(SegmentId(42))
         );
+        // Beyond the format's largest sequence number: not a segment name.
+        assert_eq!(SegmentId::parse("18446744073709551615.seg"), None);
         assert_eq!(SegmentId::parse("99999999999999999999.seg"), None);
     }
 }

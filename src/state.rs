@@ -138,7 +138,7 @@ impl SegmentSlots {
         let mut done = 0;
         for (w, (&c, &d)) in self.claimed.iter().zip(&self.done).enumerate() {
             assert_eq!(c & d, 0, "slot both claimed and done in word {w}");
-            if w == len / 64 && len % 64 != 0 {
+            if w == len / 64 && !len.is_multiple_of(64) {
                 let past = !0u64 << (len % 64);
                 assert_eq!((c | d) & past, 0, "bit set past the last slot");
             }
@@ -242,7 +242,7 @@ impl Table {
             let i = seg.offsets.len();
             seg.offsets.push(offset);
             seg.end = offset + len;
-            if i % 64 == 0 {
+            if i.is_multiple_of(64) {
                 seg.claimed.push(0);
                 seg.done.push(0);
             }

@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use crate::error::{Error, Result};
 use crate::frame::{self, FrameHeader, FrameKind};
 use crate::io::{self, StorageFile};
 use crate::options::Durability;
-use crate::recovery::ActiveStart;
+use crate::recovery::{ActiveStart, SealTarget};
 use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
 use crate::seq::{SegmentId, Seq};
 use crate::shared::{Completer, Counters, Shared};
@@ -138,7 +138,37 @@ impl Writer {
 
     /// Runs until every handle is closed and the queue is drained. Returns the
     /// outcome of the final sync.
+    ///
+    /// If the writer panics (a bug), the outbox is poisoned and the thread goes on
+    /// answering every request with that error until the outbox is closed, so no
+    /// producer waits forever.
     pub(crate) fn run(mut self) -> Result<()> {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
+        if let Ok(outcome) = outcome {
+            return outcome;
+        }
+        let error = Error::Poisoned {
+            path: self.active.path.to_path_buf(),
+            op: "write (the writer thread panicked)",
+            source: Arc::new(std::io::Error::other("the writer thread panicked")),
+        };
+        let _ = self.shared.poison.set(error.clone());
+        let error = self.shared.poison.get().cloned().unwrap_or(error);
+        let in_flight: Vec<Request> = self.batch.drain(..).collect();
+        for r in in_flight.into_iter().chain(self.rx.iter()) {
+            match r {
+                Request::Append { bytes, done, .. } => {
+                    done.complete(Err(error.clone()));
+                    self.shared.budget.release(bytes);
+                }
+                Request::Sync { done } => done.complete(Err(error.clone())),
+                Request::Reclaim => {}
+            }
+        }
+        Err(error)
+    }
+
+    fn serve(&mut self) -> Result<()> {
         loop {
             let first = match self.deadline() {
                 Some(deadline) => match self.rx.recv_deadline(deadline) {
@@ -165,11 +195,18 @@ impl Writer {
         self.sync()
     }
 
-    /// The next time the writer must act without a request.
+    /// The next time the writer must act without a request; none once poisoned.
     fn deadline(&self) -> Option<Instant> {
+        if self.shared.poison.get().is_some() {
+            return None;
+        }
         let opts = &self.shared.options;
-        let rotate = (self.active.records > 0).then(|| self.active.created + opts.segment_age);
-        let sync = self.unsynced_since.map(|t| t + opts.buffered_sync_interval);
+        let rotate = (self.active.records > 0)
+            .then(|| self.active.created.checked_add(opts.segment_age))
+            .flatten();
+        let sync = self
+            .unsynced_since
+            .and_then(|t| t.checked_add(opts.buffered_sync_interval));
         match (rotate, sync) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -186,10 +223,9 @@ impl Writer {
             let _ = self.sync();
         }
         let age = self.shared.options.segment_age;
-        if self.active.records > 0 && self.active.created.elapsed() >= age {
-            if self.rotate().is_ok() {
-                self.reclaim();
-            }
+        if self.active.records > 0 && self.active.created.elapsed() >= age && self.rotate().is_ok()
+        {
+            self.reclaim();
         }
     }
 
@@ -199,14 +235,13 @@ impl Writer {
         let limit = opts.batch_bytes as u64;
         let mut bytes = request_bytes(&first);
         self.batch.push(first);
-        let linger_until = (!opts.linger.is_zero()).then(|| Instant::now() + opts.linger);
+        let linger_until = (!opts.linger.is_zero())
+            .then(|| Instant::now().checked_add(opts.linger))
+            .flatten();
         while bytes < limit {
             let next = match linger_until {
                 Some(until) => self.rx.recv_deadline(until).ok(),
-                None => match self.rx.try_recv() {
-                    Ok(r) => Some(r),
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
-                },
+                None => self.rx.try_recv().ok(),
             };
             let Some(r) = next else { break };
             bytes += request_bytes(&r);
@@ -298,7 +333,7 @@ impl Writer {
                     salt,
                 );
                 let len = frame::frame_len(payload.len()) as u32;
-                self.unsynced.push((offset as u32, len, true));
+                self.unsynced.push((offset32(offset), len, true));
                 offset += u64::from(len);
                 self.next_seq = seq.next();
             }
@@ -423,7 +458,7 @@ impl Writer {
             frame::salt(self.active.id),
         );
         let len = self.buf.len() as u32;
-        self.unsynced.push((self.active.len as u32, len, false));
+        self.unsynced.push((offset32(self.active.len), len, false));
         self.next_seq = seq.next();
         if self.write_buf().is_err() || self.sync().is_err() {
             return;
@@ -494,6 +529,12 @@ fn create_segment(
     })
 }
 
+/// A frame offset within a segment. The option limits keep every segment below
+/// 4 GiB (`Options::validate`), so a larger offset is a bug.
+fn offset32(offset: u64) -> u32 {
+    u32::try_from(offset).expect("segment offsets stay below 4 GiB by the option limits")
+}
+
 /// Adds the new active segment to the state table.
 fn push_active(shared: &Shared, active: &Active) {
     shared.table.lock().push_segment(SegmentSlots::new(
@@ -533,5 +574,5 @@ pub(crate) struct Start {
     pub active: ActiveStart,
     pub log_start: Seq,
     /// The newest recovered segment, to be sealed: (id, path, file, offset, seq).
-    pub seal_newest: Option<(SegmentId, Arc<Path>, Arc<dyn StorageFile>, u64, Seq)>,
+    pub seal_newest: Option<SealTarget>,
 }

@@ -72,6 +72,10 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// The file's current length in bytes.
     fn len(&self) -> io::Result<u64>;
+    /// Whether the file is empty.
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
     /// A read-only view of the file's first `len` bytes. segwal maps only files it
     /// will never write or truncate again while the view lives.
     fn map(&self, len: u64) -> io::Result<Mapped>;

@@ -252,3 +252,22 @@ fn buffered_appends_become_claimable_after_the_interval_and_survive_close() {
         vec![b"buffered".to_vec(), b"second".to_vec()]
     );
 }
+
+#[test]
+fn durations_too_long_to_represent_mean_never() {
+    // Regression: `Instant + Duration::MAX` overflowed and panicked in the writer.
+    let (_t, dir) = tmp();
+    let options = Options::default()
+        .segment_age(std::time::Duration::MAX)
+        .buffered_sync_interval(std::time::Duration::MAX);
+    let outbox = Outbox::open(&dir, options).expect("open");
+    let relay = {
+        let outbox = outbox.clone();
+        thread::spawn(move || outbox.claim_wait(1, std::time::Duration::MAX))
+    };
+    thread::sleep(std::time::Duration::from_millis(10));
+    let seq = outbox.append(b"x").expect("append");
+    let got = relay.join().expect("relay").expect("claim");
+    assert_eq!(got[0].seq(), seq);
+    outbox.close().expect("close");
+}

@@ -406,3 +406,26 @@ fn a_lost_newest_segment_is_detected() {
         other => panic!("expected a missing segment, got {other:?}"),
     }
 }
+
+#[test]
+fn a_file_named_like_a_segment_with_a_bad_name_is_refused() {
+    let (_t, dir) = tmp();
+    Outbox::open(&dir, Options::default())
+        .expect("open")
+        .close()
+        .expect("close");
+    let odd = dir.join("backup.seg");
+    std::fs::write(&odd, b"x").expect("write");
+    match Outbox::open(&dir, Options::default()) {
+        Err(Error::Corrupt {
+            path,
+            kind: Corruption::BadSegmentName,
+            ..
+        }) => assert_eq!(path, odd),
+        other => panic!("expected BadSegmentName, got {other:?}"),
+    }
+    // Files with other names are left alone.
+    std::fs::remove_file(&odd).expect("remove");
+    std::fs::write(dir.join("README.txt"), b"notes").expect("write");
+    Outbox::open(&dir, Options::default()).expect("open with a note beside");
+}
