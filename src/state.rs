@@ -9,19 +9,20 @@
 //! |---------|-----------|--------|--------------------------------------------------|
 //! | Pending | 0         | 0      | a durable record waiting to be claimed            |
 //! | Claimed | 1         | 0      | handed out by `claim`, not yet acknowledged       |
-//! | Done    | 0         | 1      | acknowledged, set aside as corrupt, or internal   |
+//! | Done    | 0         | 1      | acknowledged, or set aside as corrupt             |
+//! | Internal| 1         | 1      | not a record: an internal frame (`LogStart`, seal) |
 //!
 //! Legal transitions: Pending → Claimed (`claim`), Claimed → Pending (`release`),
 //! Claimed → Done (`ack`), Pending|Claimed → Done (read path found it corrupt).
-//! A slot enters the table Pending (a record) or Done (an internal frame), and only
-//! once its frame is durable. Done is final.
+//! A slot enters the table Pending (a record) or Internal, and only once its frame
+//! is durable. Done and Internal are final.
 //!
 //! # Invariants
 //!
-//! - `claimed & done == 0` in every word, and no bit is set past the segment's
-//!   last slot.
-//! - Each segment's counters equal the population counts of its bitsets; the
-//!   table's totals equal the sums over segments.
+//! - No bit is set past the segment's last slot.
+//! - `claimed_count` is the number of Claimed slots (`claimed & !done`),
+//!   `done_count` the number of Done and Internal slots (`done`); the table's
+//!   totals equal the sums over segments.
 //! - Every slot with a sequence number below `cursor` is not Pending, so a claim
 //!   starts scanning at `cursor`. `release` moves `cursor` back.
 //! - Segments are contiguous in sequence numbers and sorted; only the last one
@@ -137,12 +138,11 @@ impl SegmentSlots {
         let mut claimed = 0;
         let mut done = 0;
         for (w, (&c, &d)) in self.claimed.iter().zip(&self.done).enumerate() {
-            assert_eq!(c & d, 0, "slot both claimed and done in word {w}");
             if w == len / 64 && !len.is_multiple_of(64) {
                 let past = !0u64 << (len % 64);
                 assert_eq!((c | d) & past, 0, "bit set past the last slot");
             }
-            claimed += c.count_ones();
+            claimed += (c & !d).count_ones();
             done += d.count_ones();
         }
         assert_eq!(claimed, self.claimed_count);
@@ -250,6 +250,7 @@ impl Table {
                 self.pending += 1;
                 self.backlog_bytes += u64::from(len) - FRAME_HEADER_LEN as u64;
             } else {
+                SegmentSlots::set(&mut seg.claimed, i, true);
                 SegmentSlots::set(&mut seg.done, i, true);
                 seg.done_count += 1;
             }
@@ -369,7 +370,13 @@ impl Table {
             return Ok(None);
         };
         let seg = &self.segments[si];
-        if SegmentSlots::bit(&seg.claimed, i) {
+        let (claimed, done) = (
+            SegmentSlots::bit(&seg.claimed, i),
+            SegmentSlots::bit(&seg.done, i),
+        );
+        if claimed && done {
+            Err(Error::UnknownSeq { seq })
+        } else if claimed {
             Ok(Some((si, i)))
         } else if SegmentSlots::bit(&seg.done, i) {
             Ok(None)
@@ -417,7 +424,14 @@ impl Table {
             return Err(Error::NotClaimed { seq });
         };
         let seg = &mut self.segments[si];
-        if !SegmentSlots::bit(&seg.claimed, i) {
+        let (claimed, done) = (
+            SegmentSlots::bit(&seg.claimed, i),
+            SegmentSlots::bit(&seg.done, i),
+        );
+        if claimed && done {
+            return Err(Error::UnknownSeq { seq });
+        }
+        if !claimed {
             return Err(Error::NotClaimed { seq });
         }
         SegmentSlots::set(&mut seg.claimed, i, false);
@@ -594,6 +608,15 @@ mod tests {
     fn claims_hand_out_oldest_first_and_skip_internal_frames() {
         let (mut t, _d) = table(200, Some(2));
         assert_eq!(seqs(&t.claim(4, u64::MAX)), vec![1, 2, 4, 5]);
+        // An internal frame is not a record: no ack, no release.
+        assert!(matches!(
+            t.ack(&[Seq::from(3)]),
+            Err(Error::UnknownSeq { .. })
+        ));
+        assert!(matches!(
+            t.release(Seq::from(3)),
+            Err(Error::UnknownSeq { .. })
+        ));
         assert_eq!(seqs(&t.claim(3, u64::MAX)), vec![6, 7, 8]);
         t.check_invariants();
     }
