@@ -46,6 +46,11 @@ mod state;
 mod writer;
 
 pub use error::{Corruption, Error, Result};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 pub use options::{
     BATCH_BYTES_MAX, Durability, MAX_RECORD_BYTES_LIMIT, Options, QUEUE_BYTES_MAX, RecoveryMode,
     SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
