@@ -74,6 +74,8 @@ pub struct Stats {
     pub fsyncs: u64,
     /// Records per write batch since open: how well group commit amortises fsyncs.
     pub records_per_batch: f64,
+    /// Records appended per `fdatasync` since open, all fsyncs counted.
+    pub records_per_fsync: f64,
     /// Segment files deleted since open.
     pub segments_deleted: u64,
     /// Records set aside by the read path since open because their frame no
@@ -433,11 +435,8 @@ impl Outbox {
             records_appended: records,
             batches,
             fsyncs: load(&c.fsyncs),
-            records_per_batch: if batches == 0 {
-                0.0
-            } else {
-                records as f64 / batches as f64
-            },
+            records_per_batch: ratio(records, batches),
+            records_per_fsync: ratio(records, load(&c.fsyncs)),
             segments_deleted: load(&c.segments_deleted),
             corrupt_records: load(&c.corrupt_records),
             poisoned: shared.poison.get().is_some(),
@@ -453,6 +452,11 @@ impl Outbox {
     pub fn close(&self) -> Result<()> {
         self.handle.close()
     }
+}
+
+/// `a / b`, or 0 when `b` is 0.
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
 impl Handle {

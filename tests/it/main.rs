@@ -2,7 +2,9 @@
 
 mod append;
 mod claim;
+mod enospc;
 mod faults;
+mod kill;
 mod lock;
 mod model;
 mod recovery;
