@@ -42,6 +42,8 @@ mod recovery;
 mod segment;
 mod seq;
 mod shared;
+#[cfg(feature = "sim")]
+pub mod sim;
 mod state;
 mod writer;
 

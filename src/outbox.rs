@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::error::{Error, Result};
 use crate::frame::frame_len;
 use crate::io::{LockError, StdStorage, Storage};
-use crate::options::Options;
+use crate::options::{Bug, Options};
 use crate::reader::{self, Record};
 use crate::recovery::{self, RecoveryReport};
 use crate::segment::SEGMENT_HEADER_LEN;
@@ -124,7 +124,7 @@ impl Outbox {
             Err(LockError::Held { pid }) => return Err(Error::Locked { dir, pid }),
             Err(LockError::Io(e)) => return Err(Error::io("lock directory", dir, e)),
         };
-        let recovered = recovery::recover(&*storage, &dir, options.recovery)?;
+        let recovered = recovery::recover(&*storage, &dir, &options)?;
 
         let start = Start {
             active: recovered.active,
@@ -339,7 +339,8 @@ impl Outbox {
     fn read_claimed(&self, runs: Vec<crate::state::ClaimRun>) -> Result<Vec<Record>> {
         let claimed: usize = runs.iter().map(|r| r.frames.len()).sum();
         let mut records = Vec::with_capacity(claimed);
-        match reader::read_runs(&runs, &mut records) {
+        let skip_crc = self.handle.shared.options.has_bug(Bug::SkipReadCrc);
+        match reader::read_runs(&runs, &mut records, skip_crc) {
             Ok(()) => Ok(records),
             Err(failure) => {
                 let shared = &self.handle.shared;

@@ -64,12 +64,25 @@ pub(crate) struct ReadFailure {
 }
 
 /// Reads and checks every claimed frame; stops at the first failure.
-pub(crate) fn read_runs(runs: &[ClaimRun], out: &mut Vec<Record>) -> Result<(), ReadFailure> {
+/// `skip_crc` is an injected bug (negative control of the crash tests).
+pub(crate) fn read_runs(
+    runs: &[ClaimRun],
+    out: &mut Vec<Record>,
+    skip_crc: bool,
+) -> Result<(), ReadFailure> {
     for run in runs {
         match &run.source {
             Source::Map(map) => {
                 for &(seq, offset, len) in &run.frames {
-                    out.push(check(run, map, offset as usize, seq, offset, len)?);
+                    out.push(check(
+                        run,
+                        map,
+                        offset as usize,
+                        seq,
+                        offset,
+                        len,
+                        skip_crc,
+                    )?);
                 }
             }
             Source::File(file) => {
@@ -93,14 +106,8 @@ pub(crate) fn read_runs(runs: &[ClaimRun], out: &mut Vec<Record>) -> Result<(), 
                     }
                     let bytes: Mapped = Arc::new(buf);
                     for &(seq, offset, len) in &run.frames[i..=j] {
-                        out.push(check(
-                            run,
-                            &bytes,
-                            (offset - start) as usize,
-                            seq,
-                            offset,
-                            len,
-                        )?);
+                        let at = (offset - start) as usize;
+                        out.push(check(run, &bytes, at, seq, offset, len, skip_crc)?);
                     }
                     i = j + 1;
                 }
@@ -118,6 +125,7 @@ fn check(
     seq: Seq,
     offset: u32,
     len: u32,
+    skip_crc: bool,
 ) -> Result<Record, ReadFailure> {
     let all: &[u8] = (**bytes).as_ref();
     let fail = |kind| ReadFailure {
@@ -136,6 +144,16 @@ fn check(
             available: all.len().saturating_sub(at) as u64,
         })
     })?;
+    if skip_crc && window.len() >= FRAME_HEADER_LEN {
+        // The injected bug: trust the table's offsets and hand out the bytes.
+        return Ok(Record {
+            seq,
+            bytes: bytes.clone(),
+            start: at + FRAME_HEADER_LEN,
+            len: window.len() - FRAME_HEADER_LEN,
+            timestamp_us: 0,
+        });
+    }
     let f = frame::decode(window, run.salt).map_err(fail)?;
     if f.header.seq != seq || f.header.kind != FrameKind::Record || f.len != len as usize {
         return Err(fail(Corruption::WrongFrame {

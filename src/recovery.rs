@@ -23,7 +23,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::error::{Corruption, Error, Result};
 use crate::frame::{self, FrameKind};
 use crate::io::{Mapped, Storage, StorageFile};
-use crate::options::RecoveryMode;
+use crate::options::{Bug, Options, RecoveryMode};
 use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
 use crate::seq::{SegmentId, Seq};
 
@@ -207,7 +207,15 @@ impl Scan {
 
 /// Reads every segment in `dir`, decides what is torn and what is corrupt, applies
 /// the changes durably, and returns the log.
-pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> Result<Recovered> {
+pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> Result<Recovered> {
+    let mode = options.recovery;
+    // The injected bug treats any damage as the end of the log, silently.
+    let silent_cut = options.has_bug(Bug::TruncateMidLogCorruption);
+    let mode = if silent_cut {
+        RecoveryMode::Lossy
+    } else {
+        mode
+    };
     let names = storage
         .list(dir)
         .map_err(|e| Error::io("list directory", dir, e))?;
@@ -373,7 +381,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, mode: RecoveryMode) -> 
                 s.cut_at(damage.batch_start);
             }
         }
-        report.dropped = Some(Dropped {
+        report.dropped = (!silent_cut).then_some(Dropped {
             path,
             offset: damage.batch_start,
             cause: damage.cause,

@@ -17,7 +17,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use crate::error::{Error, Result};
 use crate::frame::{self, FrameHeader, FrameKind};
 use crate::io::{self, StorageFile};
-use crate::options::Durability;
+use crate::options::{Bug, Durability};
 use crate::recovery::{ActiveStart, SealTarget};
 use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
 use crate::seq::{SegmentId, Seq};
@@ -258,6 +258,8 @@ impl Writer {
         let wants_sync = durability == Durability::Sync
             || batch.iter().any(|r| matches!(r, Request::Sync { .. }));
         let durable = match &written {
+            // The injected bug answers producers first and syncs after.
+            Ok(()) if wants_sync && self.shared.options.has_bug(Bug::AckBeforeFsync) => Ok(()),
             Ok(()) if wants_sync => self.sync(),
             other => other.clone(),
         };
@@ -271,6 +273,7 @@ impl Writer {
                     done,
                 } => {
                     let outcome = match durability {
+                        _ if self.shared.options.has_bug(Bug::AckBeforeFsync) => written.clone(),
                         Durability::Buffered => written.clone(),
                         _ => durable.clone(),
                     };
@@ -283,6 +286,9 @@ impl Writer {
             }
         }
         self.batch = batch;
+        if wants_sync && written.is_ok() && self.shared.options.has_bug(Bug::AckBeforeFsync) {
+            let _ = self.sync();
+        }
         self.reclaim();
         // A sync request is a barrier: it completes after everything queued before
         // it, deletions included.
@@ -370,7 +376,11 @@ impl Writer {
             return Ok(());
         };
         if let Err(e) = self.active.file.sync_data() {
-            return Err(self.poison("fsync", &self.active.path.clone(), e));
+            let retried = self.shared.options.has_bug(Bug::RetryFailedFsync)
+                && self.active.file.sync_data().is_ok();
+            if !retried {
+                return Err(self.poison("fsync", &self.active.path.clone(), e));
+            }
         }
         Counters::add(&self.shared.counters.fsyncs, 1);
         self.shared
@@ -439,7 +449,8 @@ impl Writer {
         if self.shared.poison.get().is_some() {
             return;
         }
-        let Some((count, new_start)) = self.shared.table.lock().reclaimable() else {
+        let ignore_live = self.shared.options.has_bug(Bug::DeleteLiveSegment);
+        let Some((count, new_start)) = self.shared.table.lock().reclaimable(ignore_live) else {
             return;
         };
         self.buf.clear();
@@ -514,10 +525,12 @@ fn create_segment(
     io::write_all_at(&*file, &header.encode(), 0).map_err(|e| fail("write segment header", e))?;
     file.sync_data()
         .map_err(|e| fail("sync segment header", e))?;
-    shared
-        .storage
-        .sync_dir(&shared.dir)
-        .map_err(|e| ("sync directory", shared.dir.clone(), e))?;
+    if !shared.options.has_bug(Bug::NoDirSyncAfterCreate) {
+        shared
+            .storage
+            .sync_dir(&shared.dir)
+            .map_err(|e| ("sync directory", shared.dir.clone(), e))?;
+    }
     Counters::add(&shared.counters.fsyncs, 2);
     Ok(Active {
         id,

@@ -1,0 +1,775 @@
+//! [`SimDisk`]: a deterministic simulated disk behind the [`Storage`] interface.
+//!
+//! Every file has a *live* image (what reads see) and a *durable* image (what
+//! survives a crash), plus the operations issued since its last successful
+//! `sync_data`. Directory entries likewise: the live namespace, and the one as of
+//! each directory's last `sync_dir`. [`SimDisk::crash`] builds the disk a power
+//! cut leaves: the durable state plus a random subset of the unsynced operations,
+//! torn at 512-byte sectors, with grown-but-unwritten tails, and unsynced
+//! creations and removals undone or not. Everything is drawn from one seed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::io::{LockError, LockGuard, Mapped, Storage, StorageFile};
+
+/// Sector size for torn writes.
+pub const SECTOR: usize = 512;
+
+/// A small, fast, deterministic generator (xorshift64*).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed` (any value, zero included).
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03 | 1)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next_u64() % n }
+    }
+
+    /// True with probability `percent`/100.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A fault the disk injects at a given mutating operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// `write_at` fails with EIO and writes nothing.
+    WriteEio,
+    /// `write_at` fails with ENOSPC and writes nothing.
+    WriteEnospc,
+    /// `write_at` writes half of the buffer and returns the short count.
+    ShortWrite,
+    /// `sync_data` fails with EIO and, as Linux may, drops the unsynced data from
+    /// what will survive a crash while reads still see it; a later sync of the
+    /// same file succeeds (PostgreSQL's "fsyncgate").
+    SyncEio,
+    /// `sync_dir` fails with EIO.
+    SyncDirEio,
+    /// `create` fails with ENOSPC.
+    CreateEnospc,
+}
+
+/// Which operations a fault hits.
+#[derive(Clone, Copy, Debug)]
+pub struct FaultRule {
+    /// The fault.
+    pub fault: Fault,
+    /// Index of the first mutating operation it hits (0-based).
+    pub at_op: u64,
+    /// Keep hitting every later operation of its kind, not only the first.
+    pub persistent: bool,
+}
+
+/// What a crash may do, as percentages.
+#[derive(Clone, Copy, Debug)]
+pub struct CrashModel {
+    /// Chance that an unsynced write survives whole; the rest is split between
+    /// lost entirely and torn sector by sector.
+    pub write_kept: u64,
+    /// Chance that an unsynced write is torn (each sector kept, lost or garbage).
+    pub write_torn: u64,
+    /// Chance that a file whose live size passed its durable size comes back with
+    /// a grown tail of zeros or garbage where its data did not land.
+    pub grown_tail: u64,
+    /// Chance that an unsynced directory change (creation or removal) is kept.
+    pub dir_change_kept: u64,
+}
+
+impl Default for CrashModel {
+    fn default() -> CrashModel {
+        CrashModel {
+            write_kept: 40,
+            write_torn: 30,
+            grown_tail: 30,
+            dir_change_kept: 50,
+        }
+    }
+}
+
+/// Counters of what the disk saw, for the harness's checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// Mutating operations performed (create, write, sync, set_len, remove,
+    /// sync_dir) since the disk was made.
+    pub ops: u64,
+    /// Writes issued to a file after a `sync_data` of that file failed.
+    pub writes_after_failed_sync: u64,
+    /// `sync_data` calls issued to a file after one of its syncs failed.
+    pub syncs_after_failed_sync: u64,
+    /// Crashes simulated.
+    pub crashes: u64,
+    /// Faults injected.
+    pub faults_injected: u64,
+}
+
+#[derive(Clone, Debug)]
+enum Pending {
+    Write { at: u64, data: Vec<u8> },
+    SetLen(u64),
+}
+
+#[derive(Clone, Debug, Default)]
+struct Inode {
+    live: Vec<u8>,
+    durable: Vec<u8>,
+    pending: Vec<Pending>,
+    sync_failed: bool,
+}
+
+#[derive(Debug)]
+struct State {
+    rng: Rng,
+    /// Bumped by every crash: handles opened before it are dead.
+    generation: u64,
+    ops: u64,
+    crash_at: Option<u64>,
+    crashed: bool,
+    faults: Vec<FaultRule>,
+    /// Chance in percent that a read returns one flipped bit (not persistent).
+    rot_reads: u64,
+    dirs: BTreeSet<PathBuf>,
+    live: BTreeMap<PathBuf, u64>,
+    durable: BTreeMap<PathBuf, u64>,
+    inodes: BTreeMap<u64, Inode>,
+    next_inode: u64,
+    locks: BTreeSet<PathBuf>,
+    stats: DiskStats,
+}
+
+/// A simulated disk. Cheap to clone: clones share the disk.
+#[derive(Clone, Debug)]
+pub struct SimDisk {
+    state: Arc<Mutex<State>>,
+}
+
+fn crashed_error() -> io::Error {
+    io::Error::other("simulated power loss: the disk is gone until the crash is resolved")
+}
+
+impl SimDisk {
+    /// An empty disk whose random choices all derive from `seed`.
+    pub fn new(seed: u64) -> SimDisk {
+        SimDisk {
+            state: Arc::new(Mutex::new(State {
+                rng: Rng::new(seed),
+                generation: 0,
+                ops: 0,
+                crash_at: None,
+                crashed: false,
+                faults: Vec::new(),
+                rot_reads: 0,
+                dirs: BTreeSet::new(),
+                live: BTreeMap::new(),
+                durable: BTreeMap::new(),
+                inodes: BTreeMap::new(),
+                next_inode: 1,
+                locks: BTreeSet::new(),
+                stats: DiskStats::default(),
+            })),
+        }
+    }
+
+    /// A copy of this disk, independent from now on, with a new seed for its
+    /// random choices. Used to draw several crashes from one point of a run.
+    pub fn fork(&self, seed: u64) -> SimDisk {
+        let s = self.state.lock();
+        SimDisk {
+            state: Arc::new(Mutex::new(State {
+                rng: Rng::new(seed),
+                generation: s.generation,
+                ops: s.ops,
+                crash_at: s.crash_at,
+                crashed: s.crashed,
+                faults: s.faults.clone(),
+                rot_reads: s.rot_reads,
+                dirs: s.dirs.clone(),
+                live: s.live.clone(),
+                durable: s.durable.clone(),
+                inodes: s.inodes.clone(),
+                next_inode: s.next_inode,
+                locks: BTreeSet::new(),
+                stats: s.stats.clone(),
+            })),
+        }
+    }
+
+    /// The disk dies at mutating operation number `op` (0-based, counted since
+    /// the disk was made): that operation and every later one fail, until
+    /// [`crash`](SimDisk::crash). `None` cancels.
+    pub fn crash_at(&self, op: Option<u64>) {
+        self.state.lock().crash_at = op;
+    }
+
+    /// Whether the disk died (a crash point was reached) and awaits `crash`.
+    pub fn is_dead(&self) -> bool {
+        self.state.lock().crashed
+    }
+
+    /// Adds a fault rule.
+    pub fn inject(&self, rule: FaultRule) {
+        self.state.lock().faults.push(rule);
+    }
+
+    /// Removes every fault rule.
+    pub fn clear_faults(&self) {
+        self.state.lock().faults.clear();
+    }
+
+    /// Makes reads return a flipped bit with this chance in percent.
+    pub fn rot_reads(&self, percent: u64) {
+        self.state.lock().rot_reads = percent;
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> DiskStats {
+        let s = self.state.lock();
+        DiskStats {
+            ops: s.ops,
+            ..s.stats.clone()
+        }
+    }
+
+    /// Mutating operations so far.
+    pub fn ops(&self) -> u64 {
+        self.state.lock().ops
+    }
+
+    /// Names of the files in `dir`, as reads see them now.
+    pub fn files(&self, dir: &Path) -> Vec<String> {
+        let s = self.state.lock();
+        s.live
+            .keys()
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// Flips one bit of the durable (and live) image of `path` at `offset`: bit
+    /// rot at rest.
+    pub fn flip_bit(&self, path: &Path, offset: u64, bit: u8) -> bool {
+        let mut s = self.state.lock();
+        let Some(&ino) = s.live.get(path) else {
+            return false;
+        };
+        let Some(inode) = s.inodes.get_mut(&ino) else {
+            return false;
+        };
+        let at = offset as usize;
+        let mut flipped = false;
+        for image in [&mut inode.live, &mut inode.durable] {
+            if let Some(b) = image.get_mut(at) {
+                *b ^= 1 << (bit % 8);
+                flipped = true;
+            }
+        }
+        flipped
+    }
+
+    /// Simulates a power cut and the reboot after it: every handle dies, every
+    /// lock is released, and the disk holds its durable state plus a random
+    /// subset of what was not synced, drawn according to `model`.
+    pub fn crash(&self, model: CrashModel) {
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
+        s.generation += 1;
+        s.crashed = false;
+        s.crash_at = None;
+        s.locks.clear();
+        s.stats.crashes += 1;
+        // Directory entries: synced ones stay; unsynced changes are kept or not.
+        let mut names: BTreeMap<PathBuf, u64> = BTreeMap::new();
+        let all: BTreeSet<PathBuf> = s.live.keys().chain(s.durable.keys()).cloned().collect();
+        for path in all {
+            let live = s.live.get(&path).copied();
+            let durable = s.durable.get(&path).copied();
+            let keep = if live == durable {
+                live
+            } else if s.rng.chance(model.dir_change_kept) {
+                live
+            } else {
+                durable
+            };
+            if let Some(ino) = keep {
+                names.insert(path, ino);
+            }
+        }
+        // File contents: durable plus a random subset of the unsynced operations.
+        let mut inodes = BTreeMap::new();
+        for &ino in names.values() {
+            let Some(inode) = s.inodes.get(&ino) else {
+                continue;
+            };
+            let mut image = inode.durable.clone();
+            for op in &inode.pending {
+                match op {
+                    Pending::Write { at, data } => {
+                        let roll = s.rng.below(100);
+                        if roll < model.write_kept {
+                            write_into(&mut image, *at, data);
+                        } else if roll < model.write_kept + model.write_torn {
+                            tear_into(&mut image, *at, data, &mut s.rng);
+                        }
+                    }
+                    Pending::SetLen(len) => {
+                        if s.rng.chance(50) {
+                            image.resize(*len as usize, 0);
+                        }
+                    }
+                }
+            }
+            if inode.live.len() > image.len() && s.rng.chance(model.grown_tail) {
+                let grow = 1 + s.rng.below((inode.live.len() - image.len()) as u64) as usize;
+                let garbage = s.rng.chance(50);
+                for _ in 0..grow {
+                    let b = if garbage { s.rng.next_u64() as u8 } else { 0 };
+                    image.push(b);
+                }
+            }
+            inodes.insert(
+                ino,
+                Inode {
+                    live: image.clone(),
+                    durable: image,
+                    pending: Vec::new(),
+                    sync_failed: false,
+                },
+            );
+        }
+        s.durable = names.clone();
+        s.live = names;
+        s.inodes = inodes;
+    }
+
+    /// Counts a mutating operation, applies the crash point, and returns the
+    /// fault to inject into it, if any.
+    fn begin(&self, s: &mut State, kind: OpKind) -> io::Result<Option<Fault>> {
+        if s.crashed {
+            return Err(crashed_error());
+        }
+        let op = s.ops;
+        if s.crash_at == Some(op) {
+            s.crashed = true;
+            return Err(crashed_error());
+        }
+        s.ops += 1;
+        let fault = s
+            .faults
+            .iter()
+            .find(|r| kind.matches(r.fault) && (r.at_op == op || (r.persistent && op >= r.at_op)))
+            .map(|r| r.fault);
+        if fault.is_some() {
+            s.stats.faults_injected += 1;
+        }
+        Ok(fault)
+    }
+
+    fn check_alive(s: &State, generation: u64) -> io::Result<()> {
+        if s.crashed || s.generation != generation {
+            return Err(crashed_error());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum OpKind {
+    Create,
+    Write,
+    Sync,
+    SetLen,
+    Remove,
+    SyncDir,
+}
+
+impl OpKind {
+    fn matches(self, fault: Fault) -> bool {
+        matches!(
+            (self, fault),
+            (
+                OpKind::Write,
+                Fault::WriteEio | Fault::WriteEnospc | Fault::ShortWrite
+            ) | (OpKind::Sync, Fault::SyncEio)
+                | (OpKind::SyncDir, Fault::SyncDirEio)
+                | (OpKind::Create, Fault::CreateEnospc)
+        )
+    }
+}
+
+fn write_into(image: &mut Vec<u8>, at: u64, data: &[u8]) {
+    let at = at as usize;
+    if image.len() < at + data.len() {
+        image.resize(at + data.len(), 0);
+    }
+    image[at..at + data.len()].copy_from_slice(data);
+}
+
+/// Writes `data` at `at` sector by sector: each sector lands whole, not at all,
+/// or as garbage.
+fn tear_into(image: &mut Vec<u8>, at: u64, data: &[u8], rng: &mut Rng) {
+    let mut pos = at as usize;
+    let end = pos + data.len();
+    while pos < end {
+        let sector_end = ((pos / SECTOR) + 1) * SECTOR;
+        let chunk_end = sector_end.min(end);
+        let chunk = &data[pos - at as usize..chunk_end - at as usize];
+        match rng.below(3) {
+            0 => write_into(image, pos as u64, chunk),
+            1 => {
+                let garbage: Vec<u8> = chunk.iter().map(|_| rng.next_u64() as u8).collect();
+                write_into(image, pos as u64, &garbage);
+            }
+            _ => {}
+        }
+        pos = chunk_end;
+    }
+}
+
+fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+impl Storage for SimDisk {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<bool> {
+        let mut s = self.state.lock();
+        if s.crashed {
+            return Err(crashed_error());
+        }
+        // Directories are durable at once: the real file system's parent fsync is
+        // tested on the real file system.
+        Ok(s.dirs.insert(dir.to_path_buf()))
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let s = self.state.lock();
+        if s.crashed {
+            return Err(crashed_error());
+        }
+        Ok(s.live
+            .keys()
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+            .collect())
+    }
+
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
+        let fault = self.begin(s, OpKind::Create)?;
+        if fault == Some(Fault::CreateEnospc) {
+            return Err(errno(28));
+        }
+        if s.live.contains_key(path) {
+            return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+        }
+        let ino = s.next_inode;
+        s.next_inode += 1;
+        s.inodes.insert(ino, Inode::default());
+        s.live.insert(path.to_path_buf(), ino);
+        Ok(Arc::new(SimFile {
+            disk: self.clone(),
+            ino,
+            generation: s.generation,
+        }))
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let s = self.state.lock();
+        if s.crashed {
+            return Err(crashed_error());
+        }
+        let ino = *s
+            .live
+            .get(path)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        Ok(Arc::new(SimFile {
+            disk: self.clone(),
+            ino,
+            generation: s.generation,
+        }))
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
+        self.begin(s, OpKind::Remove)?;
+        s.live
+            .remove(path)
+            .map(|_| ())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
+        if self.begin(s, OpKind::SyncDir)? == Some(Fault::SyncDirEio) {
+            return Err(errno(5));
+        }
+        let in_dir = |p: &PathBuf| p.parent() == Some(dir);
+        s.durable.retain(|p, _| !in_dir(p));
+        let live: Vec<(PathBuf, u64)> = s
+            .live
+            .iter()
+            .filter(|(p, _)| in_dir(p))
+            .map(|(p, i)| (p.clone(), *i))
+            .collect();
+        s.durable.extend(live);
+        Ok(())
+    }
+
+    fn lock(&self, dir: &Path) -> Result<LockGuard, LockError> {
+        let mut s = self.state.lock();
+        if s.crashed {
+            return Err(LockError::Io(crashed_error()));
+        }
+        if !s.locks.insert(dir.to_path_buf()) {
+            return Err(LockError::Held { pid: None });
+        }
+        Ok(Box::new(SimLock {
+            disk: self.clone(),
+            dir: dir.to_path_buf(),
+            generation: s.generation,
+        }))
+    }
+}
+
+/// A held lock on the simulated disk.
+struct SimLock {
+    disk: SimDisk,
+    dir: PathBuf,
+    generation: u64,
+}
+
+impl Drop for SimLock {
+    fn drop(&mut self) {
+        let mut s = self.disk.state.lock();
+        if s.generation == self.generation {
+            s.locks.remove(&self.dir);
+        }
+    }
+}
+
+/// An open file on the simulated disk.
+#[derive(Debug)]
+struct SimFile {
+    disk: SimDisk,
+    ino: u64,
+    generation: u64,
+}
+
+impl SimFile {
+    fn rot(s: &mut State, buf: &mut [u8]) {
+        if !buf.is_empty() && s.rot_reads > 0 && s.rng.chance(s.rot_reads) {
+            let at = s.rng.below(buf.len() as u64) as usize;
+            buf[at] ^= 1 << s.rng.below(8);
+        }
+    }
+}
+
+impl StorageFile for SimFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let mut guard = self.disk.state.lock();
+        let s = &mut *guard;
+        SimDisk::check_alive(s, self.generation)?;
+        let inode = s.inodes.get(&self.ino).ok_or_else(crashed_error)?;
+        let at = offset as usize;
+        if at >= inode.live.len() {
+            return Ok(0);
+        }
+        let n = buf.len().min(inode.live.len() - at);
+        buf[..n].copy_from_slice(&inode.live[at..at + n]);
+        Self::rot(s, &mut buf[..n]);
+        Ok(n)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        let mut guard = self.disk.state.lock();
+        let s = &mut *guard;
+        SimDisk::check_alive(s, self.generation)?;
+        let fault = self.disk.begin(s, OpKind::Write)?;
+        let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
+        if inode.sync_failed {
+            s.stats.writes_after_failed_sync += 1;
+        }
+        let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
+        let data = match fault {
+            Some(Fault::WriteEio) => return Err(errno(5)),
+            Some(Fault::WriteEnospc) => return Err(errno(28)),
+            Some(Fault::ShortWrite) if buf.len() > 1 => &buf[..buf.len() / 2],
+            _ => buf,
+        };
+        write_into(&mut inode.live, offset, data);
+        inode.pending.push(Pending::Write {
+            at: offset,
+            data: data.to_vec(),
+        });
+        Ok(data.len())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        let mut guard = self.disk.state.lock();
+        let s = &mut *guard;
+        SimDisk::check_alive(s, self.generation)?;
+        let fault = self.disk.begin(s, OpKind::Sync)?;
+        let failed_before = s.inodes.get(&self.ino).is_some_and(|i| i.sync_failed);
+        if failed_before {
+            s.stats.syncs_after_failed_sync += 1;
+        }
+        let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
+        if fault == Some(Fault::SyncEio) {
+            // fsyncgate: the dirty data is dropped from what will survive, reads
+            // still see it, and the next sync has nothing left to fail on.
+            inode.pending.clear();
+            inode.sync_failed = true;
+            return Err(errno(5));
+        }
+        // Only what was written since the last sync reaches the durable image:
+        // data dropped by a failed sync stays lost though reads still see it.
+        for op in std::mem::take(&mut inode.pending) {
+            match op {
+                Pending::Write { at, data } => write_into(&mut inode.durable, at, &data),
+                Pending::SetLen(len) => inode.durable.resize(len as usize, 0),
+            }
+        }
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut guard = self.disk.state.lock();
+        let s = &mut *guard;
+        SimDisk::check_alive(s, self.generation)?;
+        self.disk.begin(s, OpKind::SetLen)?;
+        let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
+        inode.live.resize(len as usize, 0);
+        inode.pending.push(Pending::SetLen(len));
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        let s = self.disk.state.lock();
+        SimDisk::check_alive(&s, self.generation)?;
+        Ok(s.inodes.get(&self.ino).map_or(0, |i| i.live.len() as u64))
+    }
+
+    fn map(&self, len: u64) -> io::Result<Mapped> {
+        let mut guard = self.disk.state.lock();
+        let s = &mut *guard;
+        SimDisk::check_alive(s, self.generation)?;
+        let inode = s.inodes.get(&self.ino).ok_or_else(crashed_error)?;
+        let end = (len as usize).min(inode.live.len());
+        let mut copy = inode.live[..end].to_vec();
+        Self::rot(s, &mut copy);
+        Ok(Arc::new(copy))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(name: &str) -> PathBuf {
+        PathBuf::from("/d").join(name)
+    }
+
+    #[test]
+    fn synced_data_survives_every_crash_and_unsynced_data_may_not() {
+        let mut lost = 0;
+        for seed in 0..200 {
+            let disk = SimDisk::new(seed);
+            disk.create_dir_all(Path::new("/d")).expect("dir");
+            let f = disk.create(&path("a")).expect("create");
+            f.write_at(b"durable", 0).expect("write");
+            f.sync_data().expect("sync");
+            disk.sync_dir(Path::new("/d")).expect("sync dir");
+            f.write_at(&[7u8; 2000], 7).expect("write");
+            disk.crash(CrashModel::default());
+            let f = disk.open(&path("a")).expect("the synced file is there");
+            let mut buf = [0u8; 7];
+            crate::io::read_exact_at(&*f, &mut buf, 0).expect("read");
+            assert_eq!(&buf, b"durable");
+            if f.len().expect("len") < 2007 {
+                lost += 1;
+            }
+        }
+        assert!(lost > 0, "no crash ever lost unsynced data");
+    }
+
+    #[test]
+    fn an_unsynced_creation_may_vanish_and_an_unsynced_removal_may_undo() {
+        let (mut vanished, mut returned) = (0, 0);
+        for seed in 0..200 {
+            let disk = SimDisk::new(seed);
+            disk.create_dir_all(Path::new("/d")).expect("dir");
+            let old = disk.create(&path("old")).expect("create");
+            old.sync_data().expect("sync");
+            disk.sync_dir(Path::new("/d")).expect("sync dir");
+            disk.remove(&path("old")).expect("remove");
+            let new = disk.create(&path("new")).expect("create");
+            new.sync_data().expect("sync");
+            disk.crash(CrashModel::default());
+            let names = disk.files(Path::new("/d"));
+            vanished += usize::from(!names.contains(&"new".to_string()));
+            returned += usize::from(names.contains(&"old".to_string()));
+        }
+        assert!(vanished > 0 && returned > 0);
+    }
+
+    #[test]
+    fn a_failed_sync_drops_the_data_and_the_next_sync_lies() {
+        let disk = SimDisk::new(1);
+        disk.create_dir_all(Path::new("/d")).expect("dir");
+        let f = disk.create(&path("a")).expect("create"); // op 0
+        disk.sync_dir(Path::new("/d")).expect("sync dir"); // op 1
+        f.write_at(b"lost", 0).expect("write"); // op 2
+        disk.inject(FaultRule {
+            fault: Fault::SyncEio,
+            at_op: 3,
+            persistent: false,
+        });
+        assert!(f.sync_data().is_err());
+        f.sync_data()
+            .expect("the retry succeeds, having nothing to write");
+        assert_eq!(disk.stats().syncs_after_failed_sync, 1);
+        let mut buf = [0u8; 4];
+        crate::io::read_exact_at(&*f, &mut buf, 0).expect("still readable");
+        disk.crash(CrashModel {
+            write_kept: 100,
+            write_torn: 0,
+            grown_tail: 0,
+            dir_change_kept: 100,
+        });
+        let f = disk.open(&path("a")).expect("open");
+        assert_eq!(f.len().expect("len"), 0, "the data reached the disk");
+    }
+
+    #[test]
+    fn the_crash_point_kills_that_operation_and_every_later_one() {
+        let disk = SimDisk::new(3);
+        disk.create_dir_all(Path::new("/d")).expect("dir");
+        disk.crash_at(Some(1));
+        let f = disk.create(&path("a")).expect("op 0 runs");
+        assert!(f.write_at(b"x", 0).is_err());
+        assert!(f.len().is_err());
+        assert!(disk.is_dead());
+        disk.crash(CrashModel::default());
+        assert!(f.len().is_err(), "a handle from before the crash is dead");
+    }
+}
