@@ -127,9 +127,12 @@ struct Damage {
     /// Where a torn-tail truncation would cut: the start of the write batch
     /// holding the damage (0: the whole file, its header never became durable).
     batch_start: u64,
-    /// The damage is a torn tail if it is in the last segment: no valid frame of a
-    /// later sync group follows, and the frames before it are well formed.
+    /// The damage would be a torn tail if its segment is the newest one holding
+    /// frames: no valid frame of a later sync group follows it, and no valid
+    /// checksum vouches for the damaged bytes.
     tearable: bool,
+    /// The first valid frame of a later sync group after the damage: (offset, seq).
+    evidence: Option<(u64, Seq)>,
     /// Highest sequence number in any valid frame after the damage.
     max_seen: Option<Seq>,
 }
@@ -242,8 +245,8 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
     };
 
     let mut scans = Vec::with_capacity(ids.len());
-    for (k, &id) in ids.iter().enumerate() {
-        scans.push(scan_segment(storage, dir, id, k + 1 == ids.len())?);
+    for &id in &ids {
+        scans.push(scan_segment(storage, dir, id)?);
     }
 
     // The log start: the highest recorded anywhere. Segments wholly below it are
@@ -281,15 +284,6 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
             expected_first: log_start,
         },
     };
-    match (live.first(), leftover_scans.last()) {
-        (Some(oldest), _) if oldest.id.first_seq() != log_start => {
-            return Err(missing_start(&oldest.path));
-        }
-        // Every file is below the recorded log start, yet the segment that
-        // recorded it must still exist.
-        (None, Some(last)) => return Err(missing_start(&last.path)),
-        _ => {}
-    }
 
     // The highest number the disk shows was ever assigned: in any frame, valid or
     // past damage, in any header, in any file name. Nothing at or below it is
@@ -311,32 +305,59 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
 
     let mut plan = Plan::default();
 
-    // An empty newest segment (created by a rotation, nothing written to it yet)
-    // becomes the writer's active segment again.
-    if live.last().is_some_and(|s| s.is_empty_and_whole()) {
-        plan.reuse = live.pop();
+    // The newest end of the log, newest file first:
+    // - an empty newest segment (created by a rotation or a recovery, nothing
+    //   written to it yet) becomes the writer's active segment again;
+    // - a newest file whose header never became durable holds nothing and goes
+    //   (a header is fsynced before anything after it is written, so a valid
+    //   frame after a damaged header would make it corruption);
+    // - a torn tail of the newest segment holding frames is cut at the start of
+    //   its write batch.
+    // A crash inside recovery can leave one of each, so this repeats.
+    while let Some(last) = live.last_mut() {
+        if last.is_empty_and_whole() && plan.reuse.is_none() {
+            plan.reuse = live.pop();
+            continue;
+        }
+        let Some(d) = last.damage.as_mut() else { break };
+        if let Some((valid_offset, valid_seq)) = d.evidence {
+            // Not torn: say why, here where a torn tail was possible.
+            d.cause = Corruption::DamageBeforeValidFrame {
+                valid_offset,
+                valid_seq,
+            };
+            break;
+        }
+        if !d.tearable {
+            break;
+        }
+        let cut = d.batch_start;
+        if cut < SEGMENT_HEADER_LEN as u64 {
+            // No valid frame follows the damaged header: the file holds nothing.
+            // (Recovery itself may have created a newer, empty segment before a
+            // crash stopped it from removing this one.)
+            plan.torn = Some((last.path.clone(), 0, d.cause.clone(), last.len));
+            plan.remove_torn.extend(live.pop());
+            continue;
+        }
+        plan.torn = Some((last.path.clone(), cut, d.cause.clone(), last.len));
+        last.damage = None;
+        last.cut_at(cut);
+        if last.frames.is_empty() && plan.reuse.is_none() {
+            plan.reuse = live.pop();
+        }
+        break;
     }
 
-    // A torn tail of the newest segment holding frames is cut at the start of its
-    // write batch. If its header itself never became durable, the file holds
-    // nothing and goes.
-    if let Some(last) = live.last_mut()
-        && let Some(d) = last.damage.take_if(|d| d.tearable)
-    {
-        let cut = d.batch_start;
-        plan.torn = Some((last.path.clone(), cut, d.cause.clone(), last.len));
-        if cut >= SEGMENT_HEADER_LEN as u64 {
-            last.cut_at(cut);
-            if last.frames.is_empty() && plan.reuse.is_none() {
-                plan.reuse = live.pop();
-            }
-        } else if plan.reuse.is_none() {
-            plan.remove.extend(live.pop());
-        } else {
-            // A newer segment exists, so this header was durable once.
-            last.damage = Some(d);
-            plan.torn = None;
+    // The oldest segment left must start at the log start.
+    match (live.first().or(plan.reuse.as_ref()), leftover_scans.last()) {
+        (Some(oldest), _) if oldest.id.first_seq() != log_start => {
+            return Err(missing_start(&oldest.path));
         }
+        // Every file is below the recorded log start, yet the segment that
+        // recorded it must still exist.
+        (None, Some(last)) => return Err(missing_start(&last.path)),
+        _ => {}
     }
 
     // Every other damage, in log order: inside a segment, or between two.
@@ -426,13 +447,30 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
         |s| s.id.first_seq(),
     );
 
-    // Apply. First the active segment, durably: from here on a crash leaves the
-    // highest number on disk. Then removals, made durable, then truncations.
+    // Apply. First the files that hold nothing, so that no later crash leaves
+    // them below a newer segment; then the active segment, durably: from here on
+    // a crash leaves the highest number on disk; then removals, made durable;
+    // then truncations.
+    for s in &plan.remove_torn {
+        storage
+            .remove(&s.path)
+            .map_err(|e| Error::io("remove segment", &s.path, e))?;
+    }
+    if !plan.remove_torn.is_empty() {
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Error::io("sync directory", dir, e))?;
+    }
     let active = match (plan.reuse.take(), create) {
         (Some(mut r), _) => {
             if let Some(cut) = r.cut {
                 truncate(&mut r, cut)?;
             }
+            // Its directory entry may not be durable yet (a crash, or a failed
+            // directory fsync, right after it was created).
+            storage
+                .sync_dir(dir)
+                .map_err(|e| Error::io("sync directory", dir, e))?;
             ActiveStart {
                 id: r.id,
                 path: r.path.into(),
@@ -450,8 +488,10 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
             .map_err(|e| Error::io("remove segment", &s.path, e))?;
         dir_dirty = true;
     }
-    report.removed = leftover_scans
+    report.removed = plan
+        .remove_torn
         .iter()
+        .chain(&leftover_scans)
         .chain(plan.remove.iter().filter(|_| report.dropped.is_none()))
         .map(|s| s.path.clone())
         .collect();
@@ -504,6 +544,8 @@ struct Plan {
     torn: Option<(PathBuf, u64, Corruption, u64)>,
     /// An empty newest segment, to be the writer's active segment.
     reuse: Option<Scan>,
+    /// Newest files whose header never became durable: removed first of all.
+    remove_torn: Vec<Scan>,
     /// Segments removed whole.
     remove: Vec<Scan>,
 }
@@ -527,6 +569,7 @@ fn check_link(s: &Scan, next: Link<'_>) -> Option<Damage> {
         batch_start: offset,
         tearable: false,
         max_seen: None,
+        evidence: None,
     };
     let prev_of = |n: &Scan| n.header.map_or(Seq::from(0), |h| h.prev_seq);
     match (s.seal, next) {
@@ -648,7 +691,7 @@ fn frames_below(frames: &[(u32, u32, bool)], cut: u64) -> usize {
 }
 
 /// Scans one segment file: header, frames, and the first damage if any.
-fn scan_segment(storage: &dyn Storage, dir: &Path, id: SegmentId, is_last: bool) -> Result<Scan> {
+fn scan_segment(storage: &dyn Storage, dir: &Path, id: SegmentId) -> Result<Scan> {
     let path = dir.join(id.file_name());
     let file = storage
         .open(&path)
@@ -677,7 +720,6 @@ fn scan_segment(storage: &dyn Storage, dir: &Path, id: SegmentId, is_last: bool)
     let salt = frame::salt(id);
     let damage = scan_frames(buf, id, &mut scan);
     if let Some(mut d) = damage {
-        d.tearable &= is_last;
         // Look past the damage: a valid frame of a later sync group proves the
         // damaged one was fsynced, so it cannot be torn.
         let mut at = (d.offset as usize).saturating_add(1);
@@ -692,12 +734,9 @@ fn scan_segment(storage: &dyn Storage, dir: &Path, id: SegmentId, is_last: bool)
                 continue;
             }
             d.max_seen = d.max_seen.max(Some(h.seq));
-            if (d.offset == 0 || h.group > d.expected) && d.tearable {
+            if (d.offset == 0 || h.group > d.expected) && d.evidence.is_none() {
                 d.tearable = false;
-                d.cause = Corruption::DamageBeforeValidFrame {
-                    valid_offset: found_at as u64,
-                    valid_seq: h.seq,
-                };
+                d.evidence = Some((found_at as u64, h.seq));
             }
         }
         scan.damage = Some(d);
@@ -720,6 +759,7 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
                 batch_start: 0,
                 tearable: false,
                 max_seen: None,
+                evidence: None,
             });
         }
         Ok(h) => h,
@@ -733,6 +773,7 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
                 batch_start: 0,
                 tearable: true,
                 max_seen: None,
+                evidence: None,
             });
         }
     };
@@ -752,6 +793,7 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
             batch_start: batch_start as u64,
             tearable: false,
             max_seen: None,
+            evidence: None,
         })
     };
     while offset < buf.len() {
@@ -766,6 +808,7 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
                     cause,
                     batch_start: batch_start as u64,
                     max_seen: None,
+                    evidence: None,
                 });
             }
         };
@@ -865,6 +908,7 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
             batch_start: batch_start as u64,
             tearable: true,
             max_seen: None,
+            evidence: None,
         });
     }
     None

@@ -63,6 +63,8 @@ struct Active {
     file: Arc<dyn StorageFile>,
     /// Bytes written (header and frames).
     len: u64,
+    /// Bytes known durable: the length at the last successful `sync_data`.
+    synced_len: u64,
     created: Instant,
     /// Records written to it (internal frames not counted).
     records: u64,
@@ -116,6 +118,7 @@ impl Writer {
             path: active.path,
             file: active.file,
             len: active.len,
+            synced_len: active.len,
             created: Instant::now(),
             records: 0,
         };
@@ -383,6 +386,7 @@ impl Writer {
             }
         }
         Counters::add(&self.shared.counters.fsyncs, 1);
+        self.active.synced_len = self.active.len;
         self.shared
             .table
             .lock()
@@ -395,12 +399,24 @@ impl Writer {
     }
 
     /// Records the first failure; every later request gets this error.
+    ///
+    /// The page cache can no longer be trusted: it may hold bytes a failed sync
+    /// dropped from the disk, which a reopen in this process would read as
+    /// written. So the active segment is cut back to what its last successful
+    /// sync made durable (best effort, never retried), and nothing is written to
+    /// it again.
     fn poison(&self, op: &'static str, path: &Path, e: std::io::Error) -> Error {
         let error = Error::Poisoned {
             path: path.to_path_buf(),
             op,
             source: Arc::new(e),
         };
+        if self.shared.poison.get().is_none() && self.active.len > self.active.synced_len {
+            let file = &self.active.file;
+            if file.set_len(self.active.synced_len).is_ok() {
+                let _ = file.sync_data();
+            }
+        }
         let _ = self.shared.poison.set(error.clone());
         // Claimers waiting for records will get none from this run.
         self.shared.arrived.notify_all();
@@ -522,14 +538,25 @@ fn create_segment(
         log_start,
         created_unix_ms: now_us() / 1000,
     };
-    io::write_all_at(&*file, &header.encode(), 0).map_err(|e| fail("write segment header", e))?;
-    file.sync_data()
-        .map_err(|e| fail("sync segment header", e))?;
-    if !shared.options.has_bug(Bug::NoDirSyncAfterCreate) {
-        shared
-            .storage
-            .sync_dir(&shared.dir)
-            .map_err(|e| ("sync directory", shared.dir.clone(), e))?;
+    let made_durable = io::write_all_at(&*file, &header.encode(), 0)
+        .map_err(|e| fail("write segment header", e))
+        .and_then(|()| file.sync_data().map_err(|e| fail("sync segment header", e)))
+        .and_then(|()| {
+            if shared.options.has_bug(Bug::NoDirSyncAfterCreate) {
+                return Ok(());
+            }
+            shared
+                .storage
+                .sync_dir(&shared.dir)
+                .map_err(|e| ("sync directory", shared.dir.clone(), e))
+        });
+    if let Err(e) = made_durable {
+        // Leave a file that holds nothing, which recovery removes, rather than a
+        // header the page cache shows but the disk may not have.
+        if file.set_len(0).is_ok() {
+            let _ = file.sync_data();
+        }
+        return Err(e);
     }
     Counters::add(&shared.counters.fsyncs, 2);
     Ok(Active {
@@ -537,6 +564,7 @@ fn create_segment(
         path,
         file,
         len: SEGMENT_HEADER_LEN as u64,
+        synced_len: SEGMENT_HEADER_LEN as u64,
         created: Instant::now(),
         records: 0,
     })

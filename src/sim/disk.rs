@@ -153,6 +153,35 @@ struct State {
     next_inode: u64,
     locks: BTreeSet<PathBuf>,
     stats: DiskStats,
+    /// Copies of the state before each mutating operation, when recording.
+    snapshots: Option<Vec<State>>,
+    /// A line per mutating operation, when tracing.
+    trace: Option<Vec<String>>,
+}
+
+impl State {
+    /// An independent copy, with its own generator, no locks held, dead where
+    /// this one is dead.
+    fn copy(&self, seed: u64) -> State {
+        State {
+            rng: Rng::new(seed),
+            generation: self.generation,
+            ops: self.ops,
+            crash_at: self.crash_at,
+            crashed: self.crashed,
+            faults: self.faults.clone(),
+            rot_reads: self.rot_reads,
+            dirs: self.dirs.clone(),
+            live: self.live.clone(),
+            durable: self.durable.clone(),
+            inodes: self.inodes.clone(),
+            next_inode: self.next_inode,
+            locks: BTreeSet::new(),
+            stats: self.stats.clone(),
+            snapshots: None,
+            trace: None,
+        }
+    }
 }
 
 /// A simulated disk. Cheap to clone: clones share the disk.
@@ -184,6 +213,8 @@ impl SimDisk {
                 next_inode: 1,
                 locks: BTreeSet::new(),
                 stats: DiskStats::default(),
+                snapshots: None,
+                trace: None,
             })),
         }
     }
@@ -193,23 +224,29 @@ impl SimDisk {
     pub fn fork(&self, seed: u64) -> SimDisk {
         let s = self.state.lock();
         SimDisk {
-            state: Arc::new(Mutex::new(State {
-                rng: Rng::new(seed),
-                generation: s.generation,
-                ops: s.ops,
-                crash_at: s.crash_at,
-                crashed: s.crashed,
-                faults: s.faults.clone(),
-                rot_reads: s.rot_reads,
-                dirs: s.dirs.clone(),
-                live: s.live.clone(),
-                durable: s.durable.clone(),
-                inodes: s.inodes.clone(),
-                next_inode: s.next_inode,
-                locks: BTreeSet::new(),
-                stats: s.stats.clone(),
-            })),
+            state: Arc::new(Mutex::new(s.copy(seed))),
         }
+    }
+
+    /// From now on, keep a copy of the disk as it is just before each mutating
+    /// operation: the disk a crash at that operation would leave, before its
+    /// damage is drawn. One run then yields every crash point.
+    pub fn record_snapshots(&self) {
+        self.state.lock().snapshots = Some(Vec::new());
+    }
+
+    /// The copies kept since [`record_snapshots`](SimDisk::record_snapshots), by
+    /// operation number: element `i` is the disk a crash at operation `i` hits.
+    pub fn take_snapshots(&self) -> Vec<SimDisk> {
+        let mut s = self.state.lock();
+        s.snapshots
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|state| SimDisk {
+                state: Arc::new(Mutex::new(state)),
+            })
+            .collect()
     }
 
     /// The disk dies at mutating operation number `op` (0-based, counted since
@@ -222,6 +259,16 @@ impl SimDisk {
     /// Whether the disk died (a crash point was reached) and awaits `crash`.
     pub fn is_dead(&self) -> bool {
         self.state.lock().crashed
+    }
+
+    /// From now on, log every mutating operation (see [`trace`](SimDisk::trace)).
+    pub fn start_trace(&self) {
+        self.state.lock().trace = Some(Vec::new());
+    }
+
+    /// The operations logged since [`start_trace`](SimDisk::start_trace).
+    pub fn trace(&self) -> Vec<String> {
+        self.state.lock().trace.clone().unwrap_or_default()
     }
 
     /// Adds a fault rule.
@@ -301,9 +348,7 @@ impl SimDisk {
         for path in all {
             let live = s.live.get(&path).copied();
             let durable = s.durable.get(&path).copied();
-            let keep = if live == durable {
-                live
-            } else if s.rng.chance(model.dir_change_kept) {
+            let keep = if live == durable || s.rng.chance(model.dir_change_kept) {
                 live
             } else {
                 durable
@@ -361,16 +406,32 @@ impl SimDisk {
 
     /// Counts a mutating operation, applies the crash point, and returns the
     /// fault to inject into it, if any.
-    fn begin(&self, s: &mut State, kind: OpKind) -> io::Result<Option<Fault>> {
+    fn begin(
+        &self,
+        s: &mut State,
+        kind: OpKind,
+        what: &dyn std::fmt::Display,
+    ) -> io::Result<Option<Fault>> {
         if s.crashed {
             return Err(crashed_error());
         }
         let op = s.ops;
+        if s.snapshots.is_some() {
+            let mut copy = s.copy(op);
+            // The copy is the disk at the instant of the power cut.
+            copy.crashed = true;
+            if let Some(list) = s.snapshots.as_mut() {
+                list.push(copy);
+            }
+        }
         if s.crash_at == Some(op) {
             s.crashed = true;
             return Err(crashed_error());
         }
         s.ops += 1;
+        if let Some(trace) = s.trace.as_mut() {
+            trace.push(format!("op {op}: {what}"));
+        }
         let fault = s
             .faults
             .iter()
@@ -390,7 +451,7 @@ impl SimDisk {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum OpKind {
     Create,
     Write,
@@ -473,7 +534,7 @@ impl Storage for SimDisk {
     fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        let fault = self.begin(s, OpKind::Create)?;
+        let fault = self.begin(s, OpKind::Create, &format!("create {}", path.display()))?;
         if fault == Some(Fault::CreateEnospc) {
             return Err(errno(28));
         }
@@ -510,7 +571,7 @@ impl Storage for SimDisk {
     fn remove(&self, path: &Path) -> io::Result<()> {
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        self.begin(s, OpKind::Remove)?;
+        self.begin(s, OpKind::Remove, &format!("remove {}", path.display()))?;
         s.live
             .remove(path)
             .map(|_| ())
@@ -520,7 +581,9 @@ impl Storage for SimDisk {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        if self.begin(s, OpKind::SyncDir)? == Some(Fault::SyncDirEio) {
+        if self.begin(s, OpKind::SyncDir, &format!("sync_dir {}", dir.display()))?
+            == Some(Fault::SyncDirEio)
+        {
             return Err(errno(5));
         }
         let in_dir = |p: &PathBuf| p.parent() == Some(dir);
@@ -604,7 +667,8 @@ impl StorageFile for SimFile {
         let mut guard = self.disk.state.lock();
         let s = &mut *guard;
         SimDisk::check_alive(s, self.generation)?;
-        let fault = self.disk.begin(s, OpKind::Write)?;
+        let what = format!("write inode {} at {offset}, {} bytes", self.ino, buf.len());
+        let fault = self.disk.begin(s, OpKind::Write, &what)?;
         let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
         if inode.sync_failed {
             s.stats.writes_after_failed_sync += 1;
@@ -628,9 +692,15 @@ impl StorageFile for SimFile {
         let mut guard = self.disk.state.lock();
         let s = &mut *guard;
         SimDisk::check_alive(s, self.generation)?;
-        let fault = self.disk.begin(s, OpKind::Sync)?;
-        let failed_before = s.inodes.get(&self.ino).is_some_and(|i| i.sync_failed);
-        if failed_before {
+        let fault = self
+            .disk
+            .begin(s, OpKind::Sync, &format!("sync_data inode {}", self.ino))?;
+        // A sync that would vouch for data written after a failed sync is what
+        // fail-stop forbids; one that only makes a truncation durable repairs.
+        let vouches = s.inodes.get(&self.ino).is_some_and(|i| {
+            i.sync_failed && i.pending.iter().any(|p| matches!(p, Pending::Write { .. }))
+        });
+        if vouches {
             s.stats.syncs_after_failed_sync += 1;
         }
         let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
@@ -649,6 +719,10 @@ impl StorageFile for SimFile {
                 Pending::SetLen(len) => inode.durable.resize(len as usize, 0),
             }
         }
+        // Once what reads see is durable again, the file is trustworthy again.
+        if inode.live == inode.durable {
+            inode.sync_failed = false;
+        }
         Ok(())
     }
 
@@ -656,7 +730,11 @@ impl StorageFile for SimFile {
         let mut guard = self.disk.state.lock();
         let s = &mut *guard;
         SimDisk::check_alive(s, self.generation)?;
-        self.disk.begin(s, OpKind::SetLen)?;
+        self.disk.begin(
+            s,
+            OpKind::SetLen,
+            &format!("set_len inode {} to {len}", self.ino),
+        )?;
         let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
         inode.live.resize(len as usize, 0);
         inode.pending.push(Pending::SetLen(len));
@@ -747,7 +825,6 @@ mod tests {
         assert!(f.sync_data().is_err());
         f.sync_data()
             .expect("the retry succeeds, having nothing to write");
-        assert_eq!(disk.stats().syncs_after_failed_sync, 1);
         let mut buf = [0u8; 4];
         crate::io::read_exact_at(&*f, &mut buf, 0).expect("still readable");
         disk.crash(CrashModel {

@@ -1,1 +1,884 @@
-//! The crash harness.
+//! The crash harness: runs a workload on a [`SimDisk`], crashes it at every
+//! mutating I/O operation in turn with several damage draws, recovers, and checks
+//! the invariants. Everything derives from one seed; a failure names the seed,
+//! the crash point and the draw, which reproduce it exactly.
+//!
+//! The invariants (docs/RELIABILITY.md):
+//! - I1: every record whose append returned Ok and which the relay did not
+//!   acknowledge is recovered, with identical bytes;
+//! - I2: nothing is recovered that was never appended, and no garbage;
+//! - I3: recovered records are in strictly increasing sequence order;
+//! - I4: a strict recovery of a crash (no corruption at rest) opens, and only a
+//!   torn tail is cut: nothing is reported dropped;
+//! - I5: recovery is idempotent: reopening again finds the same records and
+//!   nothing left to repair;
+//! - I7: deleting segments never loses a live record (I1 after deletions);
+//! - I9: once everything is acknowledged, every sealed segment is deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::disk::{CrashModel, Fault, FaultRule, Rng, SimDisk};
+use crate::error::Error;
+use crate::options::{Bug, Options};
+use crate::outbox::Outbox;
+use crate::seq::Seq;
+
+/// One step of a workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Append one record of this many bytes (at least 8).
+    Append(usize),
+    /// Append a batch of this many records of this many bytes each.
+    AppendBatch(usize, usize),
+    /// Claim up to this many records.
+    Claim(usize),
+    /// Acknowledge every claimed record, then wait for the writer (deletions).
+    AckAll,
+    /// Acknowledge the oldest claimed record.
+    AckOne,
+    /// Release the newest claimed record.
+    ReleaseOne,
+    /// Close the outbox and open it again.
+    Reopen,
+}
+
+/// A workload: the steps and the options it runs with.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// The steps, in order.
+    pub steps: Vec<Step>,
+    /// Segment size: small, so that the workload rotates and deletes.
+    pub segment_bytes: u64,
+}
+
+impl Workload {
+    /// A random workload of `len` steps.
+    pub fn random(seed: u64, len: usize) -> Workload {
+        let mut rng = Rng::new(seed);
+        let steps = (0..len)
+            .map(|_| match rng.below(100) {
+                0..=39 => Step::Append(8 + rng.below(400) as usize),
+                40..=49 => {
+                    Step::AppendBatch(1 + rng.below(4) as usize, 8 + rng.below(200) as usize)
+                }
+                50..=64 => Step::Claim(1 + rng.below(6) as usize),
+                65..=74 => Step::AckAll,
+                75..=84 => Step::AckOne,
+                85..=93 => Step::ReleaseOne,
+                _ => Step::Reopen,
+            })
+            .collect();
+        Workload {
+            steps,
+            segment_bytes: 1024 + 512 * rng.below(4),
+        }
+    }
+
+    /// A workload decoded from arbitrary bytes (for the fuzzer): two bytes a step.
+    pub fn from_bytes(data: &[u8]) -> Workload {
+        let mut steps = Vec::new();
+        for pair in data.chunks(2).take(200) {
+            let (op, arg) = (pair[0], usize::from(pair.get(1).copied().unwrap_or(0)));
+            steps.push(match op % 8 {
+                0 | 1 => Step::Append(8 + arg * 3),
+                2 => Step::AppendBatch(1 + arg % 4, 8 + arg),
+                3 => Step::Claim(1 + arg % 8),
+                4 => Step::AckAll,
+                5 => Step::AckOne,
+                6 => Step::ReleaseOne,
+                _ => Step::Reopen,
+            });
+        }
+        Workload {
+            steps,
+            segment_bytes: 1024,
+        }
+    }
+
+    fn options(&self, bug: Option<Bug>) -> Options {
+        let options = Options::default()
+            .segment_bytes(self.segment_bytes)
+            .segment_age(std::time::Duration::from_secs(3600));
+        match bug {
+            Some(bug) => options.inject_bug(bug),
+            None => options,
+        }
+    }
+}
+
+/// An invariant that did not hold, with what reproduces it.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    /// The invariant, e.g. `"I1"`.
+    pub invariant: &'static str,
+    /// What was wrong.
+    pub detail: String,
+    /// The workload's seed (or `u64::MAX` for a workload from bytes).
+    pub seed: u64,
+    /// The mutating operation at which the disk died.
+    pub crash_point: u64,
+    /// The damage draw.
+    pub draw: u64,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} violated (seed {}, crash point {}, draw {}): {}",
+            self.invariant, self.seed, self.crash_point, self.draw, self.detail
+        )
+    }
+}
+
+/// Figures of a run of the harness.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Figures {
+    /// Crash points explored (workload prefix run, disk crashed there).
+    pub crash_points: u64,
+    /// Recoveries checked (crash points times damage draws).
+    pub recoveries: u64,
+    /// Recoveries that were themselves crashed before a final recovery.
+    pub crashes_in_recovery: u64,
+    /// Recoveries that cut a torn tail.
+    pub torn_tails: u64,
+    /// Records checked against the model.
+    pub records_checked: u64,
+    /// Faults injected by the fault loop.
+    pub faults: u64,
+}
+
+impl Figures {
+    /// Adds another run's figures.
+    pub fn add(&mut self, o: &Figures) {
+        self.crash_points += o.crash_points;
+        self.recoveries += o.recoveries;
+        self.crashes_in_recovery += o.crashes_in_recovery;
+        self.torn_tails += o.torn_tails;
+        self.records_checked += o.records_checked;
+        self.faults += o.faults;
+    }
+}
+
+/// The payload of record `id`: its id, its length, then bytes derived from both.
+/// Self-checking: [`payload_id`] recognises exactly these.
+pub fn payload(id: u64, len: usize) -> Vec<u8> {
+    let len = len.max(12);
+    let mut p = Vec::with_capacity(len);
+    p.extend_from_slice(&id.to_le_bytes());
+    p.extend_from_slice(&(len as u32).to_le_bytes());
+    let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while p.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p.push(x as u8);
+    }
+    p
+}
+
+/// The id of a payload made by [`payload`], or `None` for any other bytes.
+pub fn payload_id(bytes: &[u8]) -> Option<u64> {
+    let id = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let len = u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?) as usize;
+    (len == bytes.len() && payload(id, len) == bytes).then_some(id)
+}
+
+/// What the workload was told, against which recovery is checked. Every fact
+/// carries the disk's operation count when the workload learned it, so that one
+/// run yields the model at every crash point.
+#[derive(Default, Clone)]
+struct Model {
+    /// Appends that returned Ok: seq to (payload, operations done by then; the
+    /// writer may have done more since, which only makes the check weaker).
+    acked: BTreeMap<Seq, (Vec<u8>, u64)>,
+    /// Records the relay acknowledged (they may or may not come back), with the
+    /// operations done by then.
+    consumed: BTreeMap<Seq, u64>,
+    /// Every payload id ever handed to `append`.
+    attempted: BTreeSet<u64>,
+    next_id: u64,
+}
+
+impl Model {
+    /// What the workload knew when the disk had done `ops` operations.
+    fn at(&self, ops: u64) -> Model {
+        Model {
+            acked: self
+                .acked
+                .iter()
+                .filter(|(_, (_, at))| *at <= ops)
+                .map(|(s, v)| (*s, v.clone()))
+                .collect(),
+            consumed: self
+                .consumed
+                .iter()
+                .filter(|(_, at)| **at <= ops)
+                .map(|(s, at)| (*s, *at))
+                .collect(),
+            attempted: self.attempted.clone(),
+            next_id: self.next_id,
+        }
+    }
+}
+
+const DIR: &str = "/outbox";
+
+fn dir() -> PathBuf {
+    PathBuf::from(DIR)
+}
+
+fn open(disk: &SimDisk, options: Options) -> Result<Outbox, Error> {
+    Outbox::open_with_storage(dir(), options, Arc::new(disk.clone()))
+}
+
+/// Why a workload run stopped.
+enum Stop {
+    /// It ran to the end.
+    Done,
+    /// The disk died (crash point) or a fault poisoned the outbox.
+    Failed,
+}
+
+/// Runs `workload` on `disk`, recording in `model` what it was told. Stops at the
+/// first error once the disk is dead or a fault fired.
+fn execute(
+    disk: &SimDisk,
+    w: &Workload,
+    options: &Options,
+    model: &mut Model,
+) -> Result<Stop, String> {
+    execute_rotting(disk, w, options, model, 0)
+}
+
+/// Like [`execute`], with reads rotting at `rot` percent while the outbox is
+/// open (not during recovery: a rotten read there is another fault model).
+fn execute_rotting(
+    disk: &SimDisk,
+    w: &Workload,
+    options: &Options,
+    model: &mut Model,
+    rot: u64,
+) -> Result<Stop, String> {
+    let mut outbox = match open(disk, options.clone()) {
+        Ok(o) => o,
+        Err(_) => return Ok(Stop::Failed),
+    };
+    disk.rot_reads(rot);
+    let mut claimed: Vec<Seq> = Vec::new();
+    for step in &w.steps {
+        let failed = match step {
+            Step::Append(len) => {
+                let id = model.next_id;
+                model.next_id += 1;
+                model.attempted.insert(id);
+                let p = payload(id, *len);
+                match outbox.append(&p) {
+                    Ok(seq) => {
+                        model.acked.insert(seq, (p, disk.ops()));
+                        false
+                    }
+                    Err(_) => true,
+                }
+            }
+            Step::AppendBatch(n, len) => {
+                let payloads: Vec<Vec<u8>> = (0..*n)
+                    .map(|_| {
+                        let id = model.next_id;
+                        model.next_id += 1;
+                        model.attempted.insert(id);
+                        payload(id, *len)
+                    })
+                    .collect();
+                match outbox.append_batch(&payloads) {
+                    Ok(seqs) => {
+                        let at = disk.ops();
+                        model
+                            .acked
+                            .extend(seqs.into_iter().zip(payloads.into_iter().map(|p| (p, at))));
+                        false
+                    }
+                    Err(_) => true,
+                }
+            }
+            Step::Claim(n) => match outbox.claim(*n) {
+                Ok(records) => {
+                    for r in &records {
+                        if payload_id(r.payload()).is_none() {
+                            return Err(format!("claim returned garbage as record {}", r.seq()));
+                        }
+                        if let Some((p, _)) = model.acked.get(&r.seq())
+                            && p.as_slice() != r.payload()
+                        {
+                            return Err(format!(
+                                "claim returned other bytes for record {}",
+                                r.seq()
+                            ));
+                        }
+                        claimed.push(r.seq());
+                    }
+                    false
+                }
+                Err(Error::Corrupt { .. }) if rot > 0 || disk.stats().faults_injected > 0 => false,
+                Err(_) => true,
+            },
+            // An acknowledgement counts from the operation count *before* it: the
+            // writer may start deleting segments before this thread looks again.
+            Step::AckAll => {
+                let at = disk.ops();
+                let failed = outbox.ack_many(&claimed).is_err();
+                if !failed {
+                    model.consumed.extend(claimed.drain(..).map(|s| (s, at)));
+                }
+                failed || outbox.sync().is_err()
+            }
+            Step::AckOne => match claimed.first().copied() {
+                Some(seq) => {
+                    let at = disk.ops();
+                    let failed = outbox.ack(seq).is_err();
+                    if !failed {
+                        claimed.remove(0);
+                        model.consumed.insert(seq, at);
+                    }
+                    failed || outbox.sync().is_err()
+                }
+                None => false,
+            },
+            Step::ReleaseOne => match claimed.pop() {
+                Some(seq) => outbox.release(seq).is_err(),
+                None => false,
+            },
+            Step::Reopen => {
+                let closed = outbox.close();
+                claimed.clear();
+                disk.rot_reads(0);
+                let reopened = open(disk, options.clone());
+                disk.rot_reads(rot);
+                match (closed, reopened) {
+                    (Ok(()), Ok(o)) => {
+                        outbox = o;
+                        false
+                    }
+                    _ => return Ok(Stop::Failed),
+                }
+            }
+        };
+        if failed {
+            if disk.is_dead() || disk.stats().faults_injected > 0 {
+                let _ = outbox.close();
+                return Ok(Stop::Failed);
+            }
+            return Err(format!("step {step:?} failed on a healthy disk"));
+        }
+    }
+    let _ = outbox.close();
+    disk.rot_reads(0);
+    Ok(Stop::Done)
+}
+
+/// Opens the disk after a crash and checks every invariant. Returns the records
+/// checked and whether a torn tail was cut.
+fn verify(
+    disk: &SimDisk,
+    options: &Options,
+    model: &Model,
+) -> Result<(u64, bool), (&'static str, String)> {
+    let outbox = open(disk, options.clone())
+        .map_err(|e| ("I4", format!("strict recovery refused to open: {e}")))?;
+    let report = outbox.recovery_report().clone();
+    if let Some(d) = &report.dropped {
+        return Err(("I4", format!("recovery dropped records: {d:?}")));
+    }
+    let records =
+        drain(&outbox).map_err(|e| ("I2", format!("claim failed after recovery: {e}")))?;
+    let mut seen = BTreeSet::new();
+    let mut last = Seq::from(0);
+    for (seq, bytes) in &records {
+        if *seq <= last {
+            return Err(("I3", format!("record {seq} after record {last}")));
+        }
+        last = *seq;
+        let Some(id) = payload_id(bytes) else {
+            return Err((
+                "I2",
+                format!("record {seq} is not a payload the workload wrote"),
+            ));
+        };
+        if !model.attempted.contains(&id) {
+            return Err((
+                "I2",
+                format!("record {seq} holds payload {id}, never appended"),
+            ));
+        }
+        if let Some((p, _)) = model.acked.get(seq)
+            && p != bytes
+        {
+            return Err(("I1", format!("record {seq} came back with other bytes")));
+        }
+        seen.insert(*seq);
+    }
+    for seq in model.acked.keys() {
+        if !model.consumed.contains_key(seq) && !seen.contains(seq) {
+            return Err(("I1", format!("acknowledged append {seq} lost")));
+        }
+    }
+    // I5: a second recovery finds the same records and nothing to repair.
+    let seqs: Vec<Seq> = records.iter().map(|r| r.0).collect();
+    outbox
+        .close()
+        .map_err(|e| ("I5", format!("close after recovery failed: {e}")))?;
+    let again =
+        open(disk, options.clone()).map_err(|e| ("I5", format!("second recovery refused: {e}")))?;
+    let second = again.recovery_report().clone();
+    if second.torn_tail.is_some() || second.dropped.is_some() {
+        return Err(("I5", format!("second recovery repaired again: {second:?}")));
+    }
+    let records2 = drain(&again).map_err(|e| ("I5", format!("claim failed: {e}")))?;
+    let seqs2: Vec<Seq> = records2.iter().map(|r| r.0).collect();
+    if seqs2 != seqs {
+        return Err(("I5", "the second recovery found other records".to_string()));
+    }
+    // I9: once everything is acknowledged, every sealed segment goes.
+    again
+        .ack_many(&seqs2)
+        .map_err(|e| ("I9", format!("ack failed: {e}")))?;
+    again
+        .sync()
+        .map_err(|e| ("I9", format!("sync failed: {e}")))?;
+    let segments = again.stats().segments;
+    if segments != 1 {
+        return Err((
+            "I9",
+            format!("{segments} segments left after everything was acknowledged"),
+        ));
+    }
+    again
+        .close()
+        .map_err(|e| ("I9", format!("close failed: {e}")))?;
+    Ok((records.len() as u64, report.torn_tail.is_some()))
+}
+
+/// Claims every pending record, keeping (seq, payload).
+fn drain(outbox: &Outbox) -> Result<Vec<(Seq, Vec<u8>)>, Error> {
+    let mut all = Vec::new();
+    loop {
+        let got = outbox.claim(256)?;
+        if got.is_empty() {
+            return Ok(all);
+        }
+        all.extend(got.iter().map(|r| (r.seq(), r.payload().to_vec())));
+    }
+}
+
+/// Crashes `workload` at every mutating operation, `draws` damage draws each,
+/// with a crash inside recovery on some draws, and checks the invariants.
+///
+/// One run of the workload records the disk as it is before each mutating
+/// operation; each of those is then crashed and recovered on its own.
+pub fn crash_every_step(
+    seed: u64,
+    workload: &Workload,
+    draws: u64,
+    bug: Option<Bug>,
+) -> Result<Figures, Violation> {
+    let options = workload.options(bug);
+    let mut figures = Figures::default();
+    let violation = |invariant, detail, crash_point, draw| Violation {
+        invariant,
+        detail,
+        seed,
+        crash_point,
+        draw,
+    };
+    let disk = SimDisk::new(seed);
+    disk.record_snapshots();
+    let mut model = Model::default();
+    execute(&disk, workload, &options, &mut model).map_err(|d| violation("I2", d, u64::MAX, 0))?;
+    for (point, snapshot) in disk.take_snapshots().into_iter().enumerate() {
+        let point = point as u64;
+        let view = model.at(point);
+        figures.crash_points += 1;
+        for draw in 0..draws {
+            let (d, crashed) = crash_snapshot(&snapshot, seed, point, draw, &options);
+            figures.crashes_in_recovery += u64::from(crashed);
+            let (records, torn) = verify(&d, &options, &view)
+                .map_err(|(i, detail)| violation(i, detail, point, draw))?;
+            figures.recoveries += 1;
+            figures.records_checked += records;
+            figures.torn_tails += u64::from(torn);
+        }
+    }
+    Ok(figures)
+}
+
+/// Draws the damage of a crash at `snapshot`, and on some draws crashes the
+/// first recovery too. Returns the disk to recover, and whether a recovery was
+/// crashed on the way.
+fn crash_snapshot(
+    snapshot: &SimDisk,
+    seed: u64,
+    point: u64,
+    draw: u64,
+    options: &Options,
+) -> (SimDisk, bool) {
+    let d = snapshot.fork(seed ^ (point << 20) ^ draw);
+    let mut rng = Rng::new(seed ^ point ^ (draw << 40));
+    d.crash(crash_model(&mut rng));
+    let mut crashed = false;
+    if rng.chance(30) {
+        d.crash_at(Some(d.ops() + rng.below(12)));
+        if let Ok(o) = open(&d, options.clone()) {
+            let _ = o.close();
+        }
+        crashed = d.is_dead();
+        d.crash_at(None);
+        d.crash(crash_model(&mut rng));
+    }
+    (d, crashed)
+}
+
+/// Replays one crash point and draw of [`crash_every_step`] and says what
+/// happened: the files after the crash and the outcome. For investigating a
+/// violation by its seed, crash point and draw.
+pub fn replay(
+    seed: u64,
+    workload: &Workload,
+    point: u64,
+    draw: u64,
+    bug: Option<Bug>,
+) -> Vec<String> {
+    let options = workload.options(bug);
+    let mut trace = Vec::new();
+    let files = |d: &SimDisk| {
+        d.files(&dir())
+            .iter()
+            .map(|f| {
+                let len = crate::io::Storage::open(d, &dir().join(f))
+                    .and_then(|h| h.len())
+                    .unwrap_or(0);
+                format!("{f}:{len}")
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let disk = SimDisk::new(seed);
+    disk.record_snapshots();
+    let mut model = Model::default();
+    let _ = execute(&disk, workload, &options, &mut model);
+    let Some(snapshot) = disk.take_snapshots().into_iter().nth(point as usize) else {
+        return vec![format!("the workload has no operation {point}")];
+    };
+    let (d, crashed) = crash_snapshot(&snapshot, seed, point, draw, &options);
+    trace.push(format!(
+        "after the crash (a recovery crashed too: {crashed}): {}",
+        files(&d)
+    ));
+    match verify(&d, &options, &model.at(point)) {
+        Ok((n, torn)) => trace.push(format!("verified: {n} records, torn tail {torn}")),
+        Err((i, detail)) => trace.push(format!("{i} violated: {detail}")),
+    }
+    trace
+}
+
+fn crash_model(rng: &mut Rng) -> CrashModel {
+    let kept = rng.below(70);
+    CrashModel {
+        write_kept: kept,
+        write_torn: rng.below(100 - kept),
+        grown_tail: rng.below(60),
+        dir_change_kept: rng.below(100),
+    }
+}
+
+/// The fault loop: for every mutating operation of `workload`, inject each fault
+/// there, once and then persistently, and check that no append returned Ok
+/// without being durable, that no write or sync followed a failed sync, and
+/// that after the fault clears a reopen recovers everything and makes progress.
+pub fn fault_loop(seed: u64, workload: &Workload, bug: Option<Bug>) -> Result<Figures, Violation> {
+    let options = workload.options(bug);
+    let mut figures = Figures::default();
+    let clean = SimDisk::new(seed);
+    let mut model = Model::default();
+    let violation = |invariant, detail, crash_point| Violation {
+        invariant,
+        detail,
+        seed,
+        crash_point,
+        draw: 0,
+    };
+    execute(&clean, workload, &options, &mut model).map_err(|d| violation("I2", d, u64::MAX))?;
+    let total = clean.ops();
+    let faults = [
+        Fault::WriteEio,
+        Fault::WriteEnospc,
+        Fault::ShortWrite,
+        Fault::SyncEio,
+        Fault::SyncDirEio,
+        Fault::CreateEnospc,
+    ];
+    for at_op in 0..total {
+        for fault in faults {
+            for persistent in [false, true] {
+                let disk = SimDisk::new(seed);
+                disk.inject(FaultRule {
+                    fault,
+                    at_op,
+                    persistent,
+                });
+                let mut model = Model::default();
+                execute(&disk, workload, &options, &mut model)
+                    .map_err(|d| violation("fault", d, at_op))?;
+                let stats = disk.stats();
+                if stats.faults_injected == 0 {
+                    continue;
+                }
+                figures.faults += 1;
+                if stats.writes_after_failed_sync > 0 || stats.syncs_after_failed_sync > 0 {
+                    return Err(violation(
+                        "fail-stop",
+                        format!(
+                            "{fault:?} at op {at_op}: the file was written or synced again after a failed sync ({stats:?})"
+                        ),
+                        at_op,
+                    ));
+                }
+                // The fault clears; the power goes; what was acknowledged is there.
+                disk.clear_faults();
+                disk.crash(CrashModel::default());
+                let (records, _) = verify(&disk, &options, &model).map_err(|(i, d)| {
+                    violation(i, format!("after {fault:?} at op {at_op}: {d}"), at_op)
+                })?;
+                figures.records_checked += records;
+                let outbox = open(&disk, options.clone()).map_err(|e| {
+                    violation("progress", format!("reopen after {fault:?}: {e}"), at_op)
+                })?;
+                outbox.append(&payload(u64::MAX, 16)).map_err(|e| {
+                    violation("progress", format!("append after {fault:?}: {e}"), at_op)
+                })?;
+                let _ = outbox.close();
+            }
+        }
+    }
+    Ok(figures)
+}
+
+/// Runs `workload` once with `rule` injected and returns the disk's log of
+/// operations, the injected fault marked, and what the workload saw: for
+/// investigating a fault-loop violation.
+pub fn trace_fault(seed: u64, workload: &Workload, rule: FaultRule) -> Vec<String> {
+    let options = workload.options(None);
+    let disk = SimDisk::new(seed);
+    disk.start_trace();
+    disk.inject(rule);
+    let mut model = Model::default();
+    let outcome = execute(&disk, workload, &options, &mut model);
+    let mut trace = disk.trace();
+    trace.push(format!(
+        "workload: {:?}; {:?}",
+        outcome.map(|s| matches!(s, Stop::Done)),
+        disk.stats()
+    ));
+    trace
+}
+
+/// Bit rot at rest: runs the workload, cuts the power cleanly, flips one bit in a
+/// sealed segment (any but the newest file), and recovers, `draws` times. A
+/// strict recovery must refuse with `Corrupt` or open with every invariant.
+pub fn bit_rot(
+    seed: u64,
+    workload: &Workload,
+    draws: u64,
+    bug: Option<Bug>,
+) -> Result<Figures, Violation> {
+    let options = workload.options(bug);
+    let mut figures = Figures::default();
+    let disk = SimDisk::new(seed);
+    let mut model = Model::default();
+    let violation = |invariant, detail, draw| Violation {
+        invariant,
+        detail,
+        seed,
+        crash_point: u64::MAX,
+        draw,
+    };
+    execute(&disk, workload, &options, &mut model).map_err(|d| violation("I2", d, 0))?;
+    for draw in 0..draws {
+        let d = disk.fork(seed ^ draw);
+        d.crash(CrashModel::default());
+        let mut rng = Rng::new(seed ^ (draw << 32));
+        let mut files = d.files(&dir());
+        files.sort();
+        files.pop();
+        if files.is_empty() {
+            continue;
+        }
+        let file = dir().join(&files[rng.below(files.len() as u64) as usize]);
+        let len = crate::io::Storage::open(&d, &file)
+            .and_then(|f| f.len())
+            .unwrap_or(0);
+        if len <= 64 {
+            continue;
+        }
+        let at = 64 + rng.below(len - 64);
+        d.flip_bit(&file, at, rng.below(8) as u8);
+        figures.faults += 1;
+        match open(&d, options.clone()) {
+            Err(Error::Corrupt { .. }) => continue,
+            Err(e) => return Err(violation("I4", format!("unexpected error: {e}"), draw)),
+            Ok(o) => drop(o.close()),
+        }
+        let (records, _) =
+            verify(&d, &options, &model).map_err(|(i, detail)| violation(i, detail, draw))?;
+        figures.records_checked += records;
+        figures.recoveries += 1;
+    }
+    Ok(figures)
+}
+
+/// Rotten reads: runs the workload while reads of the open outbox return a
+/// flipped bit `percent` of the time. A claim may fail with `Corrupt`, but must
+/// never hand out a record whose bytes are not what was appended.
+pub fn rotten_reads(
+    seed: u64,
+    workload: &Workload,
+    percent: u64,
+    bug: Option<Bug>,
+) -> Result<Figures, Violation> {
+    let options = workload.options(bug);
+    let disk = SimDisk::new(seed);
+    let mut model = Model::default();
+    execute_rotting(&disk, workload, &options, &mut model, percent).map_err(|detail| {
+        Violation {
+            invariant: "I2",
+            detail,
+            seed,
+            crash_point: u64::MAX,
+            draw: 0,
+        }
+    })?;
+    Ok(Figures {
+        faults: 1,
+        ..Figures::default()
+    })
+}
+
+/// Checks one frame-decoder input (the fuzz target `frame_decode`): decoding
+/// arbitrary bytes returns a frame or a typed error, never panics, and a frame
+/// it returns lies within the input.
+pub fn check_frame_bytes(data: &[u8]) {
+    let salt = data.first().copied().map_or(0, u32::from);
+    if let Ok(frame) = crate::frame::decode(data, salt) {
+        assert!(frame.len <= data.len());
+        assert!(frame.payload.len() <= crate::frame::RECORD_BYTES_LIMIT);
+    }
+    let _ = crate::frame::find_valid_frame(data, 0, salt);
+    let _ = crate::segment::SegmentHeader::decode(data);
+}
+
+/// Checks recovery over arbitrary segment files (the fuzz target `recovery`):
+/// `data` is cut into up to four files named as consecutive segments. Opening
+/// never panics; if it succeeds, only the newest file may have been cut, and
+/// every record handed out passes its checks.
+pub fn check_recovery_bytes(data: &[u8]) {
+    let disk = SimDisk::new(0);
+    let dir = dir();
+    let _ = crate::io::Storage::create_dir_all(&disk, &dir);
+    let files: Vec<&[u8]> = data.split(|&b| b == 0xFE).take(4).collect();
+    let mut paths = Vec::new();
+    let mut first = 1u64;
+    for (k, bytes) in files.iter().enumerate() {
+        let id = crate::seq::SegmentId(first);
+        first += 1 + bytes.len() as u64 / 48;
+        let path = dir.join(id.file_name());
+        if let Ok(f) = crate::io::Storage::create(&disk, &path) {
+            let _ = crate::io::write_all_at(&*f, bytes, 0);
+            let _ = f.sync_data();
+        }
+        paths.push((path, bytes.len() as u64, k + 1 == files.len()));
+    }
+    let _ = crate::io::Storage::sync_dir(&disk, &dir);
+    let options = Options::default().segment_bytes(1024);
+    match open(&disk, options) {
+        Ok(outbox) => {
+            // Only the newest file holding frames may be cut: the last one, or the
+            // one before it when the last holds no more than a header.
+            let last_is_empty = paths.last().is_some_and(|p| p.1 <= 64);
+            let n = paths.len();
+            for (k, (path, len, _)) in paths.iter().enumerate() {
+                let may_cut = k + 1 == n || (last_is_empty && k + 2 == n);
+                if let Ok(f) = crate::io::Storage::open(&disk, path) {
+                    let now = f.len().unwrap_or(0);
+                    // Sealing appends one frame to the newest file with frames.
+                    assert!(
+                        may_cut || now >= *len,
+                        "recovery cut {}, not the newest",
+                        path.display()
+                    );
+                }
+            }
+            while let Ok(records) = outbox.claim(64) {
+                if records.is_empty() {
+                    break;
+                }
+            }
+            let _ = outbox.close();
+        }
+        Err(Error::Corrupt { .. } | Error::Io { .. }) => {}
+        Err(e) => panic!("unexpected error from recovery: {e}"),
+    }
+}
+
+/// Runs a workload decoded from `data` with a crash point also taken from it
+/// (the fuzz target `crash_ops`), and checks every invariant.
+pub fn check_crash_bytes(data: &[u8]) -> Result<(), Violation> {
+    let (head, rest) = data.split_at(data.len().min(3));
+    let point = head.iter().fold(0u64, |a, &b| a * 256 + u64::from(b));
+    let workload = Workload::from_bytes(rest);
+    let options = workload.options(None);
+    let disk = SimDisk::new(point);
+    disk.crash_at(Some(point % 400));
+    let mut model = Model::default();
+    let violation = |invariant, detail| Violation {
+        invariant,
+        detail,
+        seed: u64::MAX,
+        crash_point: point % 400,
+        draw: 0,
+    };
+    execute(&disk, &workload, &options, &mut model).map_err(|d| violation("I2", d))?;
+    let mut rng = Rng::new(point);
+    disk.crash(crash_model(&mut rng));
+    verify(&disk, &options, &model).map_err(|(i, d)| violation(i, d))?;
+    Ok(())
+}
+
+/// The path of the outbox directory on the simulated disk.
+pub fn sim_dir() -> &'static Path {
+    Path::new(DIR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_check_themselves() {
+        for (id, len) in [(0, 12), (7, 100), (u64::MAX, 13)] {
+            assert_eq!(payload_id(&payload(id, len)), Some(id));
+        }
+        let mut p = payload(3, 50);
+        p[30] ^= 1;
+        assert_eq!(payload_id(&p), None);
+        assert_eq!(payload_id(b"short"), None);
+    }
+
+    #[test]
+    fn one_seed_survives_every_crash_point() {
+        let workload = Workload::random(11, 25);
+        let figures = crash_every_step(11, &workload, 2, None).unwrap_or_else(|v| panic!("{v}"));
+        assert!(figures.crash_points > 10);
+    }
+}

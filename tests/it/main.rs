@@ -2,6 +2,7 @@
 
 mod append;
 mod claim;
+mod crash;
 mod enospc;
 mod faults;
 mod kill;

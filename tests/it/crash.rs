@@ -1,0 +1,188 @@
+//! Crash safety on the simulated disk: crash at every I/O step, the fault loop,
+//! bit rot at rest, rotten reads, and the negative controls that prove the
+//! harness sees what it checks. Budgets come from the environment so that CI runs
+//! a bounded amount and a long run is one variable away (docs/RELIABILITY.md).
+
+use std::time::Instant;
+
+use segwal::sim::Bug;
+use segwal::sim::harness::{self, Figures, Violation, Workload};
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs `check` over `seeds` seeds on two threads; panics at the first
+/// violation with everything that reproduces it.
+fn over_seeds(
+    first: u64,
+    seeds: u64,
+    check: impl Fn(u64) -> Result<Figures, Violation> + Sync,
+) -> Figures {
+    let halves: Vec<Figures> = std::thread::scope(|scope| {
+        let check = &check;
+        let workers: Vec<_> = (0..2u64)
+            .map(|w| {
+                scope.spawn(move || {
+                    let mut total = Figures::default();
+                    for seed in (first..first + seeds).filter(|s| s % 2 == w) {
+                        match check(seed) {
+                            Ok(f) => total.add(&f),
+                            Err(v) => panic!("{v}"),
+                        }
+                    }
+                    total
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("worker"))
+            .collect()
+    });
+    let mut total = Figures::default();
+    for h in &halves {
+        total.add(h);
+    }
+    total
+}
+
+#[test]
+fn crash_at_every_io_step_loses_no_acknowledged_record() {
+    let seeds = env("SEGWAL_CRASH_SEEDS", 200);
+    let first = env("SEGWAL_CRASH_FIRST_SEED", 1);
+    let draws = env("SEGWAL_CRASH_DRAWS", 4);
+    let steps = env("SEGWAL_CRASH_STEPS", 40) as usize;
+    let started = Instant::now();
+    let total = over_seeds(first, seeds, |seed| {
+        let workload = Workload::random(seed, steps);
+        harness::crash_every_step(seed, &workload, draws, None)
+    });
+    println!(
+        "crash harness: seeds {first}..{}, {} crash points x {draws} draws = {} simulated crashes \
+         ({} also crashed inside recovery), {} torn tails cut, {} records checked, {:.1} s",
+        first + seeds,
+        total.crash_points,
+        total.recoveries,
+        total.crashes_in_recovery,
+        total.torn_tails,
+        total.records_checked,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        total.torn_tails > 0,
+        "no crash tore a tail: the harness is not crashing mid-write"
+    );
+    assert!(total.crashes_in_recovery > 0, "no recovery was crashed");
+}
+
+/// Workloads whose every operation the fault loop fails, once and persistently.
+fn canonical_workloads() -> Vec<(u64, Workload)> {
+    (1..=env("SEGWAL_FAULT_WORKLOADS", 6))
+        .map(|seed| (seed, Workload::random(1000 + seed, 30)))
+        .collect()
+}
+
+#[test]
+fn fault_loop_fails_every_io_operation_once_and_persistently() {
+    let started = Instant::now();
+    let workloads = canonical_workloads();
+    let total = over_seeds(0, workloads.len() as u64, |i| {
+        let (seed, workload) = &workloads[i as usize];
+        harness::fault_loop(*seed, workload, None)
+    });
+    println!(
+        "fault loop: {} workloads, {} faults injected, {} records checked, {:.1} s",
+        workloads.len(),
+        total.faults,
+        total.records_checked,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(total.faults > 100);
+}
+
+#[test]
+fn bit_rot_at_rest_is_refused_or_harmless() {
+    let total = over_seeds(1, env("SEGWAL_ROT_SEEDS", 40), |seed| {
+        harness::bit_rot(seed, &Workload::random(seed, 40), 8, None)
+    });
+    println!(
+        "bit rot: {} flips, {} harmless recoveries",
+        total.faults, total.recoveries
+    );
+    assert!(total.faults > 0);
+}
+
+#[test]
+fn rotten_reads_never_hand_out_garbage() {
+    let total = over_seeds(1, env("SEGWAL_ROT_SEEDS", 40), |seed| {
+        harness::rotten_reads(seed, &Workload::random(seed, 60), 20, None)
+    });
+    assert!(total.faults > 0);
+}
+
+/// Seeds within which the harness must catch each injected bug.
+const CONTROL_SEEDS: u64 = 30;
+
+/// The first violation `check` reports over the control seeds, if any.
+fn caught(check: impl Fn(u64) -> Result<Figures, Violation>) -> Option<Violation> {
+    (1..=CONTROL_SEEDS).find_map(|seed| check(seed).err())
+}
+
+#[test]
+fn negative_controls_every_known_bug_is_caught() {
+    let crash = |bug| {
+        caught(|seed| harness::crash_every_step(seed, &Workload::random(seed, 30), 2, Some(bug)))
+    };
+    let controls: Vec<(Bug, Option<Violation>)> = vec![
+        (Bug::AckBeforeFsync, crash(Bug::AckBeforeFsync)),
+        (Bug::NoDirSyncAfterCreate, crash(Bug::NoDirSyncAfterCreate)),
+        (Bug::DeleteLiveSegment, crash(Bug::DeleteLiveSegment)),
+        (
+            Bug::TruncateMidLogCorruption,
+            caught(|seed| {
+                harness::bit_rot(
+                    seed,
+                    &Workload::random(seed, 40),
+                    8,
+                    Some(Bug::TruncateMidLogCorruption),
+                )
+            }),
+        ),
+        (
+            Bug::RetryFailedFsync,
+            caught(|seed| {
+                harness::fault_loop(
+                    seed,
+                    &Workload::random(seed, 12),
+                    Some(Bug::RetryFailedFsync),
+                )
+            }),
+        ),
+        (
+            Bug::SkipReadCrc,
+            caught(|seed| {
+                harness::rotten_reads(
+                    seed,
+                    &Workload::random(seed, 60),
+                    20,
+                    Some(Bug::SkipReadCrc),
+                )
+            }),
+        ),
+    ];
+    let mut missed = Vec::new();
+    for (bug, violation) in &controls {
+        match violation {
+            Some(v) => println!("negative control {bug:?} caught: {v}"),
+            None => missed.push(*bug),
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "the harness missed injected bugs: {missed:?}"
+    );
+}
