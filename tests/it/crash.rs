@@ -52,9 +52,9 @@ fn over_seeds(
 
 #[test]
 fn crash_at_every_io_step_loses_no_acknowledged_record() {
-    let seeds = env("SEGWAL_CRASH_SEEDS", 200);
+    let seeds = env("SEGWAL_CRASH_SEEDS", 2700);
     let first = env("SEGWAL_CRASH_FIRST_SEED", 1);
-    let draws = env("SEGWAL_CRASH_DRAWS", 4);
+    let draws = env("SEGWAL_CRASH_DRAWS", 2);
     let steps = env("SEGWAL_CRASH_STEPS", 40) as usize;
     let started = Instant::now();
     let total = over_seeds(first, seeds, |seed| {

@@ -5,6 +5,7 @@ mod claim;
 mod crash;
 mod enospc;
 mod faults;
+mod fuzz_corpus;
 mod kill;
 mod lock;
 mod model;

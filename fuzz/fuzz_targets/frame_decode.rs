@@ -1,0 +1,9 @@
+//! Arbitrary bytes through the frame and segment-header decoders: a frame or a
+//! typed error, never a panic, never a slice past the input.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    segwal::sim::harness::check_frame_bytes(data);
+});
