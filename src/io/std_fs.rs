@@ -96,7 +96,19 @@ impl Storage for StdStorage {
             writeln!(file, "{}", std::process::id())
         };
         record().map_err(LockError::Io)?;
-        Ok(Box::new(file))
+        Ok(Box::new(HeldLock(file)))
+    }
+}
+
+/// A held `flock`. Dropping it unlocks explicitly rather than relying on the
+/// close: a child process forked meanwhile (between its fork and its exec) shares
+/// the open file description, and would otherwise keep the directory locked.
+#[derive(Debug)]
+struct HeldLock(File);
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
     }
 }
 

@@ -1,1 +1,211 @@
-//! Placeholder, filled in below.
+//! ENOSPC on a real file system: on a full tmpfs, the append that finds no
+//! space poisons the outbox with the operating system's ENOSPC, every append
+//! that returned Ok is recovered intact, and appends work again once space
+//! returns. Needs to mount a tmpfs (root); without it the test says it skips.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use segwal::{Error, Options, Outbox, Seq};
+
+use crate::drain;
+
+const ENOSPC: i32 = 28;
+const RECORD_BYTES: usize = 4096;
+/// Size of the file system: a few segments of 256 KiB.
+const TMPFS_SIZE: &str = "size=2m";
+/// Space taken before the outbox opens, and given back once it is full.
+const FILLER_BYTES: usize = 512 * 1024;
+
+/// A mounted tmpfs, unmounted on drop (also when the test fails).
+struct Tmpfs {
+    at: PathBuf,
+}
+
+impl Tmpfs {
+    /// Mounts a small tmpfs at `at`, or says why it cannot.
+    fn mount(at: &Path) -> Result<Tmpfs, String> {
+        let output = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", TMPFS_SIZE, "tmpfs"])
+            .arg(at)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs { at: at.to_owned() })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        match Command::new("umount").arg(&self.at).status() {
+            Ok(status) if status.success() => {}
+            other => eprintln!("could not unmount {}: {other:?}", self.at.display()),
+        }
+    }
+}
+
+/// The `i`-th record: its index, then bytes derived from it.
+fn record(i: usize) -> Vec<u8> {
+    let mut p = format!("enospc record {i};").into_bytes();
+    let fill = (0..).map(|k: usize| k.wrapping_mul(31).wrapping_add(i.wrapping_mul(7)) as u8);
+    p.extend(fill.take(RECORD_BYTES - p.len()));
+    p
+}
+
+/// The OS error code behind a segwal error, if any.
+fn os_error(e: &Error) -> Option<i32> {
+    let source = std::error::Error::source(e)?;
+    source
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::raw_os_error)
+}
+
+/// Checks that `outbox` holds every record of `acked`, in order and intact, and
+/// after them nothing but the records of the one append in doubt; before them
+/// only records of `earlier` (acknowledged ones come back until their segment is
+/// deleted). Acknowledges everything it saw, and returns the records after
+/// `earlier` with their indexes.
+fn check_recovered(
+    outbox: &Outbox,
+    earlier: &[(Seq, usize)],
+    acked: &[(Seq, usize)],
+    in_doubt: Option<usize>,
+) -> Vec<(Seq, usize)> {
+    let records = drain(outbox);
+    let first = acked.first().map(|a| a.0).expect("records to check");
+    let old = records.iter().take_while(|r| r.seq() < first).count();
+    for r in &records[..old] {
+        let i = earlier
+            .iter()
+            .find(|e| e.0 == r.seq())
+            .unwrap_or_else(|| panic!("seq {} came back from nowhere", r.seq()))
+            .1;
+        assert!(r.payload() == record(i), "record {i} came back damaged");
+    }
+    let records_now = &records[old..];
+    assert!(
+        records_now.len() >= acked.len(),
+        "{} records recovered, {} were acknowledged",
+        records_now.len(),
+        acked.len()
+    );
+    for (r, &(seq, i)) in records_now.iter().zip(acked) {
+        assert_eq!(r.seq(), seq, "record {i} recovered under another seq");
+        assert!(r.payload() == record(i), "record {i} recovered damaged");
+    }
+    // The append that failed is in doubt: it may be there, whole, or not at all.
+    let mut now = acked.to_vec();
+    let extra = &records_now[acked.len()..];
+    match (extra, in_doubt) {
+        ([], _) => {}
+        ([r], Some(i)) => {
+            assert!(r.payload() == record(i), "an unknown record came back");
+            now.push((r.seq(), i));
+        }
+        _ => panic!(
+            "{} unexpected records after the acknowledged ones",
+            extra.len()
+        ),
+    }
+    let seqs: Vec<Seq> = records.iter().map(|r| r.seq()).collect();
+    outbox.ack_many(&seqs).expect("ack recovered records");
+    now
+}
+
+#[test]
+fn a_full_file_system_poisons_with_enospc_and_appends_work_again_once_space_returns() {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let mount_point = tmp.path().join("mnt");
+    std::fs::create_dir(&mount_point).expect("mount point");
+    // Declared after `tmp` and before every open file, so that it unmounts after
+    // they are closed and before the temporary directory is removed.
+    let _tmpfs = match Tmpfs::mount(&mount_point) {
+        Ok(tmpfs) => tmpfs,
+        Err(why) => {
+            println!("skipping: cannot mount tmpfs ({why})");
+            return;
+        }
+    };
+    let filler = mount_point.join("filler");
+    let mut f = std::fs::File::create(&filler).expect("create filler");
+    f.write_all(&vec![0xF1; FILLER_BYTES])
+        .expect("write filler");
+    drop(f);
+    let dir = mount_point.join("outbox");
+    let options = || Options::default().segment_bytes(256 * 1024);
+
+    // Fill the file system.
+    let outbox = Outbox::open(&dir, options()).expect("open on the empty tmpfs");
+    let mut acked = Vec::new();
+    let error = loop {
+        let i = acked.len();
+        match outbox.append(&record(i)) {
+            Ok(seq) => acked.push((seq, i)),
+            Err(e) => break e,
+        }
+        assert!(i < 1000, "2 MiB never filled up");
+    };
+    let failed = acked.len();
+    assert!(failed > 100, "only {failed} records fit before the failure");
+    match &error {
+        Error::Poisoned { op, .. } => assert!(
+            [
+                "write",
+                "create segment",
+                "write segment header",
+                "sync segment header"
+            ]
+            .contains(op),
+            "poisoned by {op}: {error}"
+        ),
+        other => panic!("expected Poisoned, got {other:?}"),
+    }
+    assert_eq!(os_error(&error), Some(ENOSPC), "{error}");
+    assert!(outbox.stats().poisoned);
+    assert!(
+        matches!(outbox.append(b"small"), Err(Error::Poisoned { .. })),
+        "an append after the failure was not refused"
+    );
+    assert!(matches!(outbox.close(), Err(Error::Poisoned { .. })));
+    drop(outbox);
+
+    // Reopening may need space (recovery writes a new active segment): if the
+    // file system is too full for that, the open fails with ENOSPC.
+    let outbox = match Outbox::open(&dir, options()) {
+        Ok(outbox) => outbox,
+        Err(e) => {
+            assert!(
+                matches!(e, Error::Io { .. }) && os_error(&e) == Some(ENOSPC),
+                "reopen on the full file system: {e:?}"
+            );
+            println!("reopen on the full file system failed: {e}; freeing space");
+            std::fs::remove_file(&filler).expect("free space");
+            Outbox::open(&dir, options()).expect("reopen once space returned")
+        }
+    };
+    let recovered = check_recovered(&outbox, &[], &acked, Some(failed));
+    outbox.close().expect("close");
+
+    // Space returns: appends work again, and survive a reopen.
+    if filler.exists() {
+        std::fs::remove_file(&filler).expect("free space");
+    }
+    let outbox = Outbox::open(&dir, options()).expect("reopen with space");
+    let again: Vec<(Seq, usize)> = (0..32)
+        .map(|k| {
+            let i = failed + 1 + k;
+            (outbox.append(&record(i)).expect("appends work again"), i)
+        })
+        .collect();
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options()).expect("reopen");
+    check_recovered(&outbox, &recovered, &again, None);
+    outbox.close().expect("close");
+}

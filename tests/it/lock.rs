@@ -35,7 +35,7 @@ fn a_second_open_in_the_same_process_is_refused_with_the_owner() {
 #[test]
 fn a_second_open_from_another_process_is_refused_until_it_exits() {
     let (_t, dir) = tmp();
-    let exe = std::env::current_exe().expect("test binary");
+    let exe = crate::this_binary();
     let mut child = Command::new(exe)
         .args([
             "--exact",

@@ -81,3 +81,14 @@ pub fn flip_byte(path: &Path, offset: u64) {
     byte[0] ^= 0xFF;
     file.write_all_at(&byte, offset).expect("write byte");
 }
+
+/// This very test binary, for tests that re-execute it as a child process: even
+/// if a build replaced the file since it started.
+pub fn this_binary() -> PathBuf {
+    let exe = Path::new("/proc/self/exe");
+    if exe.exists() {
+        exe.to_owned()
+    } else {
+        std::env::current_exe().expect("test binary")
+    }
+}
