@@ -146,6 +146,8 @@ struct State {
     faults: Vec<FaultRule>,
     /// Chance in percent that a read returns one flipped bit (not persistent).
     rot_reads: u64,
+    /// Chance in percent that a read fails with EIO.
+    fail_reads: u64,
     dirs: BTreeSet<PathBuf>,
     live: BTreeMap<PathBuf, u64>,
     durable: BTreeMap<PathBuf, u64>,
@@ -171,6 +173,7 @@ impl State {
             crashed: self.crashed,
             faults: self.faults.clone(),
             rot_reads: self.rot_reads,
+            fail_reads: self.fail_reads,
             dirs: self.dirs.clone(),
             live: self.live.clone(),
             durable: self.durable.clone(),
@@ -206,6 +209,7 @@ impl SimDisk {
                 crashed: false,
                 faults: Vec::new(),
                 rot_reads: 0,
+                fail_reads: 0,
                 dirs: BTreeSet::new(),
                 live: BTreeMap::new(),
                 durable: BTreeMap::new(),
@@ -284,6 +288,11 @@ impl SimDisk {
     /// Makes reads return a flipped bit with this chance in percent.
     pub fn rot_reads(&self, percent: u64) {
         self.state.lock().rot_reads = percent;
+    }
+
+    /// Makes reads fail with EIO with this chance in percent (not persistent).
+    pub fn fail_reads(&self, percent: u64) {
+        self.state.lock().fail_reads = percent;
     }
 
     /// Counters so far.
@@ -645,6 +654,15 @@ impl SimFile {
             buf[at] ^= 1 << s.rng.below(8);
         }
     }
+
+    /// The injected read failure, if this read draws one.
+    fn read_fault(s: &mut State) -> io::Result<()> {
+        if s.fail_reads > 0 && s.rng.chance(s.fail_reads) {
+            s.stats.faults_injected += 1;
+            return Err(errno(5));
+        }
+        Ok(())
+    }
 }
 
 impl StorageFile for SimFile {
@@ -652,6 +670,7 @@ impl StorageFile for SimFile {
         let mut guard = self.disk.state.lock();
         let s = &mut *guard;
         SimDisk::check_alive(s, self.generation)?;
+        Self::read_fault(s)?;
         let inode = s.inodes.get(&self.ino).ok_or_else(crashed_error)?;
         let at = offset as usize;
         if at >= inode.live.len() {
@@ -751,6 +770,7 @@ impl StorageFile for SimFile {
         let mut guard = self.disk.state.lock();
         let s = &mut *guard;
         SimDisk::check_alive(s, self.generation)?;
+        Self::read_fault(s)?;
         let inode = s.inodes.get(&self.ino).ok_or_else(crashed_error)?;
         let end = (len as usize).min(inode.live.len());
         let mut copy = inode.live[..end].to_vec();

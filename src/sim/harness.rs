@@ -268,6 +268,7 @@ fn execute_rotting(
         Err(_) => return Ok(Stop::Failed),
     };
     disk.rot_reads(rot);
+    disk.fail_reads(rot / 4);
     let mut claimed: Vec<Seq> = Vec::new();
     for step in &w.steps {
         let failed = match step {
@@ -322,7 +323,13 @@ fn execute_rotting(
                     }
                     false
                 }
-                Err(Error::Corrupt { .. }) if rot > 0 || disk.stats().faults_injected > 0 => false,
+                // A rotten or failed read fails the claim, and releases what it
+                // claimed: the queue goes on.
+                Err(Error::Corrupt { .. } | Error::Io { .. })
+                    if rot > 0 || disk.stats().faults_injected > 0 =>
+                {
+                    false
+                }
                 Err(_) => true,
             },
             // An acknowledgement counts from the operation count *before* it: the
@@ -355,8 +362,10 @@ fn execute_rotting(
                 let closed = outbox.close();
                 claimed.clear();
                 disk.rot_reads(0);
+                disk.fail_reads(0);
                 let reopened = open(disk, options.clone());
                 disk.rot_reads(rot);
+                disk.fail_reads(rot / 4);
                 match (closed, reopened) {
                     (Ok(()), Ok(o)) => {
                         outbox = o;
@@ -376,6 +385,7 @@ fn execute_rotting(
     }
     let _ = outbox.close();
     disk.rot_reads(0);
+    disk.fail_reads(0);
     Ok(Stop::Done)
 }
 
@@ -754,8 +764,9 @@ pub fn bit_rot(
 }
 
 /// Rotten reads: runs the workload while reads of the open outbox return a
-/// flipped bit `percent` of the time. A claim may fail with `Corrupt`, but must
-/// never hand out a record whose bytes are not what was appended.
+/// flipped bit `percent` of the time, and fail with EIO a quarter as often. A
+/// claim may fail with `Corrupt` or `Io`, but must never hand out a record whose
+/// bytes are not what was appended.
 pub fn rotten_reads(
     seed: u64,
     workload: &Workload,

@@ -48,6 +48,9 @@ struct FaultyStorage {
 struct FaultyFile {
     inner: Arc<dyn StorageFile>,
     faults: Arc<Faults>,
+    /// Set by `set_len`: the next sync makes a cut durable, it vouches for no
+    /// written data (the writer cuts the segment back when it is poisoned).
+    cut: AtomicBool,
 }
 
 fn injected(kind: io::ErrorKind, what: &str) -> io::Error {
@@ -66,6 +69,7 @@ impl Storage for FaultyStorage {
         Ok(Arc::new(FaultyFile {
             inner,
             faults: self.faults.clone(),
+            cut: AtomicBool::new(false),
         }))
     }
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
@@ -73,6 +77,7 @@ impl Storage for FaultyStorage {
         Ok(Arc::new(FaultyFile {
             inner,
             faults: self.faults.clone(),
+            cut: AtomicBool::new(false),
         }))
     }
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -115,7 +120,8 @@ impl StorageFile for FaultyFile {
             }
             f.syncs_waiting.fetch_sub(1, Ordering::SeqCst);
         }
-        if f.fired.load(Ordering::SeqCst) {
+        let repair = self.cut.swap(false, Ordering::SeqCst);
+        if f.fired.load(Ordering::SeqCst) && !repair {
             f.syncs_after_fault.fetch_add(1, Ordering::SeqCst);
         }
         if f.fail_sync.load(Ordering::SeqCst) {
@@ -125,6 +131,7 @@ impl StorageFile for FaultyFile {
         self.inner.sync_data()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
+        self.cut.store(true, Ordering::SeqCst);
         self.inner.set_len(len)
     }
     fn len(&self) -> io::Result<u64> {
