@@ -163,6 +163,7 @@ fn a_failed_fsync_poisons_and_wakes_every_waiter_and_is_never_retried() {
     let durable: Vec<Seq> = (0..3)
         .map(|i| outbox.append(&payload(0, i)).expect("append"))
         .collect();
+    let synced_len = std::fs::metadata(active_segment(&dir)).expect("stat").len();
     faults.fail_sync.store(true, Ordering::SeqCst);
     let producers: Vec<_> = (0..8)
         .map(|p| {
@@ -185,6 +186,13 @@ fn a_failed_fsync_poisons_and_wakes_every_waiter_and_is_never_retried() {
         Err(Error::Poisoned { .. })
     ));
     assert!(matches!(outbox.sync(), Err(Error::Poisoned { .. })));
+    // The bytes the failed fsync may have dropped are cut off: a reopen in this
+    // process must not read them from the page cache as if they were written.
+    assert_eq!(
+        std::fs::metadata(&segment).expect("stat").len(),
+        synced_len,
+        "the unsynced tail was left in place"
+    );
     assert!(outbox.stats().poisoned);
     // The durable records can still be handed to the relay.
     let claimed: Vec<Seq> = outbox
