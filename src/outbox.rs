@@ -58,6 +58,9 @@ pub struct Stats {
     pub segments: usize,
     /// Bytes of those segment files.
     pub disk_bytes: u64,
+    /// Bytes of memory held by the state table (about 4.25 per record of the
+    /// segments on disk, plus a fixed amount per segment).
+    pub state_bytes: u64,
     /// Oldest record not yet acknowledged (pending or claimed).
     pub first_seq: Option<Seq>,
     /// Newest durable record or internal frame.
@@ -429,6 +432,7 @@ impl Outbox {
             backlog_bytes: t.backlog_bytes,
             segments: t.segments,
             disk_bytes: t.disk_bytes,
+            state_bytes: t.state_bytes,
             first_seq: t.first_unacked.as_ref().map(|f| f.0),
             last_seq: t.last_seq,
             oldest_pending_age: age(&t.first_pending),

@@ -131,6 +131,13 @@ impl SegmentSlots {
         }
     }
 
+    /// Memory this segment's slots hold: the structure and its three arrays.
+    fn heap_bytes(&self) -> u64 {
+        let arrays =
+            self.offsets.capacity() * 4 + (self.claimed.capacity() + self.done.capacity()) * 8;
+        (std::mem::size_of::<SegmentSlots>() + arrays) as u64
+    }
+
     fn check_invariants(&self) {
         let len = self.offsets.len();
         assert_eq!(self.claimed.len(), len.div_ceil(64));
@@ -170,6 +177,7 @@ pub(crate) struct TableStats {
     pub backlog_bytes: u64,
     pub segments: usize,
     pub disk_bytes: u64,
+    pub state_bytes: u64,
     pub first_unacked: Option<(Seq, Source, u32)>,
     pub first_pending: Option<(Seq, Source, u32)>,
     pub last_seq: Option<Seq>,
@@ -214,6 +222,10 @@ impl Table {
         let last = self.segments.back_mut().expect("seal of an empty table");
         assert_eq!(last.id, id, "seal of a segment that is not the last one");
         last.map = Some(map);
+        // A sealed segment never grows again: give back what doubling reserved.
+        last.offsets.shrink_to_fit();
+        last.claimed.shrink_to_fit();
+        last.done.shrink_to_fit();
     }
 
     /// Adds durable frames at the end of the segment `id` (the last one). Each frame
@@ -538,6 +550,7 @@ impl Table {
         };
         for seg in &self.segments {
             stats.disk_bytes += u64::from(seg.end);
+            stats.state_bytes += seg.heap_bytes();
         }
         stats.last_seq = self
             .segments
