@@ -16,6 +16,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use segwal::sim::Rng;
 use segwal::{Durability, Options, Outbox, Seq};
 
 use crate::{drain, tmp};
@@ -36,28 +37,6 @@ const MAX_BATCH: u64 = 4;
 /// The child stops by itself after this long, should the parent never kill it.
 const CHILD_LIFETIME: Duration = Duration::from_secs(20);
 const SIGKILL: i32 = 9;
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        // splitmix64 spreads nearby seeds apart; xorshift must not start at 0.
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Rng((z ^ (z >> 31)) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// Which record a payload is: the `index`-th record of `producer` in `run`, one
 /// of the `batch_len` records of the append starting at its `batch_first`.
@@ -85,7 +64,7 @@ impl Key {
             format!("kill {run} {producer} {index} {batch_first} {batch_len};").into_bytes();
         let mut rng = Rng::new(run ^ (producer << 56) ^ (index << 20));
         let filler = rng.below(2000);
-        p.extend((0..filler).map(|_| rng.next() as u8));
+        p.extend((0..filler).map(|_| rng.next_u64() as u8));
         p
     }
 

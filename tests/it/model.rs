@@ -3,24 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use segwal::sim::Rng;
 use segwal::{Error, Options, Outbox, Seq};
 
 use crate::tmp;
-
-/// A small deterministic generator (xorshift64*), so a failing seed reproduces.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// What the outbox must hold: every record appended and not acknowledged, with
 /// its payload, and which of them are claimed.
@@ -42,7 +28,7 @@ impl Model {
 fn run(seed: u64, steps: usize) {
     let (_t, dir) = tmp();
     let options = || Options::default().segment_bytes(2048);
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(seed);
     let mut outbox = Outbox::open(&dir, options()).expect("open");
     let mut model = Model::default();
     let mut last_seq = Seq::from(0);
@@ -51,7 +37,7 @@ fn run(seed: u64, steps: usize) {
         match rng.below(100) {
             0..=34 => {
                 let len = rng.below(300) as usize;
-                let payload: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                let payload: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
                 let seq = outbox.append(&payload).expect("append");
                 assert!(seq > last_seq, "{}: seq not increasing", ctx());
                 last_seq = seq;
