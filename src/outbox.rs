@@ -17,7 +17,7 @@ use crate::reader::{self, Record};
 use crate::recovery::{self, RecoveryReport};
 use crate::segment::SEGMENT_HEADER_LEN;
 use crate::seq::Seq;
-use crate::shared::{Budget, Completion, Counters, Shared};
+use crate::shared::{Budget, Completion, Counters, Shared, Ticket};
 use crate::state::{SegmentSlots, Table};
 use crate::writer::{Payloads, Request, Start, Writer};
 
@@ -252,22 +252,16 @@ impl Outbox {
     }
 
     fn submit(&self, payloads: Payloads, bytes: u64, wait: bool) -> Result<Seq> {
-        let shared = &self.handle.shared;
-        if wait {
-            shared.budget.acquire(bytes, &shared.closed)?;
-        } else if !shared.budget.try_acquire(bytes) {
-            return Err(Error::Full);
-        }
+        // The ticket goes back to the budget with the request, whatever becomes
+        // of it.
+        let ticket = Ticket::take(&self.handle.shared, bytes, wait)?;
         let (completion, done) = Completion::new();
         let request = Request::Append {
             payloads,
-            bytes,
+            ticket,
             done,
         };
-        if let Err(e) = self.send(request, wait) {
-            shared.budget.release(bytes);
-            return Err(e);
-        }
+        self.send(request, wait)?;
         completion.wait()
     }
 

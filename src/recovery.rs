@@ -342,10 +342,10 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
         }
         plan.torn = Some((last.path.clone(), cut, d.cause.clone(), last.len));
         last.damage = None;
+        // Even if the cut leaves no frame, the segment is not reused: the writer
+        // would hand out the numbers of the frames just cut. It is sealed, and
+        // the writer goes on above every number seen.
         last.cut_at(cut);
-        if last.frames.is_empty() && plan.reuse.is_none() {
-            plan.reuse = live.pop();
-        }
         break;
     }
 
@@ -648,13 +648,25 @@ fn create_active(
     let file = storage
         .create(&path)
         .map_err(|e| Error::io("create segment", &*path, e))?;
-    crate::io::write_all_at(&*file, &header.encode(), 0)
-        .map_err(|e| Error::io("write segment header", &*path, e))?;
-    file.sync_data()
-        .map_err(|e| Error::io("sync segment header", &*path, e))?;
-    storage
-        .sync_dir(dir)
-        .map_err(|e| Error::io("sync directory", dir, e))?;
+    let made_durable = crate::io::write_all_at(&*file, &header.encode(), 0)
+        .map_err(|e| Error::io("write segment header", &*path, e))
+        .and_then(|()| {
+            file.sync_data()
+                .map_err(|e| Error::io("sync segment header", &*path, e))
+        })
+        .and_then(|()| {
+            storage
+                .sync_dir(dir)
+                .map_err(|e| Error::io("sync directory", dir, e))
+        });
+    if let Err(e) = made_durable {
+        // Leave a file that holds nothing, which the next recovery removes,
+        // rather than a header the page cache shows but the disk may not have.
+        if file.set_len(0).is_ok() {
+            let _ = file.sync_data();
+        }
+        return Err(e);
+    }
     Ok(ActiveStart {
         id,
         path,
@@ -766,12 +778,20 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
         Err(cause) => {
             // The header is written and fsynced before any frame: a damaged header
             // is torn only if nothing valid follows it (checked by the caller).
+            // A whole header from another version or with unknown flags, its
+            // checksum valid, was written on purpose: never removed as torn.
+            let tearable = matches!(
+                cause,
+                Corruption::ShortSegmentHeader { .. }
+                    | Corruption::BadSegmentMagic
+                    | Corruption::BadSegmentHeader
+            );
             return Some(Damage {
                 offset: 0,
                 expected: id.first_seq(),
                 cause,
                 batch_start: 0,
-                tearable: true,
+                tearable,
                 max_seen: None,
                 evidence: None,
             });

@@ -126,6 +126,39 @@ impl Budget {
     }
 }
 
+/// A request's share of the queue budget, given back when the request is gone:
+/// answered, or dropped on any path (a closed queue, a panicking writer).
+pub(crate) struct Ticket {
+    shared: Arc<Shared>,
+    bytes: u64,
+}
+
+impl Ticket {
+    /// Takes `bytes` from the budget, waiting (or not) for room.
+    pub(crate) fn take(shared: &Arc<Shared>, bytes: u64, wait: bool) -> Result<Ticket> {
+        if wait {
+            shared.budget.acquire(bytes, &shared.closed)?;
+        } else if !shared.budget.try_acquire(bytes) {
+            return Err(Error::Full);
+        }
+        Ok(Ticket {
+            shared: shared.clone(),
+            bytes,
+        })
+    }
+
+    /// The encoded bytes of the request.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.shared.budget.release(self.bytes);
+    }
+}
+
 /// Where the writer puts the outcome of one request, and its producer waits.
 pub(crate) struct Completion {
     slot: Mutex<Option<Result<Seq>>>,

@@ -21,7 +21,7 @@ use crate::options::{Bug, Durability};
 use crate::recovery::{ActiveStart, SealTarget};
 use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
 use crate::seq::{SegmentId, Seq};
-use crate::shared::{Completer, Counters, Shared};
+use crate::shared::{Completer, Counters, Shared, Ticket};
 use crate::state::SegmentSlots;
 
 /// The payloads of one append request.
@@ -47,7 +47,7 @@ pub(crate) enum Request {
     Append {
         payloads: Payloads,
         /// Encoded size, acquired from the queue budget.
-        bytes: u64,
+        ticket: Ticket,
         done: Completer,
     },
     /// Make everything written so far durable.
@@ -109,8 +109,13 @@ impl Writer {
             seal_newest,
         } = recovered;
         if let Some((id, path, file, at, seq)) = seal_newest {
-            write_seal(&*file, at, seq, frame::salt(id))
-                .map_err(|(op, e)| Error::io(op, &*path, e))?;
+            if let Err((op, e)) = write_seal(&*file, at, seq, frame::salt(id)) {
+                // As in `poison`: leave nothing the disk may not have.
+                if file.set_len(at).is_ok() {
+                    let _ = file.sync_data();
+                }
+                return Err(Error::io(op, &*path, e));
+            }
             Counters::add(&shared.counters.fsyncs, 1);
         }
         let active = Active {
@@ -160,10 +165,7 @@ impl Writer {
         let in_flight: Vec<Request> = self.batch.drain(..).collect();
         for r in in_flight.into_iter().chain(self.rx.iter()) {
             match r {
-                Request::Append { bytes, done, .. } => {
-                    done.complete(Err(error.clone()));
-                    self.shared.budget.release(bytes);
-                }
+                Request::Append { done, .. } => done.complete(Err(error.clone())),
                 Request::Sync { done } => done.complete(Err(error.clone())),
                 Request::Reclaim => {}
             }
@@ -270,11 +272,7 @@ impl Writer {
         let mut barriers = Vec::new();
         for r in batch.drain(..) {
             match r {
-                Request::Append {
-                    payloads,
-                    bytes,
-                    done,
-                } => {
+                Request::Append { payloads, done, .. } => {
                     let outcome = match durability {
                         _ if self.shared.options.has_bug(Bug::AckBeforeFsync) => written.clone(),
                         Durability::Buffered => written.clone(),
@@ -282,7 +280,6 @@ impl Writer {
                     };
                     done.complete(outcome.map(|()| first));
                     first = Seq::from(first.get() + payloads.iter().count() as u64);
-                    self.shared.budget.release(bytes);
                 }
                 Request::Sync { done } => barriers.push(done),
                 Request::Reclaim => {}
@@ -438,7 +435,12 @@ impl Writer {
             Err((op, path, e)) => return Err(self.poison(op, &path, e)),
         };
         let salt = frame::salt(self.active.id);
-        if let Err((op, e)) = write_seal(&*self.active.file, self.active.len, seal_seq, salt) {
+        let records_end = self.active.len;
+        // Count the seal as written before its fsync, so that a failed fsync
+        // poisons with the seal cut off again: a reopen in this process must not
+        // read from the page cache a seal the disk may not have.
+        self.active.len += frame::frame_len(0) as u64;
+        if let Err((op, e)) = write_seal(&*self.active.file, records_end, seal_seq, salt) {
             return Err(self.poison(op, &self.active.path.clone(), e));
         }
         Counters::add(&self.shared.counters.fsyncs, 1);
@@ -446,7 +448,7 @@ impl Writer {
         self.last_written = seal_seq;
         // The table maps the old segment up to its last record; the seal frame
         // after it holds nothing to claim.
-        let map = match self.active.file.map(self.active.len) {
+        let map = match self.active.file.map(records_end) {
             Ok(map) => map,
             Err(e) => return Err(self.poison("map", &self.active.path.clone(), e)),
         };
@@ -509,7 +511,7 @@ impl Writer {
 /// Encoded bytes of a request: what it takes of the queue budget and the batch.
 pub(crate) fn request_bytes(r: &Request) -> u64 {
     match r {
-        Request::Append { bytes, .. } => *bytes,
+        Request::Append { ticket, .. } => ticket.bytes(),
         _ => 0,
     }
 }

@@ -279,7 +279,9 @@ fn execute_rotting(
                 let p = payload(id, *len);
                 match outbox.append(&p) {
                     Ok(seq) => {
-                        model.acked.insert(seq, (p, disk.ops()));
+                        if model.acked.insert(seq, (p, disk.ops())).is_some() {
+                            return Err(format!("seq {seq} assigned twice"));
+                        }
                         false
                     }
                     Err(_) => true,
@@ -415,6 +417,7 @@ fn verify_with(
     let records =
         drain(&outbox).map_err(|e| ("I2", format!("claim failed after recovery: {e}")))?;
     let mut seen = BTreeSet::new();
+    let mut ids = BTreeSet::new();
     let mut last = Seq::from(0);
     for (seq, bytes) in &records {
         if *seq <= last {
@@ -427,6 +430,12 @@ fn verify_with(
                 format!("record {seq} is not a payload the workload wrote"),
             ));
         };
+        if !ids.insert(id) {
+            return Err((
+                "I3",
+                format!("payload {id} recovered twice, again as record {seq}"),
+            ));
+        }
         if !model.attempted.contains(&id) {
             return Err((
                 "I2",
@@ -670,20 +679,33 @@ pub fn fault_loop(seed: u64, workload: &Workload, bug: Option<Bug>) -> Result<Fi
                         at_op,
                     ));
                 }
-                // The fault clears; the power goes; what was acknowledged is there.
+                // The fault clears and the process reopens the directory, as
+                // `Poisoned` tells it to, without a crash: recovery reads the page
+                // cache the failed sync left. Appends must work again and be
+                // durable: then the power goes, and everything acknowledged, before
+                // and after the reopen, must be there.
                 disk.clear_faults();
+                let outbox = open(&disk, options.clone()).map_err(|e| {
+                    violation("progress", format!("reopen after {fault:?}: {e}"), at_op)
+                })?;
+                for _ in 0..3 {
+                    let id = model.next_id;
+                    model.next_id += 1;
+                    model.attempted.insert(id);
+                    let p = payload(id, 40);
+                    let seq = outbox.append(&p).map_err(|e| {
+                        violation("progress", format!("append after {fault:?}: {e}"), at_op)
+                    })?;
+                    if model.acked.insert(seq, (p, 0)).is_some() {
+                        return Err(violation("I3", format!("seq {seq} assigned twice"), at_op));
+                    }
+                }
+                let _ = outbox.close();
                 disk.crash(CrashModel::default());
                 let (records, _) = verify(&disk, &options, &model).map_err(|(i, d)| {
                     violation(i, format!("after {fault:?} at op {at_op}: {d}"), at_op)
                 })?;
                 figures.records_checked += records;
-                let outbox = open(&disk, options.clone()).map_err(|e| {
-                    violation("progress", format!("reopen after {fault:?}: {e}"), at_op)
-                })?;
-                outbox.append(&payload(u64::MAX, 16)).map_err(|e| {
-                    violation("progress", format!("append after {fault:?}: {e}"), at_op)
-                })?;
-                let _ = outbox.close();
             }
         }
     }
