@@ -1,0 +1,142 @@
+//! The engines under comparison, behind one trait, and how each is opened.
+
+mod fjall;
+mod okaywal;
+mod raw;
+mod segwal;
+mod sqlite;
+
+use std::path::Path;
+
+/// Any engine's error, boxed: the harness only reports it and stops.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+/// The harness's result.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// One storage engine opened on a fresh directory, shared by every producer.
+pub trait Engine: Send + Sync {
+    /// Appends one record and returns once the engine says it is durable (for
+    /// the engines labelled not durable, once it says it is committed).
+    fn append(&self, payload: &[u8]) -> Result<()>;
+
+    /// Write batches and fsyncs so far, for the engines that count them.
+    fn counters(&self) -> Option<Counters> {
+        None
+    }
+
+    /// The engine's queue, for the engines that have one (claim and acknowledge).
+    fn queue(&self) -> Option<&dyn Queue> {
+        None
+    }
+
+    /// Flushes and closes the engine, reporting a failure of its last fsync.
+    fn close(self: Box<Self>) -> Result<()>;
+}
+
+/// An outbox queue: records come out oldest first and leave once acknowledged.
+pub trait Queue {
+    /// Appends `count` copies of `payload` as fast as the engine allows (in
+    /// batches or one transaction); the setup of a drain, not timed.
+    fn fill(&self, payload: &[u8], count: u64) -> Result<()>;
+
+    /// Takes up to `max` of the oldest records, reads their payloads, and
+    /// acknowledges (deletes) them. Returns how many it took.
+    fn drain(&self, max: usize) -> Result<usize>;
+}
+
+/// Records, write batches and fsyncs since the engine opened.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters {
+    pub records: u64,
+    pub batches: u64,
+    pub fsyncs: u64,
+}
+
+impl Counters {
+    /// What happened between `self` (earlier) and `later`.
+    pub fn delta(self, later: Counters) -> Counters {
+        Counters {
+            records: later.records - self.records,
+            batches: later.batches - self.batches,
+            fsyncs: later.fsyncs - self.fsyncs,
+        }
+    }
+}
+
+/// The engines, in the order a cell runs them: the raw limit first, so that
+/// every other engine's ratio is to a limit measured just before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// One writer thread, one `pwrite` and one `fdatasync` per batch into a
+    /// file preallocated with `fallocate`: no framing, no state.
+    Raw,
+    /// The same writer into a file that grows with every write: not a limit,
+    /// a diagnostic of what file growth costs each `fdatasync`.
+    RawGrowing,
+    /// The same writer overwriting a region written and synced at open: not a
+    /// limit, a diagnostic of what a data-only `fdatasync` allows.
+    RawOverwrite,
+    /// segwal with default options (`Durability::Sync`).
+    Segwal,
+    /// SQLite in WAL mode, `synchronous=FULL`: every commit fsyncs the WAL.
+    SqliteFull,
+    /// SQLite in WAL mode, `synchronous=NORMAL`: commits are not fsynced, only
+    /// checkpoints are. Survives a process crash, not a power loss.
+    SqliteNormal,
+    /// fjall: insert under a big-endian u64 key, then `persist(SyncData)`.
+    Fjall,
+    /// okaywal: one entry of one chunk per record, committed.
+    Okaywal,
+}
+
+impl Kind {
+    /// Every engine, in running order.
+    pub const ALL: [Kind; 8] = [
+        Kind::Raw,
+        Kind::RawGrowing,
+        Kind::RawOverwrite,
+        Kind::Segwal,
+        Kind::SqliteFull,
+        Kind::SqliteNormal,
+        Kind::Fjall,
+        Kind::Okaywal,
+    ];
+
+    /// The name in tables, charts and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Raw => "raw limit",
+            Kind::RawGrowing => "raw (growing file)",
+            Kind::RawOverwrite => "raw (overwrite)",
+            Kind::Segwal => "segwal",
+            Kind::SqliteFull => "sqlite FULL",
+            Kind::SqliteNormal => "sqlite NORMAL",
+            Kind::Fjall => "fjall",
+            Kind::Okaywal => "okaywal",
+        }
+    }
+
+    /// Whether a record is on stable storage when `append` returns.
+    pub fn durable(self) -> bool {
+        self != Kind::SqliteNormal
+    }
+
+    /// Whether the engine has a queue (claim and acknowledge), so runs the drain.
+    pub fn has_queue(self) -> bool {
+        matches!(self, Kind::Segwal | Kind::SqliteFull | Kind::SqliteNormal)
+    }
+
+    /// Opens the engine on `dir`, an empty directory.
+    pub fn open(self, dir: &Path) -> Result<Box<dyn Engine>> {
+        Ok(match self {
+            Kind::Raw => Box::new(raw::Raw::open(dir, raw::Layout::Fallocated)?),
+            Kind::RawGrowing => Box::new(raw::Raw::open(dir, raw::Layout::Growing)?),
+            Kind::RawOverwrite => Box::new(raw::Raw::open(dir, raw::Layout::Overwrite)?),
+            Kind::Segwal => Box::new(segwal::Segwal::open(dir)?),
+            Kind::SqliteFull => Box::new(sqlite::Sqlite::open(dir, sqlite::Sync::Full)?),
+            Kind::SqliteNormal => Box::new(sqlite::Sqlite::open(dir, sqlite::Sync::Normal)?),
+            Kind::Fjall => Box::new(fjall::Fjall::open(dir)?),
+            Kind::Okaywal => Box::new(okaywal::Okaywal::open(dir)?),
+        })
+    }
+}

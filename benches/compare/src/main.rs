@@ -1,0 +1,386 @@
+//! `compare`: runs the same durable-append and drain workloads, in one process
+//! and side by side, on segwal, the raw limit of its design, SQLite, fjall and
+//! okaywal, and writes a markdown table, JSON lines, SVG charts and a note on
+//! the machine. See README.md beside Cargo.toml.
+
+mod engines;
+mod measure;
+mod report;
+mod workload;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use engines::{Kind, Result};
+use measure::{FileKind, SyncProbe};
+use workload::{Sample, Stop};
+
+/// Producer thread counts of the append workload.
+const PRODUCERS: [usize; 4] = [1, 4, 16, 64];
+/// Record sizes of both workloads.
+const RECORD_BYTES: [usize; 2] = [256, 4096];
+/// Records per claim and acknowledgement in the drain.
+const DRAIN_BATCH: usize = 256;
+
+/// How big the run is.
+#[derive(Clone, Debug)]
+struct Plan {
+    quick: bool,
+    /// Time a timed cell should take.
+    target: Duration,
+    /// Warm-up and calibration before each append cell.
+    probe: Duration,
+    /// Fewest records in a timed append cell, whatever the calibration says.
+    min_records: u64,
+    /// Payload bytes drained in the calibration of a drain cell.
+    drain_probe_bytes: u64,
+    /// Most payload bytes filled for a timed drain cell.
+    drain_max_bytes: u64,
+    /// Rounds of each `fdatasync` probe.
+    fsync_iterations: usize,
+    /// The engines to run.
+    engines: Vec<Kind>,
+    /// The producer counts to run.
+    producers: Vec<usize>,
+}
+
+impl Plan {
+    fn full() -> Plan {
+        Plan {
+            quick: false,
+            target: Duration::from_secs(2),
+            probe: Duration::from_millis(300),
+            min_records: 500,
+            drain_probe_bytes: 8 << 20,
+            drain_max_bytes: 256 << 20,
+            fsync_iterations: 500,
+            engines: Kind::ALL.to_vec(),
+            producers: PRODUCERS.to_vec(),
+        }
+    }
+
+    /// Tiny sizes: proves the harness builds and runs, measures nothing.
+    fn quick() -> Plan {
+        Plan {
+            quick: true,
+            target: Duration::from_millis(40),
+            probe: Duration::from_millis(20),
+            min_records: 16,
+            drain_probe_bytes: 256 << 10,
+            drain_max_bytes: 1 << 20,
+            fsync_iterations: 20,
+            engines: Kind::ALL.to_vec(),
+            producers: PRODUCERS.to_vec(),
+        }
+    }
+}
+
+/// Which workload a cell ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    Append,
+    Drain,
+}
+
+/// One engine, one workload, one producer count, one record size.
+#[derive(Clone, Debug)]
+pub struct Cell {
+    pub workload: Workload,
+    pub engine: Kind,
+    /// Producer threads; 1 (the relay) for a drain.
+    pub producers: usize,
+    pub record_bytes: usize,
+    pub sample: Sample,
+    /// The raw limit's records/s in the same producers and size, same run.
+    pub raw_records_per_s: Option<f64>,
+}
+
+impl Cell {
+    pub fn ratio_to_raw(&self) -> Option<f64> {
+        self.raw_records_per_s
+            .map(|raw| self.sample.records_per_s() / raw)
+    }
+}
+
+/// Everything the report needs.
+pub struct Run {
+    pub quick: bool,
+    pub tmp: PathBuf,
+    pub mount: Option<measure::Mount>,
+    pub probes: Vec<SyncProbe>,
+    pub cells: Vec<Cell>,
+    pub elapsed: Duration,
+    pub started_unix: u64,
+    /// Most payload bytes filled for a timed drain.
+    pub drain_max_bytes: u64,
+}
+
+struct Args {
+    quick: bool,
+    out: Option<PathBuf>,
+    tmp: Option<PathBuf>,
+    /// Only these engines (by name), for profiling one of them.
+    only: Vec<String>,
+    /// Only these producer counts.
+    producers: Vec<usize>,
+}
+
+const USAGE: &str = "usage: compare [--quick] [--out DIR] [--tmp DIR]
+  --quick     tiny sizes: a smoke run that proves the harness builds and runs;
+              writes to a temporary directory unless --out is given
+  --out DIR   where results go (default: docs/bench of this repository)
+  --tmp DIR   where the engines' fresh directories go (default: the system
+              temporary directory); its file system is reported
+  --only LIST only the engines named (comma-separated, e.g. segwal,raw limit),
+              skipping the drain unless an engine with a queue is named; for
+              profiling one engine, not for results
+  --producers LIST  only these producer counts (comma-separated)";
+
+fn parse_args() -> std::result::Result<Args, String> {
+    let mut args = Args {
+        quick: false,
+        out: None,
+        tmp: None,
+        only: Vec::new(),
+        producers: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => args.quick = true,
+            "--out" => args.out = Some(it.next().ok_or("--out needs a directory")?.into()),
+            "--tmp" => args.tmp = Some(it.next().ok_or("--tmp needs a directory")?.into()),
+            "--only" => {
+                let list = it.next().ok_or("--only needs engine names")?;
+                for name in list.split(',').map(str::trim) {
+                    if !Kind::ALL.iter().any(|k| k.name() == name) {
+                        return Err(format!("no engine named {name:?}"));
+                    }
+                    args.only.push(name.to_string());
+                }
+            }
+            "--producers" => {
+                let list = it.next().ok_or("--producers needs counts")?;
+                for n in list.split(',') {
+                    let n: usize = n.trim().parse().map_err(|_| format!("bad count {n:?}"))?;
+                    if !PRODUCERS.contains(&n) {
+                        return Err(format!("producers must be among {PRODUCERS:?}"));
+                    }
+                    args.producers.push(n);
+                }
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("compare: {e}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(args) {
+        eprintln!("compare: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let mut plan = if args.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
+    };
+    if !args.only.is_empty() {
+        plan.engines
+            .retain(|k| args.only.iter().any(|name| name == k.name()));
+    }
+    if !args.producers.is_empty() {
+        plan.producers.retain(|p| args.producers.contains(p));
+    }
+    let out = match args.out {
+        Some(out) => out,
+        // A smoke run never overwrites the committed results.
+        None if plan.quick => std::env::temp_dir().join("segwal-compare-quick"),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench"),
+    };
+    let tmp_base = args.tmp.unwrap_or_else(std::env::temp_dir);
+    let tmp = tmp_base.join(format!("segwal-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    std::fs::create_dir_all(&out)?;
+    let outcome = run_in(&plan, &tmp, &out);
+    let _ = std::fs::remove_dir_all(&tmp);
+    outcome
+}
+
+fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
+    let started = Instant::now();
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mount = measure::mount_of(tmp);
+    eprintln!(
+        "engine directories under {} ({})",
+        tmp.display(),
+        mount
+            .as_ref()
+            .map(|m| format!("{} on {}", m.fs_type, m.point))
+            .unwrap_or_else(|| "file system unknown".into())
+    );
+
+    let mut probes = Vec::new();
+    for kind in FileKind::ALL {
+        let probe = measure::probe_fdatasync(tmp, kind, 4096, plan.fsync_iterations)?;
+        eprintln!(
+            "fdatasync, {}: p50 {:.0} µs, p99 {:.0} µs",
+            kind.describe(),
+            probe.fdatasync.p50_us,
+            probe.fdatasync.p99_us
+        );
+        probes.push(probe);
+    }
+
+    let mut cells = Vec::new();
+    for &size in &RECORD_BYTES {
+        for &producers in &plan.producers {
+            let mut raw = None;
+            for &kind in &plan.engines {
+                let sample = append_cell(plan, tmp, kind, producers, size)?;
+                if kind == Kind::Raw {
+                    raw = Some(sample.records_per_s());
+                }
+                let cell = Cell {
+                    workload: Workload::Append,
+                    engine: kind,
+                    producers,
+                    record_bytes: size,
+                    raw_records_per_s: raw,
+                    sample,
+                };
+                progress(&cell);
+                cells.push(cell);
+            }
+        }
+    }
+    for &size in &RECORD_BYTES {
+        for &kind in plan.engines.iter().filter(|k| k.has_queue()) {
+            let cell = Cell {
+                workload: Workload::Drain,
+                engine: kind,
+                producers: 1,
+                record_bytes: size,
+                sample: drain_cell(plan, tmp, kind, size)?,
+                raw_records_per_s: None,
+            };
+            progress(&cell);
+            cells.push(cell);
+        }
+    }
+
+    let run = Run {
+        quick: plan.quick,
+        tmp: tmp.to_path_buf(),
+        mount,
+        probes,
+        cells,
+        elapsed: started.elapsed(),
+        started_unix,
+        drain_max_bytes: plan.drain_max_bytes,
+    };
+    report::write_all(&run, out)?;
+    eprintln!(
+        "done in {:.0} s; results in {}",
+        run.elapsed.as_secs_f64(),
+        out.display()
+    );
+    Ok(())
+}
+
+/// A fresh, empty directory for one cell.
+fn cell_dir(tmp: &Path, kind: Kind, what: &str) -> Result<PathBuf> {
+    let slug: String = kind
+        .name()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let dir = tmp.join(format!("{slug}-{what}"));
+    std::fs::create_dir(&dir)?;
+    Ok(dir)
+}
+
+/// Opens `kind` on a fresh directory, warms it up while measuring its rate,
+/// then times a fixed number of appends sized to take about `plan.target`.
+fn append_cell(
+    plan: &Plan,
+    tmp: &Path,
+    kind: Kind,
+    producers: usize,
+    size: usize,
+) -> Result<Sample> {
+    let dir = cell_dir(tmp, kind, &format!("append-{producers}p-{size}B"))?;
+    let engine = kind.open(&dir)?;
+    let probe = workload::append(&*engine, producers, size, Stop::After(plan.probe))?;
+    let total = (probe.records_per_s() * plan.target.as_secs_f64()).max(plan.min_records as f64);
+    let per_producer = (total / producers as f64).ceil() as u64;
+    let sample = workload::append(&*engine, producers, size, Stop::PerProducer(per_producer))?;
+    engine.close()?;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(sample)
+}
+
+/// Opens `kind` on a fresh directory, drains a small fill to measure its rate,
+/// then fills and times a drain sized to take about `plan.target`.
+fn drain_cell(plan: &Plan, tmp: &Path, kind: Kind, size: usize) -> Result<Sample> {
+    let dir = cell_dir(tmp, kind, &format!("drain-{size}B"))?;
+    let engine = kind.open(&dir)?;
+    let queue = engine.queue().ok_or("engine has no queue")?;
+    let probe_count = (plan.drain_probe_bytes / size as u64).max(DRAIN_BATCH as u64);
+    let probe = workload::drain(queue, probe_count, size, DRAIN_BATCH)?;
+    let max = (plan.drain_max_bytes / size as u64).max(DRAIN_BATCH as u64);
+    let count = ((probe.records_per_s() * plan.target.as_secs_f64()) as u64)
+        .clamp(plan.min_records.max(DRAIN_BATCH as u64), max);
+    let sample = workload::drain(queue, count, size, DRAIN_BATCH)?;
+    engine.close()?;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(sample)
+}
+
+fn progress(cell: &Cell) {
+    let s = &cell.sample;
+    let per_fsync = s
+        .counters
+        .filter(|c| c.fsyncs > 0)
+        .map(|c| {
+            format!(
+                ", {:.1} records/batch, {:.1} records/fsync",
+                c.records as f64 / c.batches.max(1) as f64,
+                c.records as f64 / c.fsyncs as f64
+            )
+        })
+        .unwrap_or_default();
+    eprintln!(
+        "{:?} {:>13} {:>2}p {:>4} B: {:>9.0} records/s in {:.2} s, p50 {:.0} µs, p99 {:.0} µs, {:.1} CPU µs/record{}{}",
+        cell.workload,
+        cell.engine.name(),
+        cell.producers,
+        cell.record_bytes,
+        s.records_per_s(),
+        s.wall.as_secs_f64(),
+        s.latency.p50_us,
+        s.latency.p99_us,
+        s.cpu_us_per_record(),
+        cell.ratio_to_raw()
+            .map(|r| format!(", {r:.2} of raw"))
+            .unwrap_or_default(),
+        per_fsync,
+    );
+}

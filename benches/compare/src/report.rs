@@ -1,0 +1,626 @@
+//! The outputs: results.md (tables), results.jsonl (one object per cell),
+//! throughput-256B.svg and throughput-4KiB.svg (charts), machine.md.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::engines::{Kind, Result};
+use crate::{Cell, DRAIN_BATCH, PRODUCERS, RECORD_BYTES, Run, Workload};
+
+pub fn write_all(run: &Run, out: &Path) -> Result<()> {
+    std::fs::write(out.join("results.md"), results_md(run))?;
+    std::fs::write(out.join("results.jsonl"), results_jsonl(run))?;
+    for &size in &RECORD_BYTES {
+        let name = format!("throughput-{}.svg", size_label(size).replace(' ', ""));
+        std::fs::write(out.join(name), chart_svg(run, size))?;
+    }
+    std::fs::write(out.join("machine.md"), machine_md(run))?;
+    Ok(())
+}
+
+fn size_label(bytes: usize) -> String {
+    if bytes >= 1024 && bytes.is_multiple_of(1024) {
+        format!("{} KiB", bytes / 1024)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// `1234567.8` as `1,234,568`.
+fn grouped(x: f64) -> String {
+    let digits = format!("{:.0}", x.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Microseconds with a precision that suits their size.
+fn micros(us: f64) -> String {
+    if us < 10.0 {
+        format!("{us:.1}")
+    } else {
+        grouped(us)
+    }
+}
+
+fn engine_label(kind: Kind) -> String {
+    if kind.durable() {
+        kind.name().to_string()
+    } else {
+        format!("{} (not durable)", kind.name())
+    }
+}
+
+fn date_utc(unix: u64) -> String {
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let days = (unix / 86_400) as i64;
+    let secs = unix % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        secs / 3600,
+        secs / 60 % 60
+    )
+}
+
+fn table_row(out: &mut String, cell: &Cell) {
+    let s = &cell.sample;
+    let ratio = cell
+        .ratio_to_raw()
+        .map(|r| format!("{r:.2}"))
+        .unwrap_or_else(|| "–".into());
+    let per_fsync = s
+        .counters
+        .filter(|c| c.fsyncs > 0)
+        .map(|c| format!("{:.1}", c.records as f64 / c.fsyncs as f64))
+        .unwrap_or_else(|| "–".into());
+    let _ = writeln!(
+        out,
+        "| {} | {} | {} | {} | {:.1} | {} | {} | {} | {:.1} | {} | {} |",
+        engine_label(cell.engine),
+        cell.producers,
+        size_label(cell.record_bytes),
+        grouped(s.records_per_s()),
+        s.mb_per_s(),
+        micros(s.latency.p50_us),
+        micros(s.latency.p99_us),
+        micros(s.latency.p999_us),
+        s.cpu_us_per_record(),
+        ratio,
+        per_fsync,
+    );
+}
+
+const TABLE_HEAD: &str = "| engine | producers | record size | records/s | MB/s | p50 µs | p99 µs | p99.9 µs | CPU µs/record | ratio to raw | records/fsync |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n";
+
+fn results_md(run: &Run) -> String {
+    let mut out = String::new();
+    let fs = run
+        .mount
+        .as_ref()
+        .map(|m| format!("{} ({})", m.fs_type, m.device))
+        .unwrap_or_else(|| "an unknown file system".into());
+    let _ = writeln!(out, "# segwal compared: durable append and drain\n");
+    if run.quick {
+        let _ = writeln!(
+            out,
+            "**A `--quick` smoke run: tiny sizes, the figures mean nothing.**\n"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Measured {} by `benches/compare` in one process, {:.0} s in all, on {}; \
+         the machine and its `fdatasync` latency are in [machine.md](machine.md). \
+         Every cell opens its engine on a fresh directory, warms it up while \
+         measuring its rate, then times a fixed number of records sized to take \
+         about two seconds. Records do not compress.\n",
+        date_utc(run.started_unix),
+        run.elapsed.as_secs_f64(),
+        fs,
+    );
+    let _ = writeln!(
+        out,
+        "- **records/s, MB/s**: records (payload bytes) made durable per second of \
+         wall time, all producers together.\n\
+         - **p50, p99, p99.9**: latency of one `append` (durable on return), or of \
+         one drain batch.\n\
+         - **CPU µs/record**: user plus system CPU time of the whole process \
+         (`getrusage`, every thread) during the timed part, per record.\n\
+         - **ratio to raw**: records/s over those of the raw limit with the same \
+         producers and record size, measured just before in the same run.\n\
+         - **records/fsync**: records per `fdatasync`, for the engines that count \
+         them (segwal's count includes segment headers and directories).\n\
+         - **raw limit**: producers queue their payload for one writer thread that \
+         takes everything queued, writes it with one `pwrite` into a file \
+         preallocated with `fallocate`, calls `fdatasync` once and wakes that \
+         batch: no framing, no checksum, no state. What the disk allows this design.\n\
+         - **raw (growing file)**: the same writer appending to a file that grows \
+         with every write, as segwal's segments do: not a limit, a diagnostic of \
+         what file growth costs each `fdatasync`.\n\
+         - **raw (overwrite)**: the same writer overwriting, round and round, a \
+         64 MiB region written with zeros and synced at open, as an engine that \
+         recycles zero-filled files does (okaywal; SQLite reuses its WAL file \
+         after a checkpoint): each `fdatasync` carries data only. A diagnostic \
+         too; on ext4 it is the faster one, see machine.md.\n\
+         - **sqlite FULL / NORMAL**: an outbox table in WAL mode, one transaction \
+         per append, one shared connection. Under `synchronous=NORMAL` a commit is \
+         not fsynced: it survives a process crash, **not a power loss**.\n\
+         - **fjall**: insert under a big-endian u64 key, then \
+         `persist(PersistMode::SyncData)`. **okaywal**: one entry of one chunk, \
+         committed.\n"
+    );
+    for &size in &RECORD_BYTES {
+        let _ = writeln!(out, "## Durable append, {} records\n", size_label(size));
+        let _ = writeln!(
+            out,
+            "![throughput against producers, {}](throughput-{}.svg)\n",
+            size_label(size),
+            size_label(size).replace(' ', "")
+        );
+        out.push_str(TABLE_HEAD);
+        for cell in run
+            .cells
+            .iter()
+            .filter(|c| c.workload == Workload::Append && c.record_bytes == size)
+        {
+            table_row(&mut out, cell);
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "## Drain: claim and acknowledge in batches of {DRAIN_BATCH}, one relay\n"
+    );
+    let _ = writeln!(
+        out,
+        "The queue is filled first (not timed), then one thread takes the oldest \
+         {DRAIN_BATCH} records, reads their payloads and acknowledges them, until \
+         it is empty; latency is per batch. Not like for like: segwal keeps \
+         acknowledgements in memory (after a restart, records of segments not yet \
+         deleted are delivered again), while SQLite deletes the rows in a \
+         committed transaction (fsynced under FULL). A drain fills at most {} MiB \
+         of payload, so the fastest cells take less than the two seconds aimed at.\n",
+        run.drain_max_bytes >> 20
+    );
+    out.push_str(TABLE_HEAD);
+    for cell in run.cells.iter().filter(|c| c.workload == Workload::Drain) {
+        table_row(&mut out, cell);
+    }
+    out
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn json_num(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.3}")
+    } else {
+        "null".into()
+    }
+}
+
+fn json_opt(x: Option<f64>) -> String {
+    x.map(json_num).unwrap_or_else(|| "null".into())
+}
+
+fn results_jsonl(run: &Run) -> String {
+    let mut out = String::new();
+    for cell in &run.cells {
+        let s = &cell.sample;
+        let per = |f: fn(&crate::engines::Counters) -> u64| {
+            s.counters
+                .filter(|c| f(c) > 0)
+                .map(|c| c.records as f64 / f(&c) as f64)
+        };
+        let _ = writeln!(
+            out,
+            "{{\"workload\":{},\"engine\":{},\"durable\":{},\"producers\":{},\"record_bytes\":{},\
+             \"records\":{},\"wall_s\":{},\"records_per_s\":{},\"mb_per_s\":{},\
+             \"latency_of\":{},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"mean_us\":{},\
+             \"cpu_us_per_record\":{},\"ratio_to_raw\":{},\"records_per_batch\":{},\
+             \"records_per_fsync\":{},\"quick\":{}}}",
+            json_str(match cell.workload {
+                Workload::Append => "append",
+                Workload::Drain => "drain",
+            }),
+            json_str(cell.engine.name()),
+            cell.engine.durable(),
+            cell.producers,
+            cell.record_bytes,
+            s.records,
+            json_num(s.wall.as_secs_f64()),
+            json_num(s.records_per_s()),
+            json_num(s.mb_per_s()),
+            json_str(match cell.workload {
+                Workload::Append => "append",
+                Workload::Drain => "batch",
+            }),
+            json_num(s.latency.p50_us),
+            json_num(s.latency.p99_us),
+            json_num(s.latency.p999_us),
+            json_num(s.latency.mean_us),
+            json_num(s.cpu_us_per_record()),
+            json_opt(cell.ratio_to_raw()),
+            json_opt(per(|c| c.batches)),
+            json_opt(per(|c| c.fsyncs)),
+            run.quick,
+        );
+    }
+    out
+}
+
+/// Colour and dash pattern of each engine's line.
+fn style(kind: Kind) -> (&'static str, &'static str, f64) {
+    match kind {
+        Kind::Raw => ("#222222", "6 4", 2.0),
+        Kind::RawGrowing => ("#999999", "6 4", 2.0),
+        Kind::RawOverwrite => ("#c0392b", "6 4", 2.0),
+        Kind::Segwal => ("#1f5fbf", "", 3.0),
+        Kind::SqliteFull => ("#d9730d", "", 2.0),
+        Kind::SqliteNormal => ("#d9730d", "2 4", 2.0),
+        Kind::Fjall => ("#2e8b3e", "", 2.0),
+        Kind::Okaywal => ("#8a3ab9", "", 2.0),
+    }
+}
+
+/// 1000 as `1k`, 1000000 as `1M`.
+fn short(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{}k", x / 1e3)
+    } else {
+        format!("{x}")
+    }
+}
+
+/// Throughput against producers (log scale on both axes), a line per engine.
+fn chart_svg(run: &Run, size: usize) -> String {
+    let (w, h) = (760.0, 460.0);
+    let (left, right, top, bottom) = (80.0, 210.0, 56.0, 64.0);
+    let (pw, ph) = (w - left - right, h - top - bottom);
+    let cells: Vec<&Cell> = run
+        .cells
+        .iter()
+        .filter(|c| c.workload == Workload::Append && c.record_bytes == size)
+        .collect();
+    let rates: Vec<f64> = cells
+        .iter()
+        .map(|c| c.sample.records_per_s())
+        .filter(|r| *r > 0.0)
+        .collect();
+    let lo = rates.iter().cloned().fold(f64::INFINITY, f64::min).max(1.0);
+    let hi = rates.iter().cloned().fold(1.0, f64::max);
+    let (y0, y1) = (
+        lo.log10().floor(),
+        hi.log10().ceil().max(lo.log10().floor() + 1.0),
+    );
+    let x_of = |producers: usize| {
+        let i = PRODUCERS.iter().position(|&p| p == producers).unwrap_or(0) as f64;
+        left + pw * i / (PRODUCERS.len() - 1) as f64
+    };
+    let y_of = |rate: f64| top + ph * (1.0 - (rate.max(1.0).log10() - y0) / (y1 - y0));
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
+         viewBox=\"0 0 {w} {h}\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" \
+         font-size=\"13\">"
+    );
+    let _ = writeln!(s, "<rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>");
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"26\" font-size=\"16\" font-weight=\"bold\" text-anchor=\"middle\">\
+         Durable append, {} records: throughput against producers</text>",
+        left + pw / 2.0,
+        size_label(size)
+    );
+    if run.quick {
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"44\" text-anchor=\"middle\" fill=\"#b00\">--quick smoke run: figures mean nothing</text>",
+            left + pw / 2.0
+        );
+    }
+    // Horizontal grid: 1, 2 and 5 times each power of ten, labelled at powers.
+    let mut decade = y0 as i32;
+    while decade <= y1 as i32 {
+        for m in [1.0, 2.0, 5.0] {
+            let v = m * 10f64.powi(decade);
+            if v.log10() > y1 + 1e-9 {
+                continue;
+            }
+            let y = y_of(v);
+            let (stroke, width) = if m == 1.0 {
+                ("#bbbbbb", 1.0)
+            } else {
+                ("#e6e6e6", 1.0)
+            };
+            let _ = writeln!(
+                s,
+                "<line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"{stroke}\" stroke-width=\"{width}\"/>",
+                left + pw
+            );
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"{}\">{}</text>",
+                left - 8.0,
+                y + 4.0,
+                if m == 1.0 { "#222" } else { "#888" },
+                short(v)
+            );
+        }
+        decade += 1;
+    }
+    // Vertical grid and x labels.
+    for &p in &PRODUCERS {
+        let x = x_of(p);
+        let _ = writeln!(
+            s,
+            "<line x1=\"{x:.1}\" y1=\"{top}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"#e6e6e6\"/>",
+            top + ph
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{p}</text>",
+            top + ph + 20.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<rect x=\"{left}\" y=\"{top}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#444\"/>"
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">producer threads (log scale)</text>",
+        left + pw / 2.0,
+        h - 18.0
+    );
+    let _ = writeln!(
+        s,
+        "<text transform=\"translate(20 {:.1}) rotate(-90)\" text-anchor=\"middle\">records/s (log scale)</text>",
+        top + ph / 2.0
+    );
+    // A line and a legend entry per engine.
+    let mut legend_y = top + 10.0;
+    for kind in Kind::ALL {
+        let (colour, dash, width) = style(kind);
+        let points: Vec<(f64, f64)> = cells
+            .iter()
+            .filter(|c| c.engine == kind)
+            .map(|c| (x_of(c.producers), y_of(c.sample.records_per_s())))
+            .collect();
+        let dash_attr = if dash.is_empty() {
+            String::new()
+        } else {
+            format!(" stroke-dasharray=\"{dash}\"")
+        };
+        let path: Vec<String> = points
+            .iter()
+            .map(|(x, y)| format!("{x:.1},{y:.1}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"{width}\"{dash_attr}/>",
+            path.join(" ")
+        );
+        for (x, y) in &points {
+            let _ = writeln!(
+                s,
+                "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"3.5\" fill=\"{colour}\"/>"
+            );
+        }
+        let ly = legend_y;
+        legend_y += if kind.durable() { 24.0 } else { 40.0 };
+        let lx = left + pw + 16.0;
+        let _ = writeln!(
+            s,
+            "<line x1=\"{lx:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{colour}\" stroke-width=\"{width}\"{dash_attr}/>",
+            lx + 28.0
+        );
+        let _ = writeln!(
+            s,
+            "<circle cx=\"{:.1}\" cy=\"{ly:.1}\" r=\"3.5\" fill=\"{colour}\"/>",
+            lx + 14.0
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+            lx + 36.0,
+            ly + 4.5,
+            kind.name()
+        );
+        if !kind.durable() {
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#b00\">not durable</text>",
+                lx + 36.0,
+                ly + 20.5
+            );
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// `name = "=1.2.3"` and `name = { version = "=1.2.3", ... }` lines of this
+/// crate's `[dependencies]`, as (name, version).
+fn pinned_versions() -> Vec<(String, String)> {
+    let manifest = include_str!("../Cargo.toml");
+    let mut in_deps = false;
+    let mut out = Vec::new();
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+            continue;
+        }
+        if !in_deps || line.starts_with('#') {
+            continue;
+        }
+        let Some((name, rest)) = line.split_once('=') else {
+            continue;
+        };
+        let version = match rest.split_once("\"=") {
+            Some((_, v)) => v.split('"').next().unwrap_or("").to_string(),
+            None if rest.contains("path") => "this repository's working tree".to_string(),
+            None => rest.trim().to_string(),
+        };
+        out.push((name.trim().to_string(), version));
+    }
+    out
+}
+
+fn read_first_line(path: &str, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+fn command_line(cmd: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Whether an ext4 device has a journal: the kernel lists each jbd2 journal in
+/// /proc/fs/jbd2 as `<device>-<inode>`. Without one, `fdatasync` writes the
+/// inode's metadata blocks itself instead of committing a journal transaction.
+fn ext4_journal(device: &str) -> String {
+    let name = device.rsplit('/').next().unwrap_or(device);
+    let journals: Vec<String> = std::fs::read_dir("/proc/fs/jbd2")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    if journals.iter().any(|j| j.starts_with(&format!("{name}-"))) {
+        "yes (jbd2)".into()
+    } else {
+        format!("none: /proc/fs/jbd2 lists no journal for {name}")
+    }
+}
+
+fn machine_md(run: &Run) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# The machine of the comparison run\n");
+    if run.quick {
+        let _ = writeln!(
+            out,
+            "**A `--quick` smoke run: the figures mean nothing.**\n"
+        );
+    }
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = read_first_line("/proc/cpuinfo", "model name").unwrap_or_else(|| "unknown".into());
+    let memory = read_first_line("/proc/meminfo", "MemTotal")
+        .and_then(|m| m.trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kib| format!("{:.1} GiB", kib / (1024.0 * 1024.0)))
+        .unwrap_or_else(|| "unknown".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let _ = writeln!(out, "| | |\n|---|---|");
+    let _ = writeln!(out, "| date | {} |", date_utc(run.started_unix));
+    let _ = writeln!(
+        out,
+        "| run | {}, {:.0} s in all |",
+        if run.quick { "`--quick`" } else { "full" },
+        run.elapsed.as_secs_f64()
+    );
+    let _ = writeln!(out, "| cores | {cores} ({model}); shared with other work |");
+    let _ = writeln!(out, "| memory | {memory} |");
+    let _ = writeln!(out, "| kernel | Linux {kernel} |");
+    let _ = writeln!(out, "| engine directories | `{}` |", run.tmp.display());
+    match &run.mount {
+        Some(m) => {
+            let _ = writeln!(
+                out,
+                "| file system | {} on `{}`, mounted at `{}` ({}) |",
+                m.fs_type, m.device, m.point, m.options
+            );
+            if m.fs_type == "ext4" {
+                let _ = writeln!(out, "| ext4 journal | {} |", ext4_journal(&m.device));
+            }
+        }
+        None => {
+            let _ = writeln!(out, "| file system | unknown (not found in /proc/mounts) |");
+        }
+    }
+    if let Some(rustc) = command_line("rustc", &["--version"]) {
+        let _ = writeln!(out, "| compiler | {rustc} (release profile) |");
+    }
+    let mut engines: Vec<String> = pinned_versions()
+        .into_iter()
+        .map(|(name, version)| format!("{name} {version}"))
+        .collect();
+    engines.push(format!("SQLite {}", rusqlite::version()));
+    let _ = writeln!(out, "| crates | {} |", engines.join(", "));
+    if let Some(rev) = command_line("git", &["describe", "--always", "--dirty"]) {
+        let _ = writeln!(out, "| segwal revision | {rev} |");
+    }
+
+    let _ = writeln!(out, "\n## fdatasync latency\n");
+    let _ = writeln!(
+        out,
+        "Measured by the harness before the engines, in the same directory: a \
+         `pwrite` of 4 KiB at the next offset, then one timed `fdatasync`, \
+         repeated. A write into space preallocated with `fallocate` converts \
+         *unwritten* extents, and a write at the end of a growing file changes its \
+         size: either way `fdatasync` must also make that metadata durable. Into \
+         blocks already written and synced, it writes data only.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| file | rounds | p50 µs | p99 µs | p99.9 µs | mean µs |\n|---|--:|--:|--:|--:|--:|"
+    );
+    for probe in &run.probes {
+        let p = &probe.fdatasync;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            probe.kind.describe(),
+            probe.iterations,
+            micros(p.p50_us),
+            micros(p.p99_us),
+            micros(p.p999_us),
+            micros(p.mean_us),
+        );
+    }
+    out
+}

@@ -1,0 +1,163 @@
+//! The two workloads: durable appends from many producer threads, and a drain
+//! (claim and acknowledge in batches) by one relay.
+
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::engines::{Counters, Engine, Queue, Result};
+use crate::measure::{Percentiles, cpu_time};
+
+/// What one timed run measured.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    pub records: u64,
+    pub payload_bytes: u64,
+    pub wall: Duration,
+    pub cpu: Duration,
+    /// Per append, or per drain batch.
+    pub latency: Percentiles,
+    /// The engine's batches and fsyncs during the run, when it counts them.
+    pub counters: Option<Counters>,
+}
+
+impl Sample {
+    pub fn records_per_s(&self) -> f64 {
+        self.records as f64 / self.wall.as_secs_f64()
+    }
+
+    pub fn mb_per_s(&self) -> f64 {
+        self.payload_bytes as f64 / self.wall.as_secs_f64() / 1e6
+    }
+
+    pub fn cpu_us_per_record(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.records as f64
+    }
+}
+
+/// When the producers of an append run stop.
+#[derive(Clone, Copy, Debug)]
+pub enum Stop {
+    /// Each producer appends exactly this many records: the timed runs.
+    PerProducer(u64),
+    /// Each producer appends until this much time has passed: calibration and
+    /// warm-up.
+    After(Duration),
+}
+
+/// A payload of `size` bytes that does not compress (fjall compresses its
+/// tables), different for each producer.
+pub fn payload(size: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..size)
+        .map(|_| {
+            // xorshift64
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Runs `producers` threads, each appending records of `size` bytes to
+/// `engine` one at a time, each waiting for durability, until `stop`.
+pub fn append(engine: &dyn Engine, producers: usize, size: usize, stop: Stop) -> Result<Sample> {
+    let start_line = Barrier::new(producers + 1);
+    let finished = AtomicBool::new(false);
+    let counters_before = engine.counters();
+    let (wall, cpu, per_thread) = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..producers)
+            .map(|p| {
+                let start_line = &start_line;
+                let finished = &finished;
+                scope.spawn(move || -> Result<Vec<u64>> {
+                    let mut record = payload(size, p as u64 + 1);
+                    let mut latencies = match stop {
+                        Stop::PerProducer(n) => Vec::with_capacity(n as usize),
+                        Stop::After(_) => Vec::new(),
+                    };
+                    start_line.wait();
+                    let mut i = 0u64;
+                    loop {
+                        match stop {
+                            Stop::PerProducer(n) if i == n => break,
+                            Stop::After(_) if finished.load(Ordering::Relaxed) => break,
+                            _ => {}
+                        }
+                        // Every record differs: its producer and number lead it.
+                        let stamp = (((p as u64) << 48) | i).to_le_bytes();
+                        let n = stamp.len().min(size);
+                        record[..n].copy_from_slice(&stamp[..n]);
+                        let t = Instant::now();
+                        engine.append(&record)?;
+                        latencies.push(t.elapsed().as_nanos() as u64);
+                        i += 1;
+                    }
+                    Ok(latencies)
+                })
+            })
+            .collect();
+        start_line.wait();
+        let t0 = Instant::now();
+        let cpu0 = cpu_time();
+        if let Stop::After(d) = stop {
+            std::thread::sleep(d);
+            finished.store(true, Ordering::Relaxed);
+        }
+        let per_thread: Vec<Result<Vec<u64>>> = threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|_| Err("producer panicked".into())))
+            .collect();
+        (t0.elapsed(), cpu_time().saturating_sub(cpu0), per_thread)
+    });
+    let mut latencies = Vec::new();
+    for thread in per_thread {
+        latencies.extend(thread?);
+    }
+    let records = latencies.len() as u64;
+    let counters = match (counters_before, engine.counters()) {
+        (Some(before), Some(after)) => Some(before.delta(after)),
+        _ => None,
+    };
+    Ok(Sample {
+        records,
+        payload_bytes: records * size as u64,
+        wall,
+        cpu,
+        latency: Percentiles::of(&mut latencies),
+        counters,
+    })
+}
+
+/// Fills `queue` with `count` records of `size` bytes (not timed), then times
+/// one relay draining them all in batches of `batch` (claim, read, acknowledge).
+pub fn drain(queue: &dyn Queue, count: u64, size: usize, batch: usize) -> Result<Sample> {
+    queue.fill(&payload(size, 7), count)?;
+    let mut latencies = Vec::with_capacity((count as usize).div_ceil(batch));
+    let mut drained = 0u64;
+    let t0 = Instant::now();
+    let cpu0 = cpu_time();
+    while drained < count {
+        let t = Instant::now();
+        let n = queue.drain(batch)?;
+        latencies.push(t.elapsed().as_nanos() as u64);
+        if n == 0 {
+            return Err(format!("drain found nothing after {drained} of {count} records").into());
+        }
+        drained += n as u64;
+    }
+    let wall = t0.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu0);
+    if queue.drain(batch)? != 0 {
+        return Err(format!("drain found more than the {count} records filled").into());
+    }
+    Ok(Sample {
+        records: drained,
+        payload_bytes: drained * size as u64,
+        wall,
+        cpu,
+        latency: Percentiles::of(&mut latencies),
+        counters: None,
+    })
+}
