@@ -4,6 +4,8 @@
 //! system. The byte layout is documented once, in `docs/FORMAT.md` ("Frames"); the
 //! offsets below are derived from each other and must agree with it.
 
+#![deny(clippy::indexing_slicing)]
+
 use crate::error::Corruption;
 use crate::seq::{SegmentId, Seq};
 
@@ -119,6 +121,10 @@ pub(crate) const fn frame_len(payload_len: usize) -> usize {
 }
 
 /// Appends one encoded frame to `out`, checksummed with `salt`.
+#[expect(
+    clippy::indexing_slicing,
+    reason = "encodes into the writer's own buffer, whose layout it has just written"
+)]
 pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8], salt: u32) {
     assert!(
         payload.len() <= RECORD_BYTES_LIMIT,
@@ -154,6 +160,10 @@ pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8], sa
 
 /// Sets or clears the batch-end flag of an already encoded frame and fixes its
 /// checksum. `frame` starts at the frame's first byte.
+#[expect(
+    clippy::indexing_slicing,
+    reason = "the caller passes a frame the writer has just encoded"
+)]
 pub(crate) fn set_batch_end(frame: &mut [u8], batch_end: bool, salt: u32) {
     let Some(flags) = frame.get_mut(FLAGS_AT) else {
         panic!("set_batch_end on a buffer shorter than a frame header");
@@ -173,8 +183,11 @@ pub(crate) fn set_batch_end(frame: &mut [u8], batch_end: bool, salt: u32) {
 /// Never panics and never allocates, whatever `buf` holds. Errors for which
 /// [`is_checksummed`] holds come from a frame whose checksum matched.
 pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
-    let Some(header) = buf.get(..FRAME_HEADER_LEN) else {
-        if buf.len() >= 4 && buf[..4] != FRAME_MAGIC {
+    let Some(Ok(header)) = buf
+        .get(..FRAME_HEADER_LEN)
+        .map(<&[u8; FRAME_HEADER_LEN]>::try_from)
+    else {
+        if buf.get(..4).is_some_and(|m| m != FRAME_MAGIC) {
             return Err(Corruption::BadFrameMagic);
         }
         return Err(Corruption::Truncated {
@@ -182,18 +195,19 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
             available: buf.len() as u64,
         });
     };
-    if header[MAGIC_AT..MAGIC_AT + 4] != FRAME_MAGIC {
+    // From here every header index is a constant within the fixed-size header.
+    if field::<4>(header, MAGIC_AT) != FRAME_MAGIC {
         return Err(Corruption::BadFrameMagic);
     }
-    let stored_crc = u32_at(header, CRC_AT);
-    let payload_len = u32_at(header, LEN_AT) as usize;
+    let stored_crc = u32::from_le_bytes(field(header, CRC_AT));
+    let payload_len = u32::from_le_bytes(field(header, LEN_AT)) as usize;
     if payload_len > RECORD_BYTES_LIMIT {
         return Err(Corruption::LengthOutOfRange {
             len: payload_len as u64,
             max: RECORD_BYTES_LIMIT as u64,
         });
     }
-    let ext_len = u16::from_le_bytes([header[EXT_LEN_AT], header[EXT_LEN_AT + 1]]) as usize;
+    let ext_len = u16::from_le_bytes(field(header, EXT_LEN_AT)) as usize;
     let len = FRAME_HEADER_LEN + ext_len + payload_len;
     let Some(whole) = buf.get(..len) else {
         return Err(Corruption::Truncated {
@@ -201,7 +215,8 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
             available: buf.len() as u64,
         });
     };
-    let computed = checksum(salt, &whole[CHECKED_FROM..]);
+    let (_, checked) = whole.split_at(CHECKED_FROM);
+    let computed = checksum(salt, checked);
     if computed != stored_crc {
         return Err(Corruption::ChecksumMismatch {
             stored: stored_crc,
@@ -210,14 +225,14 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
     }
     // The checksum matched: from here on, anything unexpected was written by a
     // format this build does not know.
-    let kind_byte = header[KIND_AT];
+    let [kind_byte] = field(header, KIND_AT);
     let Some(kind) = FrameKind::from_byte(kind_byte) else {
         return Err(Corruption::Unsupported {
             what: "frame kind",
             value: u64::from(kind_byte),
         });
     };
-    let flags = header[FLAGS_AT];
+    let [flags] = field(header, FLAGS_AT);
     if flags & !KNOWN_FLAGS != 0 {
         return Err(Corruption::Unsupported {
             what: "frame flags",
@@ -230,8 +245,8 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
             value: ext_len as u64,
         });
     }
-    let seq = Seq::from(u64_at(header, SEQ_AT));
-    let group = Seq::from(u64_at(header, GROUP_AT));
+    let seq = Seq::from(u64::from_le_bytes(field(header, SEQ_AT)));
+    let group = Seq::from(u64::from_le_bytes(field(header, GROUP_AT)));
     if seq.get() > SEQ_MAX || seq.get() == 0 {
         return Err(Corruption::Unsupported {
             what: "sequence number",
@@ -244,14 +259,15 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
             found: group,
         });
     }
-    let (ext, payload) = whole[FRAME_HEADER_LEN..].split_at(ext_len);
+    let (_, rest) = whole.split_at(FRAME_HEADER_LEN);
+    let (ext, payload) = rest.split_at(ext_len);
     Ok(Frame {
         header: FrameHeader {
             kind,
             batch_end: flags & FLAG_BATCH_END != 0,
             seq,
             group,
-            timestamp_us: u64_at(header, TIME_AT),
+            timestamp_us: u64::from_le_bytes(field(header, TIME_AT)),
         },
         ext,
         payload,
@@ -274,16 +290,13 @@ pub(crate) fn timestamp_us(header: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.try_into().ok()?))
 }
 
-fn u32_at(header: &[u8], at: usize) -> u32 {
-    let mut bytes = [0u8; 4];
-    bytes.copy_from_slice(&header[at..at + 4]);
-    u32::from_le_bytes(bytes)
-}
-
-fn u64_at(header: &[u8], at: usize) -> u64 {
-    let mut bytes = [0u8; 8];
-    bytes.copy_from_slice(&header[at..at + 8]);
-    u64::from_le_bytes(bytes)
+/// The `N` bytes at `at` of a frame header (zeros if out of range, which the
+/// constant offsets never are).
+fn field<const N: usize>(header: &[u8; FRAME_HEADER_LEN], at: usize) -> [u8; N] {
+    header
+        .get(at..at + N)
+        .and_then(|b| <[u8; N]>::try_from(b).ok())
+        .unwrap_or([0; N])
 }
 
 /// Offset of the first position at or after `from` where a valid frame decodes,
@@ -291,12 +304,12 @@ fn u64_at(header: &[u8], at: usize) -> u64 {
 pub(crate) fn find_valid_frame(buf: &[u8], from: usize, salt: u32) -> Option<(usize, Frame<'_>)> {
     let mut at = from;
     while at + FRAME_HEADER_LEN <= buf.len() {
-        let window = &buf[at..];
-        let found = window
+        let found = buf
+            .get(at..)?
             .windows(FRAME_MAGIC.len())
             .position(|w| w == FRAME_MAGIC)?;
         at += found;
-        if let Ok(frame) = decode(&buf[at..], salt) {
+        if let Ok(frame) = decode(buf.get(at..)?, salt) {
             return Some((at, frame));
         }
         at += 1;
@@ -305,6 +318,10 @@ pub(crate) fn find_valid_frame(buf: &[u8], from: usize, salt: u32) -> Option<(us
 }
 
 #[cfg(test)]
+#[expect(
+    clippy::indexing_slicing,
+    reason = "tests damage bytes at known offsets"
+)]
 mod tests {
     use super::*;
 

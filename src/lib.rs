@@ -30,6 +30,7 @@
 //! the design in `docs/ARCHITECTURE.md`; the bytes on disk in `docs/FORMAT.md`.
 
 #![deny(missing_docs)]
+#![deny(clippy::unwrap_used)]
 #![cfg(unix)]
 
 mod error;

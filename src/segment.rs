@@ -3,6 +3,8 @@
 //! Pure functions over byte slices. The layout is documented once, in
 //! `docs/FORMAT.md` ("Segment header"); the offsets below chain from each other.
 
+#![deny(clippy::indexing_slicing)]
+
 use crate::error::Corruption;
 use crate::seq::Seq;
 
@@ -57,48 +59,43 @@ impl SegmentHeader {
         out
     }
 
-    /// Decodes and checks the header at the start of `file`.
+    /// Decodes and checks the header at the start of `file`. Never panics.
     pub(crate) fn decode(file: &[u8]) -> Result<SegmentHeader, Corruption> {
-        let Some(h) = file.get(..SEGMENT_HEADER_LEN) else {
+        let Some(Ok(h)) = file
+            .get(..SEGMENT_HEADER_LEN)
+            .map(<&[u8; SEGMENT_HEADER_LEN]>::try_from)
+        else {
             return Err(Corruption::ShortSegmentHeader {
                 len: file.len() as u64,
             });
         };
-        if h[MAGIC_AT..VERSION_AT] != SEGMENT_MAGIC {
+        // From here every index is a constant within the fixed-size header.
+        if field::<8>(h, MAGIC_AT) != SEGMENT_MAGIC {
             return Err(Corruption::BadSegmentMagic);
         }
-        let crc = u32::from_le_bytes([h[CRC_AT], h[CRC_AT + 1], h[CRC_AT + 2], h[CRC_AT + 3]]);
-        if crc32fast::hash(&h[..CRC_AT]) != crc {
+        let crc = u32::from_le_bytes(field(h, CRC_AT));
+        if crc32fast::hash(h.get(..CRC_AT).unwrap_or_default()) != crc {
             return Err(Corruption::BadSegmentHeader);
         }
-        let version = u16::from_le_bytes([h[VERSION_AT], h[VERSION_AT + 1]]);
+        let version = u16::from_le_bytes(field(h, VERSION_AT));
         if version != FORMAT_VERSION {
             return Err(Corruption::UnsupportedVersion { found: version });
         }
-        let header_len = u16::from_le_bytes([h[HEADER_LEN_AT], h[HEADER_LEN_AT + 1]]);
+        let header_len = u16::from_le_bytes(field(h, HEADER_LEN_AT));
         if usize::from(header_len) != SEGMENT_HEADER_LEN {
             return Err(Corruption::Unsupported {
                 what: "segment header length",
                 value: u64::from(header_len),
             });
         }
-        let flags = u32::from_le_bytes([
-            h[FLAGS_AT],
-            h[FLAGS_AT + 1],
-            h[FLAGS_AT + 2],
-            h[FLAGS_AT + 3],
-        ]);
+        let flags = u32::from_le_bytes(field(h, FLAGS_AT));
         if flags != 0 {
             return Err(Corruption::Unsupported {
                 what: "segment flags",
                 value: u64::from(flags),
             });
         }
-        let u64_at = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&h[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
+        let u64_at = |at| u64::from_le_bytes(field(h, at));
         Ok(SegmentHeader {
             first_seq: Seq::from(u64_at(FIRST_SEQ_AT)),
             prev_seq: Seq::from(u64_at(PREV_SEQ_AT)),
@@ -108,7 +105,19 @@ impl SegmentHeader {
     }
 }
 
+/// The `N` bytes at `at` of the header (zeros if out of range, which the
+/// constant offsets never are).
+fn field<const N: usize>(h: &[u8; SEGMENT_HEADER_LEN], at: usize) -> [u8; N] {
+    h.get(at..at + N)
+        .and_then(|b| <[u8; N]>::try_from(b).ok())
+        .unwrap_or([0; N])
+}
+
 #[cfg(test)]
+#[expect(
+    clippy::indexing_slicing,
+    reason = "tests damage bytes at known offsets"
+)]
 mod tests {
     use super::*;
 
