@@ -28,10 +28,16 @@ fn over_seeds(
             .map(|w| {
                 scope.spawn(move || {
                     let mut total = Figures::default();
+                    // Long runs report as they go (SEGWAL_PROGRESS=N: every N seeds),
+                    // so that an interrupted run still leaves its figures.
+                    let every = env("SEGWAL_PROGRESS", 0);
                     for seed in (first..first + seeds).filter(|s| s % 2 == w) {
                         match check(seed) {
                             Ok(f) => total.add(&f),
                             Err(v) => panic!("{v}"),
+                        }
+                        if every > 0 && (seed - first) % every < 2 {
+                            eprintln!("progress: worker {w} at seed {seed}: {total:?}");
                         }
                     }
                     total
