@@ -314,7 +314,13 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
     // - a torn tail of the newest segment holding frames is cut at the start of
     //   its write batch.
     // A crash inside recovery can leave one of each, so this repeats.
-    while let Some(last) = live.last_mut() {
+    while !live.is_empty() {
+        // Whether the segment before the newest lacks its seal: then the newest
+        // never received a frame (a seal is fsynced before its successor's
+        // first frame is written).
+        let n = live.len();
+        let after_unsealed = n >= 2 && live.get(n - 2).is_some_and(|s| s.seal.is_none());
+        let Some(last) = live.last_mut() else { break };
         if last.is_empty_and_whole() && plan.reuse.is_none() {
             plan.reuse = live.pop();
             continue;
@@ -332,10 +338,14 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
             break;
         }
         let cut = d.batch_start;
-        if cut < SEGMENT_HEADER_LEN as u64 {
+        let holds_nothing = frames_below(&last.frames, cut) == 0 && after_unsealed;
+        if cut < SEGMENT_HEADER_LEN as u64 || holds_nothing {
             // No valid frame follows the damaged header: the file holds nothing.
             // (Recovery itself may have created a newer, empty segment before a
-            // crash stopped it from removing this one.)
+            // crash stopped it from removing this one.) Likewise a whole header
+            // followed by garbage (a preallocation or a grown size that reached
+            // the disk before the space was written) when the segment before it
+            // was never sealed: no frame was ever written after that header.
             plan.torn = Some((last.path.clone(), 0, d.cause.clone(), last.len));
             plan.remove_torn.extend(live.pop());
             continue;
@@ -471,14 +481,23 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
             storage
                 .sync_dir(dir)
                 .map_err(|e| Error::io("sync directory", dir, e))?;
+            // Frames go right after the header: the rest of the file, if any, is
+            // preallocated zeros.
             ActiveStart {
                 id: r.id,
+                len: r.end(),
                 path: r.path.into(),
                 file: r.file,
-                len: r.len,
             }
         }
-        (None, Some(first)) => create_active(storage, dir, first, active_prev, log_start)?,
+        (None, Some(first)) => create_active(
+            storage,
+            dir,
+            first,
+            active_prev,
+            log_start,
+            options.segment_bytes,
+        )?,
         (None, None) => unreachable!("an active segment is either reused or created"),
     };
     let mut dir_dirty = false;
@@ -634,6 +653,7 @@ fn create_active(
     first: Seq,
     prev_seq: Seq,
     log_start: Seq,
+    options_segment_bytes: u64,
 ) -> Result<ActiveStart> {
     let id = SegmentId(first.get());
     let path: Arc<Path> = dir.join(id.file_name()).into();
@@ -648,6 +668,8 @@ fn create_active(
     let file = storage
         .create(&path)
         .map_err(|e| Error::io("create segment", &*path, e))?;
+    // Only a speed-up, as in the writer: a failure shows later at a write.
+    let _ = file.allocate(options_segment_bytes);
     let made_durable = crate::io::write_all_at(&*file, &header.encode(), 0)
         .map_err(|e| Error::io("write segment header", &*path, e))
         .and_then(|()| {
@@ -820,6 +842,10 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
         let rest = buf.get(offset..).unwrap_or_default();
         let f = match frame::decode(rest, salt) {
             Ok(f) => f,
+            // Zeros up to the end of the file: space preallocated and never
+            // written, the clean end of the data (unless a write batch is still
+            // open, checked below).
+            Err(_) if all_zero(rest) => break,
             Err(cause) => {
                 return Some(Damage {
                     offset: offset as u64,
@@ -932,4 +958,16 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
         });
     }
     None
+}
+
+/// Whether every byte of `buf` is zero. Runs over a whole preallocated tail at
+/// each open, so it compares eight bytes at a time.
+fn all_zero(buf: &[u8]) -> bool {
+    let chunks = buf.chunks_exact(8);
+    let tail = chunks.remainder();
+    chunks
+        .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([1; 8])))
+        .fold(0, |acc, w| acc | w)
+        == 0
+        && tail.iter().all(|&b| b == 0)
 }

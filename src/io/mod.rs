@@ -70,6 +70,11 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     fn sync_data(&self) -> io::Result<()>;
     /// Truncates or extends the file to `len` bytes. Not durable until `sync_data`.
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Reserves space so that the file is at least `len` bytes long, the new bytes
+    /// reading as zeros (`fallocate(2)`); a no-op if it is already that long. Not
+    /// durable until `sync_data`. Where the file system cannot reserve space this
+    /// may do nothing and succeed: the file then grows as it is written.
+    fn allocate(&self, len: u64) -> io::Result<()>;
     /// The file's current length in bytes.
     fn len(&self) -> io::Result<u64>;
     /// Whether the file is empty.

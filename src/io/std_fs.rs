@@ -2,6 +2,7 @@
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Seek, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -127,6 +128,26 @@ impl StorageFile for StdFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        if self.len()? >= len {
+            return Ok(());
+        }
+        let len = libc::off_t::try_from(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length too large"))?;
+        // SAFETY: `fallocate` on a file descriptor this `File` owns and keeps open
+        // for the duration of the call, with plain integer arguments.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, len) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            // The file system cannot preallocate: the file grows as it is written.
+            Some(libc::EOPNOTSUPP | libc::ENOSYS) => Ok(()),
+            _ => Err(e),
+        }
     }
 
     fn len(&self) -> io::Result<u64> {

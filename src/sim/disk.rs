@@ -725,9 +725,17 @@ impl StorageFile for SimFile {
         let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
         if fault == Some(Fault::SyncEio) {
             // fsyncgate: the dirty data is dropped from what will survive, reads
-            // still see it, and the next sync has nothing left to fail on.
-            inode.pending.clear();
-            inode.sync_failed = true;
+            // still see it, and the next sync has nothing left to fail on. A size
+            // change is inode metadata, not a dirty page: it stays pending, and a
+            // failed sync with no data to drop leaves the file trustworthy.
+            let dropped_data = inode
+                .pending
+                .iter()
+                .any(|p| matches!(p, Pending::Write { .. }));
+            inode
+                .pending
+                .retain(|p| !matches!(p, Pending::Write { .. }));
+            inode.sync_failed |= dropped_data;
             return Err(errno(5));
         }
         // Only what was written since the last sync reaches the durable image:
@@ -753,6 +761,27 @@ impl StorageFile for SimFile {
             s,
             OpKind::SetLen,
             &format!("set_len inode {} to {len}", self.ino),
+        )?;
+        let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
+        inode.live.resize(len as usize, 0);
+        inode.pending.push(Pending::SetLen(len));
+        Ok(())
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        let mut guard = self.disk.state.lock();
+        let s = &mut *guard;
+        SimDisk::check_alive(s, self.generation)?;
+        let inode = s.inodes.get(&self.ino).ok_or_else(crashed_error)?;
+        if inode.live.len() as u64 >= len {
+            return Ok(());
+        }
+        // Like a growing `set_len`: zeros, durable only after a sync (and a crash
+        // may keep the new length or not).
+        self.disk.begin(
+            s,
+            OpKind::SetLen,
+            &format!("allocate inode {} to {len}", self.ino),
         )?;
         let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
         inode.live.resize(len as usize, 0);

@@ -600,11 +600,31 @@ pub fn replay(
     };
     let disk = SimDisk::new(seed);
     disk.record_snapshots();
+    disk.start_trace();
     let mut model = Model::default();
     let _ = execute(&disk, workload, &options, &mut model);
     let Some(snapshot) = disk.take_snapshots().into_iter().nth(point as usize) else {
         return vec![format!("the workload has no operation {point}")];
     };
+    // The operations up to the crash point, the last of them not done.
+    let ops = disk.trace();
+    let from = (point as usize).saturating_sub(24);
+    trace.extend(
+        ops.into_iter()
+            .enumerate()
+            .skip(from)
+            .take(point as usize + 1 - from)
+            .map(|(i, op)| {
+                format!(
+                    "op {i}{}: {op}",
+                    if i == point as usize {
+                        " (not done)"
+                    } else {
+                        ""
+                    }
+                )
+            }),
+    );
     let (d, crashed) = crash_snapshot(&snapshot, seed, point, draw, &options);
     trace.push(format!(
         "after the crash (a recovery crashed too: {crashed}): {}",

@@ -76,10 +76,78 @@ fn a_partial_last_frame_is_truncated_and_everything_before_it_kept() {
 }
 
 #[test]
-fn zero_and_garbage_tails_are_truncated() {
+fn a_zero_tail_is_preallocated_space_not_a_torn_write() {
+    let (_t, dir, seqs) = one_segment(10);
+    let seg = last_segment(&dir);
+    let full = len(&seg);
+    // A closed outbox leaves the file at its data's length.
+    assert_eq!(full, SEGMENT_HEADER + 10 * 140);
+    extend(&seg, &vec![0u8; 1 << 20]);
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    assert!(outbox.recovery_report().torn_tail.is_none());
+    assert_eq!(recovered_seqs(&outbox), seqs);
+    // The segment is sealed right after its last frame, the zeros dropped.
+    assert_eq!(len(&seg), full + FRAME_HEADER);
+    let more = fill(&outbox, 3, 10);
+    assert!(more[0] > seqs[9]);
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    assert!(outbox.recovery_report().torn_tail.is_none());
+    assert_eq!(recovered_seqs(&outbox).len(), 13);
+}
+
+#[test]
+fn the_active_segment_is_preallocated_and_a_close_gives_the_space_back() {
+    let (_t, dir) = tmp();
+    let options = Options::default().segment_bytes(1 << 20);
+    let outbox = Outbox::open(&dir, options.clone()).expect("open");
+    fill(&outbox, 3, 100);
+    let seg = last_segment(&dir);
+    assert_eq!(len(&seg), 1 << 20, "the active segment is preallocated");
+    assert_eq!(outbox.stats().disk_bytes, SEGMENT_HEADER + 3 * 140);
+    outbox.close().expect("close");
+    assert_eq!(len(&seg), SEGMENT_HEADER + 3 * 140);
+    // A reopen seals it, right after its last frame, and preallocates the next.
+    let outbox = Outbox::open(&dir, options).expect("reopen");
+    assert_eq!(len(&seg), SEGMENT_HEADER + 3 * 140 + FRAME_HEADER);
+    assert_eq!(len(&last_segment(&dir)), 1 << 20);
+    outbox.close().expect("close");
+}
+
+#[test]
+fn an_open_write_batch_before_a_zero_tail_is_torn() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let singles = fill(&outbox, 2, 100);
+    outbox
+        .append_batch(&[[7u8; 100], [8u8; 100], [9u8; 100]])
+        .expect("batch");
+    outbox.close().expect("close");
+    let seg = last_segment(&dir);
+    let full = len(&seg);
+    // The batch's last frame, the one marked as its end, never reached the disk;
+    // the space after the others reads as zeros.
+    let file = OpenOptions::new().write(true).open(&seg).expect("open");
+    file.set_len(full - 140).expect("cut");
+    drop(file);
+    extend(&seg, &vec![0u8; 4096]);
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let torn = outbox
+        .recovery_report()
+        .torn_tail
+        .clone()
+        .expect("the open batch is a torn tail");
+    assert_eq!(torn.offset, SEGMENT_HEADER + 2 * 140);
+    assert!(matches!(torn.cause, Corruption::IncompleteBatch));
+    assert_eq!(recovered_seqs(&outbox), singles);
+    outbox.close().expect("close");
+}
+
+#[test]
+fn garbage_tails_are_truncated() {
     for tail in [
-        vec![0u8; 4096],
-        (0..3000u32).map(|i| (i * 7 + 3) as u8).collect(),
+        (0..3000u32).map(|i| (i * 7 + 3) as u8).collect::<Vec<u8>>(),
+        [vec![0u8; 2048], vec![1u8; 16]].concat(),
     ] {
         let (_t, dir, seqs) = one_segment(10);
         let seg = last_segment(&dir);
