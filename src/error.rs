@@ -269,6 +269,12 @@ pub enum Corruption {
         /// The predecessor the header names.
         found_prev: Seq,
     },
+    /// A seal frame's index of the segment's frames, its checksum valid, does
+    /// not describe the segment.
+    BadSealIndex {
+        /// What does not fit.
+        what: &'static str,
+    },
     /// The read path found a frame of another kind or sequence number than the
     /// state table recorded at that offset.
     WrongFrame {
@@ -341,6 +347,7 @@ impl fmt::Display for Corruption {
                 f,
                 "segment follows seq {found_prev} but the segment before it ends at seq {expected_prev}"
             ),
+            Corruption::BadSealIndex { what } => write!(f, "bad seal index: {what}"),
             Corruption::WrongFrame { expected, found } => {
                 write!(f, "expected record {expected}, found frame {found}")
             }

@@ -40,6 +40,7 @@ mod options;
 mod outbox;
 mod reader;
 mod recovery;
+mod seal;
 mod segment;
 mod seq;
 mod shared;
@@ -55,8 +56,8 @@ pub use error::{Corruption, Error, Result};
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 pub use options::{
-    BATCH_BYTES_MAX, Durability, MAX_RECORD_BYTES_LIMIT, Options, QUEUE_BYTES_MAX, RecoveryMode,
-    SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
+    BATCH_BYTES_MAX, Durability, MAX_RECORD_BYTES_LIMIT, OpenCheck, Options, QUEUE_BYTES_MAX,
+    RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
 };
 pub use outbox::{Outbox, Stats};
 pub use reader::Record;

@@ -19,6 +19,7 @@ use crate::frame::{self, FrameHeader, FrameKind};
 use crate::io::{self, StorageFile};
 use crate::options::{Bug, Durability};
 use crate::recovery::{ActiveStart, SealTarget};
+use crate::seal;
 use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
 use crate::seq::{SegmentId, Seq};
 use crate::shared::{Completer, Counters, Shared, Ticket};
@@ -68,6 +69,10 @@ struct Active {
     created: Instant,
     /// Records written to it (internal frames not counted).
     records: u64,
+    /// (offset, length, is_record) of every frame written to it: its seal index.
+    frames: Vec<(u32, u32, bool)>,
+    /// The highest log start its `LogStart` frames record.
+    log_start_marker: Option<Seq>,
 }
 
 pub(crate) struct Writer {
@@ -108,8 +113,16 @@ impl Writer {
             log_start,
             seal_newest,
         } = recovered;
-        if let Some((id, path, file, at, seq)) = seal_newest {
-            if let Err((op, e)) = write_seal(&*file, at, seq, frame::salt(id)) {
+        if let Some(SealTarget {
+            id,
+            path,
+            file,
+            at,
+            seq,
+            index,
+        }) = seal_newest
+        {
+            if let Err((op, e)) = write_seal(&*file, at, seq, frame::salt(id), &index) {
                 // As in `poison`: leave nothing the disk may not have.
                 if file.set_len(at).is_ok() {
                     let _ = file.sync_data();
@@ -126,6 +139,8 @@ impl Writer {
             synced_len: active.len,
             created: Instant::now(),
             records: 0,
+            frames: Vec::new(),
+            log_start_marker: None,
         };
         push_active(&shared, &active);
         let next_seq = active.id.first_seq();
@@ -354,6 +369,7 @@ impl Writer {
                 );
                 let len = frame::frame_len(payload.len()) as u32;
                 self.unsynced.push((offset32(offset), len, true));
+                self.active.frames.push((offset32(offset), len, true));
                 offset += u64::from(len);
                 self.next_seq = seq.next();
             }
@@ -450,11 +466,12 @@ impl Writer {
         };
         let salt = frame::salt(self.active.id);
         let records_end = self.active.len;
+        let index = seal::encode(&self.active.frames, self.active.log_start_marker);
         // Count the seal as written before its fsync, so that a failed fsync
         // poisons with the seal cut off again: a reopen in this process must not
         // read from the page cache a seal the disk may not have.
-        self.active.len += frame::frame_len(0) as u64;
-        if let Err((op, e)) = write_seal(&*self.active.file, records_end, seal_seq, salt) {
+        self.active.len += frame::frame_len(index.len()) as u64;
+        if let Err((op, e)) = write_seal(&*self.active.file, records_end, seal_seq, salt, &index) {
             return Err(self.poison(op, &self.active.path.clone(), e));
         }
         Counters::add(&self.shared.counters.fsyncs, 1);
@@ -502,6 +519,10 @@ impl Writer {
         );
         let len = self.buf.len() as u32;
         self.unsynced.push((offset32(self.active.len), len, false));
+        self.active
+            .frames
+            .push((offset32(self.active.len), len, false));
+        self.active.log_start_marker = self.active.log_start_marker.max(Some(new_start));
         self.next_seq = seq.next();
         if self.write_buf().is_err() || self.sync().is_err() {
             return;
@@ -587,6 +608,8 @@ fn create_segment(
         synced_len: SEGMENT_HEADER_LEN as u64,
         created: Instant::now(),
         records: 0,
+        frames: Vec::new(),
+        log_start_marker: None,
     })
 }
 
@@ -606,14 +629,16 @@ fn push_active(shared: &Shared, active: &Active) {
     ));
 }
 
-/// Writes the seal frame `seq` at `at`, cuts the file just after it, and fsyncs.
+/// Writes the seal frame `seq`, carrying `index`, at `at`, cuts the file just
+/// after it, and fsyncs.
 fn write_seal(
     file: &dyn StorageFile,
     at: u64,
     seq: Seq,
     salt: u32,
+    index: &[u8],
 ) -> Result<(), (&'static str, std::io::Error)> {
-    let mut buf = Vec::with_capacity(frame::frame_len(0));
+    let mut buf = Vec::with_capacity(frame::frame_len(index.len()));
     frame::encode(
         &mut buf,
         &FrameHeader {
@@ -623,7 +648,7 @@ fn write_seal(
             group: seq,
             timestamp_us: now_us(),
         },
-        &[],
+        index,
         salt,
     );
     io::write_all_at(file, &buf, at).map_err(|e| ("write seal", e))?;
@@ -637,6 +662,6 @@ fn write_seal(
 pub(crate) struct Start {
     pub active: ActiveStart,
     pub log_start: Seq,
-    /// The newest recovered segment, to be sealed: (id, path, file, offset, seq).
+    /// The newest recovered segment, to be sealed.
     pub seal_newest: Option<SealTarget>,
 }

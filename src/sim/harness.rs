@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use super::disk::{CrashModel, Fault, FaultRule, Rng, SimDisk};
 use crate::error::Error;
-use crate::options::{Bug, Options};
+use crate::options::{Bug, OpenCheck, Options};
 use crate::outbox::Outbox;
 use crate::seq::Seq;
 
@@ -52,6 +52,8 @@ pub struct Workload {
     pub steps: Vec<Step>,
     /// Segment size: small, so that the workload rotates and deletes.
     pub segment_bytes: u64,
+    /// How recovery reads sealed segments.
+    pub open_check: OpenCheck,
 }
 
 impl Workload {
@@ -71,9 +73,16 @@ impl Workload {
                 _ => Step::Reopen,
             })
             .collect();
+        let segment_bytes = 1024 + 512 * rng.below(4);
+        let open_check = if rng.below(4) == 0 {
+            OpenCheck::EveryFrame
+        } else {
+            OpenCheck::SealIndex
+        };
         Workload {
             steps,
-            segment_bytes: 1024 + 512 * rng.below(4),
+            segment_bytes,
+            open_check,
         }
     }
 
@@ -95,13 +104,15 @@ impl Workload {
         Workload {
             steps,
             segment_bytes: 1024,
+            open_check: OpenCheck::SealIndex,
         }
     }
 
     fn options(&self, bug: Option<Bug>) -> Options {
         let options = Options::default()
             .segment_bytes(self.segment_bytes)
-            .segment_age(std::time::Duration::from_secs(3600));
+            .segment_age(std::time::Duration::from_secs(3600))
+            .open_check(self.open_check);
         match bug {
             Some(bug) => options.inject_bug(bug),
             None => options,
@@ -752,8 +763,11 @@ pub fn trace_fault(seed: u64, workload: &Workload, rule: FaultRule) -> Vec<Strin
 }
 
 /// Bit rot at rest: runs the workload, cuts the power cleanly, flips one bit in a
-/// sealed segment (any but the newest file), and recovers, `draws` times. A
-/// strict recovery must refuse with `Corrupt` or open with every invariant.
+/// sealed segment (any but the newest file), and recovers, `draws` times, half of
+/// them reading every frame at open ([`OpenCheck::EveryFrame`]), half through the
+/// seal indexes. A strict recovery must refuse with `Corrupt`, or, through the
+/// indexes only, a claim of the damaged record must; otherwise the outbox opens
+/// with every invariant.
 pub fn bit_rot(
     seed: u64,
     workload: &Workload,
@@ -792,10 +806,29 @@ pub fn bit_rot(
         let at = 64 + rng.below(len - 64);
         d.flip_bit(&file, at, rng.below(8) as u8);
         figures.faults += 1;
-        match open(&d, options.clone()) {
+        let check = if draw % 2 == 0 {
+            OpenCheck::EveryFrame
+        } else {
+            OpenCheck::SealIndex
+        };
+        match open(&d, options.clone().open_check(check)) {
             Err(Error::Corrupt { .. }) => continue,
             Err(e) => return Err(violation("I4", format!("unexpected error: {e}"), draw)),
-            Ok(o) => drop(o.close()),
+            Ok(o) => {
+                let claimed = drain(&o);
+                drop(o.close());
+                match claimed {
+                    Err(Error::Corrupt { .. }) if check == OpenCheck::SealIndex => continue,
+                    Err(e) => {
+                        return Err(violation(
+                            "I4",
+                            format!("a claim failed after a {check:?} recovery: {e}"),
+                            draw,
+                        ));
+                    }
+                    Ok(_) => {}
+                }
+            }
         }
         let (records, _) =
             verify(&d, &options, &model).map_err(|(i, detail)| violation(i, detail, draw))?;

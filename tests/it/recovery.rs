@@ -7,12 +7,18 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use segwal::{Corruption, Error, Options, Outbox, RecoveryMode, Seq};
+use segwal::{Corruption, Error, OpenCheck, Options, Outbox, RecoveryMode, Seq};
 
 use crate::{drain, drain_ack, flip_byte, segment_files, small_segments, tmp};
 
 const SEGMENT_HEADER: u64 = 64;
 const FRAME_HEADER: u64 = 40;
+
+/// Length of the seal frame of a segment of `frames` frames, `internal` of them
+/// internal: a frame header and its index (docs/FORMAT.md, "The seal index").
+fn seal_len(frames: u64, internal: u64) -> u64 {
+    FRAME_HEADER + 20 + 4 * (frames + internal)
+}
 
 /// Appends `n` records of `len` bytes, one write batch each; returns their seqs.
 fn fill(outbox: &Outbox, n: usize, len: usize) -> Vec<Seq> {
@@ -87,7 +93,7 @@ fn a_zero_tail_is_preallocated_space_not_a_torn_write() {
     assert!(outbox.recovery_report().torn_tail.is_none());
     assert_eq!(recovered_seqs(&outbox), seqs);
     // The segment is sealed right after its last frame, the zeros dropped.
-    assert_eq!(len(&seg), full + FRAME_HEADER);
+    assert_eq!(len(&seg), full + seal_len(10, 0));
     let more = fill(&outbox, 3, 10);
     assert!(more[0] > seqs[9]);
     outbox.close().expect("close");
@@ -109,7 +115,7 @@ fn the_active_segment_is_preallocated_and_a_close_gives_the_space_back() {
     assert_eq!(len(&seg), SEGMENT_HEADER + 3 * 140);
     // A reopen seals it, right after its last frame, and preallocates the next.
     let outbox = Outbox::open(&dir, options).expect("reopen");
-    assert_eq!(len(&seg), SEGMENT_HEADER + 3 * 140 + FRAME_HEADER);
+    assert_eq!(len(&seg), SEGMENT_HEADER + 3 * 140 + seal_len(3, 0));
     assert_eq!(len(&last_segment(&dir)), 1 << 20);
     outbox.close().expect("close");
 }
@@ -164,7 +170,7 @@ fn garbage_tails_are_truncated() {
         // The tail is gone; the segment now ends with its seal frame.
         assert_eq!(
             len(&seg),
-            full + FRAME_HEADER,
+            full + seal_len(10, 0),
             "the truncation reached the file"
         );
         // The new records go to a new segment and the log reopens cleanly.
@@ -264,7 +270,8 @@ fn a_flipped_byte_in_a_sealed_segment_is_corruption_naming_file_and_offset() {
     let sealed = &files[1];
     let at = SEGMENT_HEADER + 140 * 2;
     flip_byte(sealed, at + FRAME_HEADER + 50);
-    match Outbox::open(&dir, small_segments()) {
+    let every_frame = || small_segments().open_check(OpenCheck::EveryFrame);
+    match Outbox::open(&dir, every_frame()) {
         Err(e @ Error::Corrupt { .. }) => {
             let Error::Corrupt {
                 path, offset, kind, ..
@@ -284,10 +291,60 @@ fn a_flipped_byte_in_a_sealed_segment_is_corruption_naming_file_and_offset() {
     flip_byte(sealed, at + FRAME_HEADER + 50);
     let end = len(sealed) - 1;
     flip_byte(sealed, end);
-    assert!(matches!(
-        Outbox::open(&dir, small_segments()),
-        Err(Error::Corrupt { .. })
-    ));
+    for options in [every_frame(), small_segments()] {
+        assert!(matches!(
+            Outbox::open(&dir, options),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+}
+
+#[test]
+fn through_the_seal_index_a_damaged_record_is_refused_when_claimed() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    let seqs = fill(&outbox, 60, 100);
+    outbox.close().expect("close");
+    let files = segment_files(&dir);
+    let sealed = &files[1];
+    let first_of_second: u64 = sealed.file_name().and_then(|n| n.to_str()).expect("name")[..20]
+        .parse()
+        .expect("numeric");
+    let damaged = Seq::from(first_of_second + 2);
+    let at = SEGMENT_HEADER + 140 * 2;
+    flip_byte(sealed, at + FRAME_HEADER + 50);
+    // The open reads the seal's index, not the record.
+    let outbox = Outbox::open(&dir, small_segments()).expect("open through the index");
+    let mut delivered = Vec::new();
+    let mut refused = Vec::new();
+    loop {
+        match outbox.claim(7) {
+            Ok(records) if records.is_empty() => break,
+            Ok(records) => {
+                for r in records {
+                    assert_eq!(r.payload().len(), 100);
+                    delivered.push(r.seq());
+                    outbox.ack(r.seq()).expect("ack");
+                }
+            }
+            Err(Error::Corrupt {
+                path,
+                offset,
+                seq,
+                kind,
+            }) => {
+                assert_eq!((&path, offset, seq), (sealed, at, Some(damaged)));
+                assert!(matches!(kind, Corruption::ChecksumMismatch { .. }));
+                refused.push(seq);
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert_eq!(refused, vec![Some(damaged)]);
+    let expected: Vec<Seq> = seqs.iter().copied().filter(|&s| s != damaged).collect();
+    assert_eq!(delivered, expected, "every other record, in order");
+    assert_eq!(outbox.stats().corrupt_records, 1);
+    outbox.close().expect("close");
 }
 
 #[test]
@@ -372,12 +429,10 @@ fn lossy_recovery_drops_from_the_first_damage_and_says_exactly_what() {
     let files = segment_files(&dir);
     let at = SEGMENT_HEADER + 140 * 3;
     flip_byte(&files[1], at + FRAME_HEADER + 1);
-    assert!(
-        Outbox::open(&dir, small_segments()).is_err(),
-        "strict refuses"
-    );
+    let every_frame = || small_segments().open_check(OpenCheck::EveryFrame);
+    assert!(Outbox::open(&dir, every_frame()).is_err(), "strict refuses");
 
-    let lossy = small_segments().recovery(RecoveryMode::Lossy);
+    let lossy = every_frame().recovery(RecoveryMode::Lossy);
     let outbox = Outbox::open(&dir, lossy).expect("lossy opens");
     let dropped = outbox.recovery_report().dropped.clone().expect("dropped");
     assert_eq!(dropped.path, files[1]);

@@ -1,0 +1,213 @@
+//! The seal index: the payload of a segment's seal frame, which lists where every
+//! frame of the segment starts, so that opening an outbox need not read every
+//! byte of every sealed segment.
+//!
+//! Pure functions over byte slices, like the frame codec. The byte layout is
+//! documented once, in `docs/FORMAT.md` ("The seal index"); the offsets below are
+//! derived from each other and must agree with it. An empty seal payload is a
+//! valid seal without an index: recovery then reads the segment whole.
+
+#![deny(clippy::indexing_slicing)]
+
+use crate::error::Corruption;
+use crate::frame::{FRAME_HEADER_LEN, frame_len};
+use crate::segment::SEGMENT_HEADER_LEN;
+use crate::seq::Seq;
+
+/// Offset in the payload of the number of frames indexed (u32).
+const COUNT_AT: usize = 0;
+/// Offset of the number of internal frames among them (u32).
+const INTERNAL_AT: usize = COUNT_AT + 4;
+/// Offset of the highest log start recorded by the segment's frames (u64, 0 for
+/// none).
+const LOG_START_AT: usize = INTERNAL_AT + 4;
+/// Offset of the frame offsets (u32 each), then the internal frames' positions
+/// in that list (u32 each).
+const OFFSETS_AT: usize = LOG_START_AT + 8;
+/// The trailer after the lists: the seal frame's whole length (u32), so that
+/// recovery finds the seal from the end of the file.
+const TRAILER_LEN: usize = 4;
+/// Payload length of an index of nothing.
+const EMPTY_INDEX_LEN: usize = OFFSETS_AT + TRAILER_LEN;
+
+/// The most frames one index lists (64 MiB of offsets). A segment with more is
+/// sealed without an index and read whole at recovery.
+pub(crate) const INDEX_FRAMES_MAX: usize = 1 << 24;
+
+/// What a seal index says about its segment.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct SealIndex {
+    /// (offset, length, is_record) of every frame before the seal, in order.
+    pub frames: Vec<(u32, u32, bool)>,
+    /// The highest log start recorded by a `LogStart` frame of the segment.
+    pub log_start: Option<Seq>,
+}
+
+/// The seal payload for a segment holding `frames` (offset, length, is_record)
+/// and whose `LogStart` frames record at most `log_start`: an index, or nothing
+/// if the segment holds more than [`INDEX_FRAMES_MAX`] frames.
+pub(crate) fn encode(frames: &[(u32, u32, bool)], log_start: Option<Seq>) -> Vec<u8> {
+    let internal: Vec<u32> = frames
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| !f.2)
+        .map(|(i, _)| i as u32)
+        .collect();
+    if frames.len() > INDEX_FRAMES_MAX {
+        return Vec::new();
+    }
+    let len = EMPTY_INDEX_LEN + 4 * (frames.len() + internal.len());
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(internal.len() as u32).to_le_bytes());
+    out.extend_from_slice(&log_start.map_or(0, Seq::get).to_le_bytes());
+    for f in frames {
+        out.extend_from_slice(&f.0.to_le_bytes());
+    }
+    for i in &internal {
+        out.extend_from_slice(&i.to_le_bytes());
+    }
+    out.extend_from_slice(&(frame_len(len) as u32).to_le_bytes());
+    debug_assert_eq!(out.len(), len);
+    out
+}
+
+/// The seal frame's length as its trailer records it: the last four bytes of a
+/// sealed segment file. `None` if `file` is too short to end with an index.
+pub(crate) fn trailer(file: &[u8]) -> Option<usize> {
+    let start = file.len().checked_sub(TRAILER_LEN)?;
+    let bytes: [u8; 4] = file.get(start..)?.try_into().ok()?;
+    let len = u32::from_le_bytes(bytes) as usize;
+    (len >= frame_len(EMPTY_INDEX_LEN)).then_some(len)
+}
+
+fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// Decodes a seal payload whose seal frame starts at `seal_at`. Checks that the
+/// listed frames tile the segment exactly, from the end of its header to the
+/// seal, each at least a frame header long.
+pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corruption> {
+    let bad = |what| Corruption::BadSealIndex { what };
+    let count = u32_at(payload, COUNT_AT).ok_or(bad("payload too short"))? as usize;
+    let internal = u32_at(payload, INTERNAL_AT).ok_or(bad("payload too short"))? as usize;
+    let log_start = payload
+        .get(LOG_START_AT..OFFSETS_AT)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .ok_or(bad("payload too short"))?;
+    if count > INDEX_FRAMES_MAX || internal > count {
+        return Err(bad("frame count out of range"));
+    }
+    let want = EMPTY_INDEX_LEN + 4 * (count + internal);
+    if payload.len() != want {
+        return Err(bad("payload length does not match the counts"));
+    }
+    let trailer = u32_at(payload, want - TRAILER_LEN).ok_or(bad("payload too short"))?;
+    if trailer as usize != frame_len(want) {
+        return Err(bad("trailer does not match the seal's length"));
+    }
+    let internal_at = OFFSETS_AT + 4 * count;
+    let mut frames = Vec::with_capacity(count);
+    let mut expected = SEGMENT_HEADER_LEN as u64;
+    for i in 0..count {
+        let at = u64::from(u32_at(payload, OFFSETS_AT + 4 * i).ok_or(bad("payload too short"))?);
+        if at != expected && i == 0 {
+            return Err(bad("first frame not right after the segment header"));
+        }
+        if at < expected {
+            return Err(bad("frame offsets overlap"));
+        }
+        if let Some(prev) = frames.last_mut() {
+            let (start, len, _): &mut (u32, u32, bool) = prev;
+            *len = (at - u64::from(*start)) as u32;
+        }
+        frames.push((at as u32, 0, true));
+        expected = at + FRAME_HEADER_LEN as u64;
+    }
+    if seal_at < expected {
+        return Err(bad("a frame overlaps the seal"));
+    }
+    match frames.last_mut() {
+        Some((start, len, _)) => *len = (seal_at - u64::from(*start)) as u32,
+        None if seal_at != SEGMENT_HEADER_LEN as u64 => {
+            return Err(bad("no frames, yet the seal is not after the header"));
+        }
+        None => {}
+    }
+    let mut prev = None;
+    for k in 0..internal {
+        let i = u32_at(payload, internal_at + 4 * k).ok_or(bad("payload too short"))? as usize;
+        if prev.is_some_and(|p| i <= p) {
+            return Err(bad("internal frames out of order"));
+        }
+        prev = Some(i);
+        let f = frames
+            .get_mut(i)
+            .ok_or(bad("internal frame out of range"))?;
+        f.2 = false;
+    }
+    Ok(SealIndex {
+        frames,
+        log_start: (log_start != 0).then(|| Seq::from(log_start)),
+    })
+}
+
+#[cfg(test)]
+#[expect(
+    clippy::indexing_slicing,
+    reason = "tests damage bytes at known offsets"
+)]
+mod tests {
+    use super::*;
+
+    fn frames() -> Vec<(u32, u32, bool)> {
+        vec![(64, 140, true), (204, 48, false), (252, 41, true)]
+    }
+
+    #[test]
+    fn an_index_round_trips() {
+        let payload = encode(&frames(), Some(Seq::from(9)));
+        let index = decode(&payload, 293).expect("decodes");
+        assert_eq!(index.frames, frames());
+        assert_eq!(index.log_start, Some(Seq::from(9)));
+        let mut file = vec![0u8; 293];
+        file.extend_from_slice(&[0; FRAME_HEADER_LEN]);
+        file.extend_from_slice(&payload);
+        assert_eq!(trailer(&file), Some(frame_len(payload.len())));
+    }
+
+    #[test]
+    fn an_index_that_does_not_tile_the_segment_is_refused() {
+        let payload = encode(&frames(), None);
+        // The seal must start where the last frame ends, a header's length on.
+        assert!(decode(&payload, 292).is_ok());
+        assert!(decode(&payload, 291).is_err());
+        let mut overlapping = frames();
+        overlapping[1].0 = 100;
+        assert!(decode(&encode(&overlapping, None), 293).is_err());
+        let mut late = frames();
+        late[0].0 = 65;
+        assert!(decode(&encode(&late, None), 293).is_err());
+        assert!(decode(&encode(&[], None), 64).is_ok());
+        assert!(decode(&encode(&[], None), 65).is_err());
+    }
+
+    #[test]
+    fn every_truncation_and_byte_flip_is_an_error_or_a_consistent_index() {
+        let payload = encode(&frames(), Some(Seq::from(3)));
+        for cut in 0..payload.len() {
+            assert!(decode(&payload[..cut], 293).is_err(), "cut at {cut}");
+        }
+        for at in 0..payload.len() {
+            let mut p = payload.clone();
+            p[at] ^= 0x10;
+            if let Ok(index) = decode(&p, 293) {
+                // Never a panic; a different but well-formed index tiles the file.
+                let end = index.frames.last().map_or(64, |f| f.0 + f.1);
+                assert_eq!(end, 293);
+            }
+        }
+    }
+}
