@@ -6,12 +6,14 @@
 //! runs each once with small sizes (what CI does, so they do not rot). The
 //! comparison with other engines is a separate crate: `benches/compare`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use segwal::{Durability, Options, Outbox, Seq};
+use criterion::{
+    BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
+use segwal::{Durability, OpenCheck, Options, Outbox, Seq};
 
 /// `--test` (CI) runs every benchmark once: keep the set-ups small then.
 fn quick() -> bool {
@@ -117,6 +119,11 @@ fn drain(c: &mut Criterion) {
 fn fill(dir: &Path, records: u64, size: usize) {
     let options = Options::default().durability(Durability::Buffered);
     let outbox = Outbox::open(dir, options).expect("open");
+    append_all(&outbox, records, size);
+    outbox.close().expect("close");
+}
+
+fn append_all(outbox: &Outbox, records: u64, size: usize) {
     let batch = vec![vec![3u8; size]; 4096];
     let mut done = 0;
     while done < records {
@@ -124,28 +131,85 @@ fn fill(dir: &Path, records: u64, size: usize) {
         outbox.append_batch(&batch[..n]).expect("fill");
         done += n as u64;
     }
-    outbox.close().expect("close");
 }
 
-/// Opening (recovering) a log of many pending records, after a clean close.
+/// Opening (recovering) a log of many pending records: after a clean close, and
+/// after a crash (the newest segment unsealed, its preallocated space unwritten),
+/// under each [`OpenCheck`].
 fn open_log(c: &mut Criterion) {
     let records = if quick() { 10_000 } else { 1_000_000 };
     let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path().join("o");
-    fill(&dir, records, 256);
+    let closed = tmp.path().join("closed");
+    fill(&closed, records, 256);
+    let crashed = tmp.path().join("crashed");
+    fill_and_crash(&crashed, records, 256);
     let mut group = c.benchmark_group("open");
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(5));
-    group.bench_function(format!("{records}x256B"), |b| {
-        b.iter(|| {
-            let outbox = open(&dir);
-            assert_eq!(outbox.stats().pending, records);
-            outbox.close().expect("close");
+    for check in [OpenCheck::SealIndex, OpenCheck::EveryFrame] {
+        let options = Options::default().open_check(check);
+        group.bench_function(format!("{records}x256B closed {check:?}"), |b| {
+            b.iter(|| {
+                let outbox = Outbox::open(&closed, options.clone()).expect("open");
+                assert_eq!(outbox.stats().pending, records);
+                outbox.close().expect("close");
+            });
         });
-    });
+        group.bench_function(format!("{records}x256B crashed {check:?}"), |b| {
+            let mut n = 0;
+            b.iter_batched(
+                || {
+                    n += 1;
+                    let copy = tmp.path().join(format!("copy-{n}"));
+                    copy_dir(&crashed, &copy);
+                    Scratch(copy)
+                },
+                |copy| {
+                    let outbox = Outbox::open(&copy.0, options.clone()).expect("open");
+                    assert_eq!(outbox.stats().pending, records);
+                    outbox.close().expect("close");
+                    copy
+                },
+                BatchSize::PerIteration,
+            );
+        });
+    }
     group.finish();
-    memory(&dir);
+    memory(&closed);
+}
+
+/// Fills a log like [`fill`], then leaves it as a crash would: the writer's
+/// files as they are, the newest segment (holding the last ~40 MiB of records)
+/// neither sealed nor cut back to its data.
+fn fill_and_crash(dir: &Path, records: u64, size: usize) {
+    let live = dir.with_extension("live");
+    let options = Options::default().durability(Durability::Buffered);
+    let outbox = Outbox::open(&live, options).expect("open");
+    append_all(&outbox, records, size);
+    outbox.sync().expect("sync");
+    copy_dir(&live, dir);
+    // Never closed: nothing tidies the files the copy was taken from.
+    std::mem::forget(outbox);
+}
+
+/// A directory removed when dropped (outside the timed part of a benchmark).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Copies the files of `from` into a new directory `to`, keeping lengths (the
+/// preallocated zeros of a segment are copied as written zeros).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+    }
 }
 
 /// State table memory per pending record, printed (not timed).

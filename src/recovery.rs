@@ -488,6 +488,9 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
             if let Some(cut) = r.cut {
                 truncate(&mut r, cut)?;
             }
+            // Preallocated again if a close gave its space back (only a
+            // speed-up, as in the writer).
+            let _ = r.file.allocate(options.segment_bytes);
             // Its directory entry may not be durable yet (a crash, or a failed
             // directory fsync, right after it was created).
             storage
