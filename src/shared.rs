@@ -151,6 +151,12 @@ impl Ticket {
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// Hands the share to the caller, who must give it back with
+    /// [`Budget::release`]; the ticket then gives back nothing when dropped.
+    pub(crate) fn disarm(&mut self) -> u64 {
+        std::mem::take(&mut self.bytes)
+    }
 }
 
 impl Drop for Ticket {

@@ -299,9 +299,16 @@ impl Writer {
         };
         let mut first = batch_first;
         let mut barriers = Vec::new();
+        // Queue budget given back once for the batch, not once per request.
+        let mut freed = 0;
         for r in batch.drain(..) {
             match r {
-                Request::Append { payloads, done, .. } => {
+                Request::Append {
+                    payloads,
+                    done,
+                    mut ticket,
+                } => {
+                    freed += ticket.disarm();
                     let outcome = match durability {
                         _ if self.shared.options.has_bug(Bug::AckBeforeFsync) => written.clone(),
                         Durability::Buffered => written.clone(),
@@ -315,6 +322,7 @@ impl Writer {
             }
         }
         self.batch = batch;
+        self.shared.budget.release(freed);
         if wants_sync && written.is_ok() && self.shared.options.has_bug(Bug::AckBeforeFsync) {
             let _ = self.sync();
         }
