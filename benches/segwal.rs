@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{
-    BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
-};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use segwal::{Durability, OpenCheck, Options, Outbox, Seq};
 
 /// `--test` (CI) runs every benchmark once: keep the set-ups small then.

@@ -31,8 +31,10 @@ pub(crate) const FRAME_HEADER_LEN: usize = TIME_AT + 8;
 /// and on decode, before anything is sliced.
 pub(crate) const RECORD_BYTES_LIMIT: usize = 1 << 30;
 
-/// Largest sequence number the format allows; far beyond any real log, it keeps
-/// every `seq + n` in range whatever a damaged file holds.
+/// Bound of the sequence numbers the format allows: a frame's seq is below it
+/// (and a file name at most equal to it, naming the segment after the highest
+/// frame). Far beyond any real log, it keeps every `seq + n` in range whatever a
+/// damaged file holds.
 pub(crate) const SEQ_MAX: u64 = 1 << 62;
 
 /// The seed of a segment's frame checksums: its first sequence number folded to
@@ -247,7 +249,7 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
     }
     let seq = Seq::from(u64::from_le_bytes(field(header, SEQ_AT)));
     let group = Seq::from(u64::from_le_bytes(field(header, GROUP_AT)));
-    if seq.get() > SEQ_MAX || seq.get() == 0 {
+    if seq.get() >= SEQ_MAX || seq.get() == 0 {
         return Err(Corruption::Unsupported {
             what: "sequence number",
             value: seq.get(),

@@ -24,7 +24,7 @@ use crate::error::{Corruption, Error, Result};
 use crate::frame::{self, FrameKind};
 use crate::io::{Mapped, Storage, StorageFile};
 use crate::options::{Bug, OpenCheck, Options, RecoveryMode};
-use crate::seal;
+use crate::seal::{self, IndexBuilder};
 use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
 use crate::seq::{SegmentId, Seq};
 
@@ -127,6 +127,8 @@ pub(crate) struct ActiveStart {
     pub file: Arc<dyn StorageFile>,
     /// Its length: frames are written from here.
     pub len: u64,
+    /// Its header's nonce.
+    pub nonce: u64,
 }
 
 /// Damage found while scanning a segment.
@@ -255,9 +257,23 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
         ..RecoveryReport::default()
     };
 
+    // A lossy repair, run by an operator after a strict open failed, reads
+    // everything: it must see damage wherever it lies. The newest file is read
+    // whole in any case: it is where a crash leaves its marks, and a file that
+    // ends inside a record (after a close, or a cut) must not be read through
+    // whatever its last bytes claim.
+    let check = match mode {
+        RecoveryMode::Lossy => OpenCheck::EveryFrame,
+        _ => options.open_check,
+    };
     let mut scans = Vec::with_capacity(ids.len());
-    for &id in &ids {
-        scans.push(scan_segment(storage, dir, id, options.open_check)?);
+    for (k, &id) in ids.iter().enumerate() {
+        let check = if k + 1 == ids.len() {
+            OpenCheck::EveryFrame
+        } else {
+            check
+        };
+        scans.push(scan_segment(storage, dir, id, check)?);
     }
 
     // The log start: the highest recorded anywhere. Segments wholly below it are
@@ -330,7 +346,8 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
         // never received a frame (a seal is fsynced before its successor's
         // first frame is written).
         let n = live.len();
-        let after_unsealed = n >= 2 && live.get(n - 2).is_some_and(|s| s.seal.is_none());
+        let before = n.checked_sub(2).and_then(|k| live.get(k));
+        let after_unsealed = before.filter(|b| b.seal.is_none()).map(Scan::last_seq);
         let Some(last) = live.last_mut() else { break };
         if last.is_empty_and_whole() && plan.reuse.is_none() {
             plan.reuse = live.pop();
@@ -349,7 +366,12 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
             break;
         }
         let cut = d.batch_start;
-        let holds_nothing = frames_below(&last.frames, cut) == 0 && after_unsealed;
+        // ... and the newest names a predecessor after the other's last frame, as
+        // a rotation does, and no valid frame of its own lies past the damage.
+        let holds_nothing = last.frames.is_empty()
+            && d.max_seen.is_none()
+            && after_unsealed
+                .is_some_and(|prev_last| last.header.is_some_and(|h| h.prev_seq > prev_last));
         if cut < SEGMENT_HEADER_LEN as u64 || holds_nothing {
             // No valid frame follows the damaged header: the file holds nothing.
             // (Recovery itself may have created a newer, empty segment before a
@@ -456,7 +478,8 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
             file: s.file.clone(),
             at: s.end(),
             seq: active_prev,
-            index: seal::encode(&s.frames, kept_log_start(s)),
+            index: IndexBuilder::of(&s.frames, kept_log_start(s))
+                .encode(s.header.map_or(0, |h| h.nonce)),
         }),
         _ => None,
     };
@@ -501,6 +524,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
             ActiveStart {
                 id: r.id,
                 len: r.end(),
+                nonce: r.header.map_or(0, |h| h.nonce),
                 path: r.path.into(),
                 file: r.file,
             }
@@ -679,6 +703,7 @@ fn create_active(
         created_unix_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
+        nonce: storage.random_u64(),
     };
     let file = storage
         .create(&path)
@@ -709,6 +734,7 @@ fn create_active(
         path,
         file,
         len: SEGMENT_HEADER_LEN as u64,
+        nonce: header.nonce,
     })
 }
 
@@ -849,6 +875,11 @@ fn scan_by_index(buf: &[u8], id: SegmentId, scan: &mut Scan) -> bool {
     let Ok(index) = seal::decode(f.payload, at as u64) else {
         return false;
     };
+    // The nonce proves the index was written for this segment by segwal: a
+    // producer's payload cannot know it.
+    if header.nonce == 0 || index.nonce != header.nonce {
+        return false;
+    }
     // Numbers run on from the file's name; the seal may skip ahead.
     let n = index.frames.len() as u64;
     if f.header.seq.get() < id.first_seq().get().saturating_add(n) {
@@ -1014,7 +1045,10 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
             // An index, if the seal carries one, must describe what was read.
             if !f.payload.is_empty() {
                 let fits = seal::decode(f.payload, offset as u64).and_then(|index| {
-                    let what = if index.frames != scan.frames {
+                    let nonce = scan.header.map_or(0, |h| h.nonce);
+                    let what = if index.nonce != nonce {
+                        "nonce differs from the segment header's"
+                    } else if index.frames != scan.frames {
                         "frames differ from the segment's"
                     } else if index.log_start != scan.log_start_marker {
                         "log start differs from the segment's"

@@ -21,9 +21,11 @@ const INTERNAL_AT: usize = COUNT_AT + 4;
 /// Offset of the highest log start recorded by the segment's frames (u64, 0 for
 /// none).
 const LOG_START_AT: usize = INTERNAL_AT + 4;
+/// Offset of the segment header's nonce (u64): the index belongs to that header.
+const NONCE_AT: usize = LOG_START_AT + 8;
 /// Offset of the frame offsets (u32 each), then the internal frames' positions
 /// in that list (u32 each).
-const OFFSETS_AT: usize = LOG_START_AT + 8;
+const OFFSETS_AT: usize = NONCE_AT + 8;
 /// The trailer after the lists: the seal frame's whole length (u32), so that
 /// recovery finds the seal from the end of the file.
 const TRAILER_LEN: usize = 4;
@@ -41,30 +43,76 @@ pub(crate) struct SealIndex {
     pub frames: Vec<(u32, u32, bool)>,
     /// The highest log start recorded by a `LogStart` frame of the segment.
     pub log_start: Option<Seq>,
+    /// The nonce of the segment header the index was written for.
+    pub nonce: u64,
 }
 
-/// The seal payload for a segment holding `frames` (offset, length, is_record)
-/// and whose `LogStart` frames record at most `log_start`: an index, or nothing
-/// if the segment holds more than [`INDEX_FRAMES_MAX`] frames.
-pub(crate) fn encode(frames: &[(u32, u32, bool)], log_start: Option<Seq>) -> Vec<u8> {
-    let internal: Vec<u32> = frames
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| !f.2)
-        .map(|(i, _)| i as u32)
-        .collect();
-    if frames.len() > INDEX_FRAMES_MAX {
-        return Vec::new();
+/// The frames of a segment as a seal index lists them: each frame's offset, and
+/// which of them are internal. Kept by the writer for its active segment (four
+/// bytes a frame), and rebuilt by recovery for a segment it seals.
+#[derive(Debug, Default)]
+pub(crate) struct IndexBuilder {
+    offsets: Vec<u32>,
+    internal: Vec<u32>,
+    log_start: Option<Seq>,
+    /// More frames than an index lists: the seal will carry none.
+    overflow: bool,
+}
+
+impl IndexBuilder {
+    /// The index of `frames` (offset, length, is_record), whose `LogStart`
+    /// frames record at most `log_start`.
+    pub(crate) fn of(frames: &[(u32, u32, bool)], log_start: Option<Seq>) -> IndexBuilder {
+        let mut b = IndexBuilder::default();
+        for f in frames {
+            b.push(f.0, f.2);
+        }
+        b.log_start = log_start;
+        b
     }
-    let len = EMPTY_INDEX_LEN + 4 * (frames.len() + internal.len());
+
+    /// Adds the next frame of the segment, at `offset`.
+    pub(crate) fn push(&mut self, offset: u32, is_record: bool) {
+        if self.overflow || self.offsets.len() == INDEX_FRAMES_MAX {
+            self.overflow = true;
+            self.offsets = Vec::new();
+            self.internal = Vec::new();
+            return;
+        }
+        if !is_record {
+            self.internal.push(self.offsets.len() as u32);
+        }
+        self.offsets.push(offset);
+    }
+
+    /// Records a `LogStart` frame's value.
+    pub(crate) fn log_start(&mut self, value: Seq) {
+        self.log_start = self.log_start.max(Some(value));
+    }
+
+    /// The seal payload for the segment whose header carries `nonce`: its index,
+    /// or nothing if the segment holds more than [`INDEX_FRAMES_MAX`] frames.
+    pub(crate) fn encode(&self, nonce: u64) -> Vec<u8> {
+        if self.overflow {
+            return Vec::new();
+        }
+        encode(&self.offsets, &self.internal, self.log_start, nonce)
+    }
+}
+
+/// Encodes an index of frames at `offsets`, those at positions `internal` being
+/// internal frames.
+fn encode(offsets: &[u32], internal: &[u32], log_start: Option<Seq>, nonce: u64) -> Vec<u8> {
+    let len = EMPTY_INDEX_LEN + 4 * (offsets.len() + internal.len());
     let mut out = Vec::with_capacity(len);
-    out.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(offsets.len() as u32).to_le_bytes());
     out.extend_from_slice(&(internal.len() as u32).to_le_bytes());
     out.extend_from_slice(&log_start.map_or(0, Seq::get).to_le_bytes());
-    for f in frames {
-        out.extend_from_slice(&f.0.to_le_bytes());
+    out.extend_from_slice(&nonce.to_le_bytes());
+    for o in offsets {
+        out.extend_from_slice(&o.to_le_bytes());
     }
-    for i in &internal {
+    for i in internal {
         out.extend_from_slice(&i.to_le_bytes());
     }
     out.extend_from_slice(&(frame_len(len) as u32).to_le_bytes());
@@ -92,11 +140,15 @@ pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corrupti
     let bad = |what| Corruption::BadSealIndex { what };
     let count = u32_at(payload, COUNT_AT).ok_or(bad("payload too short"))? as usize;
     let internal = u32_at(payload, INTERNAL_AT).ok_or(bad("payload too short"))? as usize;
-    let log_start = payload
-        .get(LOG_START_AT..OFFSETS_AT)
-        .and_then(|b| b.try_into().ok())
-        .map(u64::from_le_bytes)
-        .ok_or(bad("payload too short"))?;
+    let u64_at = |at: usize| {
+        payload
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .ok_or(bad("payload too short"))
+    };
+    let log_start = u64_at(LOG_START_AT)?;
+    let nonce = u64_at(NONCE_AT)?;
     if count > INDEX_FRAMES_MAX || internal > count {
         return Err(bad("frame count out of range"));
     }
@@ -151,6 +203,7 @@ pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corrupti
     Ok(SealIndex {
         frames,
         log_start: (log_start != 0).then(|| Seq::from(log_start)),
+        nonce,
     })
 }
 
@@ -166,12 +219,17 @@ mod tests {
         vec![(64, 140, true), (204, 48, false), (252, 41, true)]
     }
 
+    fn encode(frames: &[(u32, u32, bool)], log_start: Option<Seq>) -> Vec<u8> {
+        IndexBuilder::of(frames, log_start).encode(77)
+    }
+
     #[test]
     fn an_index_round_trips() {
         let payload = encode(&frames(), Some(Seq::from(9)));
         let index = decode(&payload, 293).expect("decodes");
         assert_eq!(index.frames, frames());
         assert_eq!(index.log_start, Some(Seq::from(9)));
+        assert_eq!(index.nonce, 77);
         let mut file = vec![0u8; 293];
         file.extend_from_slice(&[0; FRAME_HEADER_LEN]);
         file.extend_from_slice(&payload);

@@ -21,7 +21,8 @@ const FIRST_SEQ_AT: usize = FLAGS_AT + 4;
 const PREV_SEQ_AT: usize = FIRST_SEQ_AT + 8;
 const LOG_START_AT: usize = PREV_SEQ_AT + 8;
 const CREATED_AT: usize = LOG_START_AT + 8;
-const RESERVED_AT: usize = CREATED_AT + 8;
+const NONCE_AT: usize = CREATED_AT + 8;
+const RESERVED_AT: usize = NONCE_AT + 8;
 const CRC_AT: usize = 60;
 /// Length of the segment header; frames start right after it.
 pub(crate) const SEGMENT_HEADER_LEN: usize = CRC_AT + 4;
@@ -41,6 +42,11 @@ pub(crate) struct SegmentHeader {
     pub log_start: Seq,
     /// Wall clock at creation, milliseconds since the Unix epoch.
     pub created_unix_ms: u64,
+    /// A random number drawn when the segment was created, repeated in its seal
+    /// index: an index that names it was written by segwal for this segment,
+    /// not appended by a producer inside a record's payload. 0 in a segment
+    /// whose index must not be trusted.
+    pub nonce: u64,
 }
 
 impl SegmentHeader {
@@ -53,7 +59,8 @@ impl SegmentHeader {
         out[FIRST_SEQ_AT..PREV_SEQ_AT].copy_from_slice(&self.first_seq.get().to_le_bytes());
         out[PREV_SEQ_AT..LOG_START_AT].copy_from_slice(&self.prev_seq.get().to_le_bytes());
         out[LOG_START_AT..CREATED_AT].copy_from_slice(&self.log_start.get().to_le_bytes());
-        out[CREATED_AT..RESERVED_AT].copy_from_slice(&self.created_unix_ms.to_le_bytes());
+        out[CREATED_AT..NONCE_AT].copy_from_slice(&self.created_unix_ms.to_le_bytes());
+        out[NONCE_AT..RESERVED_AT].copy_from_slice(&self.nonce.to_le_bytes());
         let crc = crc32fast::hash(&out[..CRC_AT]);
         out[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         out
@@ -101,6 +108,7 @@ impl SegmentHeader {
             prev_seq: Seq::from(u64_at(PREV_SEQ_AT)),
             log_start: Seq::from(u64_at(LOG_START_AT)),
             created_unix_ms: u64_at(CREATED_AT),
+            nonce: u64_at(NONCE_AT),
         })
     }
 }
@@ -127,6 +135,7 @@ mod tests {
             prev_seq: Seq::from(41),
             log_start: Seq::from(7),
             created_unix_ms: 1_764_000_000_000,
+            nonce: 0x0123_4567_89ab_cdef,
         }
     }
 

@@ -19,7 +19,7 @@ use crate::frame::{self, FrameHeader, FrameKind};
 use crate::io::{self, StorageFile};
 use crate::options::{Bug, Durability};
 use crate::recovery::{ActiveStart, SealTarget};
-use crate::seal;
+use crate::seal::IndexBuilder;
 use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
 use crate::seq::{SegmentId, Seq};
 use crate::shared::{Completer, Counters, Shared, Ticket};
@@ -69,10 +69,10 @@ struct Active {
     created: Instant,
     /// Records written to it (internal frames not counted).
     records: u64,
-    /// (offset, length, is_record) of every frame written to it: its seal index.
-    frames: Vec<(u32, u32, bool)>,
-    /// The highest log start its `LogStart` frames record.
-    log_start_marker: Option<Seq>,
+    /// Its header's nonce, repeated in its seal index.
+    nonce: u64,
+    /// Every frame written to it: its seal index to be.
+    index: IndexBuilder,
 }
 
 pub(crate) struct Writer {
@@ -139,8 +139,8 @@ impl Writer {
             synced_len: active.len,
             created: Instant::now(),
             records: 0,
-            frames: Vec::new(),
-            log_start_marker: None,
+            nonce: active.nonce,
+            index: IndexBuilder::default(),
         };
         push_active(&shared, &active);
         let next_seq = active.id.first_seq();
@@ -377,7 +377,7 @@ impl Writer {
                 );
                 let len = frame::frame_len(payload.len()) as u32;
                 self.unsynced.push((offset32(offset), len, true));
-                self.active.frames.push((offset32(offset), len, true));
+                self.active.index.push(offset32(offset), true);
                 offset += u64::from(len);
                 self.next_seq = seq.next();
             }
@@ -474,7 +474,7 @@ impl Writer {
         };
         let salt = frame::salt(self.active.id);
         let records_end = self.active.len;
-        let index = seal::encode(&self.active.frames, self.active.log_start_marker);
+        let index = self.active.index.encode(self.active.nonce);
         // Count the seal as written before its fsync, so that a failed fsync
         // poisons with the seal cut off again: a reopen in this process must not
         // read from the page cache a seal the disk may not have.
@@ -527,10 +527,8 @@ impl Writer {
         );
         let len = self.buf.len() as u32;
         self.unsynced.push((offset32(self.active.len), len, false));
-        self.active
-            .frames
-            .push((offset32(self.active.len), len, false));
-        self.active.log_start_marker = self.active.log_start_marker.max(Some(new_start));
+        self.active.index.push(offset32(self.active.len), false);
+        self.active.index.log_start(new_start);
         self.next_seq = seq.next();
         if self.write_buf().is_err() || self.sync().is_err() {
             return;
@@ -586,6 +584,7 @@ fn create_segment(
         prev_seq,
         log_start,
         created_unix_ms: now_us() / 1000,
+        nonce: shared.storage.random_u64(),
     };
     let made_durable = io::write_all_at(&*file, &header.encode(), 0)
         .map_err(|e| fail("write segment header", e))
@@ -616,8 +615,8 @@ fn create_segment(
         synced_len: SEGMENT_HEADER_LEN as u64,
         created: Instant::now(),
         records: 0,
-        frames: Vec::new(),
-        log_start_marker: None,
+        nonce: header.nonce,
+        index: IndexBuilder::default(),
     })
 }
 

@@ -52,6 +52,19 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Makes the creation and removal of entries in `dir` durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// A random number, never 0: a new segment's nonce (docs/FORMAT.md). Not a
+    /// file-system operation, but the one thing the engine draws at random, so
+    /// that a simulated disk can draw it from its seed and stay reproducible.
+    fn random_u64(&self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish() | 1
+    }
     /// Takes an exclusive lock on `dir`, held until the guard is dropped. Must fail
     /// with [`LockError::Held`] while another guard for `dir` is alive, in this
     /// process or any other.

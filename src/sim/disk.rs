@@ -518,6 +518,10 @@ fn errno(code: i32) -> io::Error {
 }
 
 impl Storage for SimDisk {
+    fn random_u64(&self) -> u64 {
+        self.state.lock().rng.next_u64() | 1
+    }
+
     fn create_dir_all(&self, dir: &Path) -> io::Result<bool> {
         let mut s = self.state.lock();
         if s.crashed {

@@ -17,7 +17,7 @@ const FRAME_HEADER: u64 = 40;
 /// Length of the seal frame of a segment of `frames` frames, `internal` of them
 /// internal: a frame header and its index (docs/FORMAT.md, "The seal index").
 fn seal_len(frames: u64, internal: u64) -> u64 {
-    FRAME_HEADER + 20 + 4 * (frames + internal)
+    FRAME_HEADER + 28 + 4 * (frames + internal)
 }
 
 /// Appends `n` records of `len` bytes, one write batch each; returns their seqs.
@@ -551,4 +551,85 @@ fn a_file_named_like_a_segment_with_a_bad_name_is_refused() {
     std::fs::remove_file(&odd).expect("remove");
     std::fs::write(dir.join("README.txt"), b"notes").expect("write");
     Outbox::open(&dir, Options::default()).expect("open with a note beside");
+}
+
+/// A seal frame as a producer could forge it inside a record's payload: kind 3,
+/// `seq`, and an index of one frame at offset 64 naming `nonce`, checksummed with
+/// the salt of segment `first_seq` (docs/FORMAT.md, "Frames", "The seal index").
+fn forged_seal(first_seq: u64, seq: u64, nonce: u64) -> Vec<u8> {
+    let mut payload = Vec::new();
+    payload.extend_from_slice(&1u32.to_le_bytes()); // frames
+    payload.extend_from_slice(&0u32.to_le_bytes()); // internal frames
+    payload.extend_from_slice(&0u64.to_le_bytes()); // log start
+    payload.extend_from_slice(&nonce.to_le_bytes());
+    payload.extend_from_slice(&64u32.to_le_bytes()); // the one frame's offset
+    let frame_len = FRAME_HEADER as usize + payload.len() + 4;
+    payload.extend_from_slice(&(frame_len as u32).to_le_bytes()); // trailer
+    let mut frame = vec![0xC5, b'W', b'F', b'R', 0, 0, 0, 0];
+    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&[3, 1, 0, 0]); // seal, batch end, no ext
+    frame.extend_from_slice(&seq.to_le_bytes());
+    frame.extend_from_slice(&seq.to_le_bytes()); // group
+    frame.extend_from_slice(&0u64.to_le_bytes()); // timestamp
+    frame.extend_from_slice(&payload);
+    let salt = (first_seq ^ (first_seq >> 32)) as u32;
+    let mut crc = crc32fast::Hasher::new_with_initial(salt);
+    crc.update(&frame[8..]);
+    frame[4..8].copy_from_slice(&crc.finalize().to_le_bytes());
+    frame
+}
+
+/// Writes an empty segment `first` after `prev` next to `like`, with `like`'s
+/// header otherwise (docs/FORMAT.md, "Segment header").
+fn empty_segment_after(like: &Path, first: u64, prev: u64) -> PathBuf {
+    let mut header = std::fs::read(like).expect("read")[..64].to_vec();
+    header[16..24].copy_from_slice(&first.to_le_bytes());
+    header[24..32].copy_from_slice(&prev.to_le_bytes());
+    header[48..56].copy_from_slice(&0x5eed_u64.to_le_bytes());
+    let crc = crc32fast::hash(&header[..60]);
+    header[60..64].copy_from_slice(&crc.to_le_bytes());
+    let path = like.with_file_name(format!("{first:020}.seg"));
+    std::fs::write(&path, &header).expect("write");
+    path
+}
+
+#[test]
+fn a_seal_forged_inside_a_payload_is_never_trusted() {
+    // A producer appends, as its last record before a close, bytes that form a
+    // seal of this segment. Closed, the file ends with them.
+    for nonce_known in [false, true] {
+        let (_t, dir) = tmp();
+        let outbox = Outbox::open(&dir, Options::default()).expect("open");
+        let mut seqs = fill(&outbox, 5, 100);
+        let seg = last_segment(&dir);
+        let first = seqs[0].get();
+        let forged_seq = seqs[4].get() + 1;
+        // The header's nonce, as a producer that could read the files would
+        // know it; one that cannot guesses.
+        let nonce = if nonce_known {
+            let bytes = std::fs::read(&seg).expect("read");
+            u64::from_le_bytes(bytes[48..56].try_into().expect("8 bytes"))
+        } else {
+            0x1234
+        };
+        let payload = forged_seal(first, forged_seq + 1, nonce);
+        seqs.push(outbox.append(&payload).expect("append"));
+        assert_eq!(seqs[5].get(), forged_seq);
+        outbox.close().expect("close");
+        assert!(std::fs::read(&seg).expect("read").ends_with(&payload));
+        if !nonce_known {
+            // As after a crash between recovery's cut and its seal: the file is
+            // no longer the newest, and the next one names the forged seal.
+            empty_segment_after(&seg, forged_seq + 2, forged_seq + 1);
+        }
+        let outbox = Outbox::open(&dir, Options::default()).expect("open");
+        let records = drain(&outbox);
+        assert_eq!(
+            records.iter().map(|r| r.seq()).collect::<Vec<_>>(),
+            seqs,
+            "every record, the forged one as a record (nonce known: {nonce_known})"
+        );
+        assert_eq!(records[5].payload(), &payload[..]);
+        outbox.close().expect("close");
+    }
 }
