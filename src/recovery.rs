@@ -273,7 +273,14 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
         } else {
             check
         };
-        scans.push(scan_segment(storage, dir, id, check)?);
+        // The two newest files are the only ones a writer of this process may
+        // have left with bytes not yet synced (its active segment, and the one
+        // it was sealing), if a write, a cut or a seal failed: make what is
+        // about to be read durable first, so that a reopen in the same process
+        // never builds on bytes a power cut would take back. (Bytes a failed
+        // fsync dropped are the writer's to cut back when it is poisoned.)
+        let sync = k + 2 >= ids.len();
+        scans.push(scan_segment(storage, dir, id, check, sync)?);
     }
 
     // The log start: the highest recorded anywhere. Segments wholly below it are
@@ -789,11 +796,16 @@ fn scan_segment(
     dir: &Path,
     id: SegmentId,
     check: OpenCheck,
+    sync: bool,
 ) -> Result<Scan> {
     let path = dir.join(id.file_name());
     let file = storage
         .open(&path)
         .map_err(|e| Error::io("open segment", &path, e))?;
+    if sync {
+        file.sync_data()
+            .map_err(|e| Error::io("sync segment", &path, e))?;
+    }
     let len = file
         .len()
         .map_err(|e| Error::io("stat segment", &path, e))?;

@@ -66,6 +66,9 @@ pub enum Fault {
     SyncDirEio,
     /// `create` fails with ENOSPC.
     CreateEnospc,
+    /// `set_len` or `allocate` (a truncation, a seal's cut, a preallocation)
+    /// fails with EIO and changes nothing.
+    SetLenEio,
 }
 
 /// Which operations a fault hits.
@@ -480,6 +483,7 @@ impl OpKind {
             ) | (OpKind::Sync, Fault::SyncEio)
                 | (OpKind::SyncDir, Fault::SyncDirEio)
                 | (OpKind::Create, Fault::CreateEnospc)
+                | (OpKind::SetLen, Fault::SetLenEio)
         )
     }
 }
@@ -761,11 +765,14 @@ impl StorageFile for SimFile {
         let mut guard = self.disk.state.lock();
         let s = &mut *guard;
         SimDisk::check_alive(s, self.generation)?;
-        self.disk.begin(
+        let fault = self.disk.begin(
             s,
             OpKind::SetLen,
             &format!("set_len inode {} to {len}", self.ino),
         )?;
+        if fault == Some(Fault::SetLenEio) {
+            return Err(errno(5));
+        }
         let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
         inode.live.resize(len as usize, 0);
         inode.pending.push(Pending::SetLen(len));
@@ -782,11 +789,14 @@ impl StorageFile for SimFile {
         }
         // Like a growing `set_len`: zeros, durable only after a sync (and a crash
         // may keep the new length or not).
-        self.disk.begin(
+        let fault = self.disk.begin(
             s,
             OpKind::SetLen,
             &format!("allocate inode {} to {len}", self.ino),
         )?;
+        if fault == Some(Fault::SetLenEio) {
+            return Err(errno(5));
+        }
         let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
         inode.live.resize(len as usize, 0);
         inode.pending.push(Pending::SetLen(len));

@@ -683,6 +683,7 @@ pub fn fault_loop(seed: u64, workload: &Workload, bug: Option<Bug>) -> Result<Fi
         Fault::SyncEio,
         Fault::SyncDirEio,
         Fault::CreateEnospc,
+        Fault::SetLenEio,
     ];
     for at_op in 0..total {
         for fault in faults {
