@@ -201,12 +201,18 @@ impl Drop for Scratch {
 }
 
 /// Copies the files of `from` into a new directory `to`, keeping lengths (the
-/// preallocated zeros of a segment are copied as written zeros).
+/// preallocated zeros of a segment are copied as written zeros), and makes the
+/// copy durable, as the files of a crashed process are by the time it restarts:
+/// an open must not be timed writing back the copy.
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir(to).expect("mkdir");
     for entry in std::fs::read_dir(from).expect("read_dir") {
         let entry = entry.expect("entry");
-        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+        let target = to.join(entry.file_name());
+        std::fs::copy(entry.path(), &target).expect("copy");
+        std::fs::File::open(&target)
+            .and_then(|f| f.sync_all())
+            .expect("sync");
     }
 }
 
