@@ -671,6 +671,27 @@ impl SimFile {
         }
         Ok(())
     }
+
+    /// `set_len` (or, `grow_only`, `allocate`): one mutating operation, which a
+    /// `SetLenEio` fault fails, changing the live length now and the durable one
+    /// at the next sync.
+    fn resize(&self, len: u64, op: &str, grow_only: bool) -> io::Result<()> {
+        let mut guard = self.disk.state.lock();
+        let s = &mut *guard;
+        SimDisk::check_alive(s, self.generation)?;
+        let inode = s.inodes.get(&self.ino).ok_or_else(crashed_error)?;
+        if grow_only && inode.live.len() as u64 >= len {
+            return Ok(());
+        }
+        let what = format!("{op} inode {} to {len}", self.ino);
+        if self.disk.begin(s, OpKind::SetLen, &what)? == Some(Fault::SetLenEio) {
+            return Err(errno(5));
+        }
+        let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
+        inode.live.resize(len as usize, 0);
+        inode.pending.push(Pending::SetLen(len));
+        Ok(())
+    }
 }
 
 impl StorageFile for SimFile {
@@ -762,45 +783,13 @@ impl StorageFile for SimFile {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        let mut guard = self.disk.state.lock();
-        let s = &mut *guard;
-        SimDisk::check_alive(s, self.generation)?;
-        let fault = self.disk.begin(
-            s,
-            OpKind::SetLen,
-            &format!("set_len inode {} to {len}", self.ino),
-        )?;
-        if fault == Some(Fault::SetLenEio) {
-            return Err(errno(5));
-        }
-        let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
-        inode.live.resize(len as usize, 0);
-        inode.pending.push(Pending::SetLen(len));
-        Ok(())
+        self.resize(len, "set_len", false)
     }
 
     fn allocate(&self, len: u64) -> io::Result<()> {
-        let mut guard = self.disk.state.lock();
-        let s = &mut *guard;
-        SimDisk::check_alive(s, self.generation)?;
-        let inode = s.inodes.get(&self.ino).ok_or_else(crashed_error)?;
-        if inode.live.len() as u64 >= len {
-            return Ok(());
-        }
         // Like a growing `set_len`: zeros, durable only after a sync (and a crash
         // may keep the new length or not).
-        let fault = self.disk.begin(
-            s,
-            OpKind::SetLen,
-            &format!("allocate inode {} to {len}", self.ino),
-        )?;
-        if fault == Some(Fault::SetLenEio) {
-            return Err(errno(5));
-        }
-        let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
-        inode.live.resize(len as usize, 0);
-        inode.pending.push(Pending::SetLen(len));
-        Ok(())
+        self.resize(len, "allocate", true)
     }
 
     fn len(&self) -> io::Result<u64> {
