@@ -301,17 +301,27 @@ fn field<const N: usize>(header: &[u8; FRAME_HEADER_LEN], at: usize) -> [u8; N] 
         .unwrap_or([0; N])
 }
 
-/// Offset of the first position at or after `from` where a valid frame decodes,
-/// with that frame. Used by recovery to look past damage.
-pub(crate) fn find_valid_frame(buf: &[u8], from: usize, salt: u32) -> Option<(usize, Frame<'_>)> {
+/// Offset of the first position in `from..until` where a valid frame decodes,
+/// with that frame (which may extend past `until`). Used by recovery to look
+/// past damage.
+pub(crate) fn find_valid_frame(
+    buf: &[u8],
+    from: usize,
+    until: usize,
+    salt: u32,
+) -> Option<(usize, Frame<'_>)> {
+    let until = until.min(buf.len());
     let mut at = from;
-    while at + FRAME_HEADER_LEN <= buf.len() {
-        let found = buf
-            .get(at..)?
-            .windows(FRAME_MAGIC.len())
-            .position(|w| w == FRAME_MAGIC)?;
-        at += found;
-        if let Ok(frame) = decode(buf.get(at..)?, salt) {
+    while at < until && at + FRAME_HEADER_LEN <= buf.len() {
+        // The magic's first byte, then the rest of it.
+        at += buf
+            .get(at..until)?
+            .iter()
+            .position(|&b| b == FRAME_MAGIC[0])?;
+        let rest = buf.get(at..)?;
+        if rest.starts_with(&FRAME_MAGIC)
+            && let Ok(frame) = decode(rest, salt)
+        {
             return Some((at, frame));
         }
         at += 1;
@@ -439,9 +449,14 @@ mod tests {
         buf.extend_from_slice(&[0xFF; 50]);
         let at = buf.len();
         encode(&mut buf, &header(12), b"real", SALT);
-        let (found_at, frame) = find_valid_frame(&buf, 0, SALT).expect("frame found");
+        let (found_at, frame) = find_valid_frame(&buf, 0, buf.len(), SALT).expect("frame found");
         assert_eq!(found_at, at);
         assert_eq!(frame.payload, b"real");
-        assert!(find_valid_frame(&buf, at + 1, SALT).is_none());
+        assert!(find_valid_frame(&buf, at + 1, buf.len(), SALT).is_none());
+        // Only starts before `until` count; the frame found may run past it.
+        assert!(find_valid_frame(&buf, 0, at, SALT).is_none());
+        let (found_at, _) =
+            find_valid_frame(&buf, 0, at + 1, SALT).expect("frame starts before until");
+        assert_eq!(found_at, at);
     }
 }

@@ -836,7 +836,7 @@ fn scan_segment(
         // Look past the damage: a valid frame of a later sync group proves the
         // damaged one was fsynced, so it cannot be torn.
         let mut at = (d.offset as usize).saturating_add(1);
-        while let Some((found_at, f)) = frame::find_valid_frame(buf, at, salt) {
+        while let Some((found_at, f)) = next_valid_frame(&*scan.file, buf, at, salt) {
             let h = f.header;
             at = found_at + f.len.max(1);
             // A header is fsynced before any frame is written, so a valid frame after
@@ -975,7 +975,7 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
             // Zeros up to the end of the file: space preallocated and never
             // written, the clean end of the data (unless a write batch is still
             // open, checked below).
-            Err(_) if all_zero(rest) => break,
+            Err(_) if zeros_to_end(&*scan.file, buf, offset) => break,
             Err(cause) => {
                 return Some(Damage {
                     offset: offset as u64,
@@ -1094,6 +1094,68 @@ fn scan_frames(buf: &[u8], id: SegmentId, scan: &mut Scan) -> Option<Damage> {
             max_seen: None,
             evidence: None,
         });
+    }
+    None
+}
+
+/// The file's next region that may hold data, from `at` on, as offsets into
+/// `buf` (the file's view): `None` if the rest reads as zeros. A file system
+/// that cannot tell reports the rest as data; so does a failed query.
+fn data_region(file: &dyn StorageFile, buf: &[u8], at: usize) -> Option<(usize, usize)> {
+    if at >= buf.len() {
+        return None;
+    }
+    let whole = Some((at, buf.len()));
+    let Ok(region) = file.next_data(at as u64) else {
+        return whole;
+    };
+    let r = region?;
+    let (Ok(start), Ok(end)) = (usize::try_from(r.start), usize::try_from(r.end)) else {
+        return whole;
+    };
+    let start = start.max(at);
+    if start >= buf.len() {
+        return None;
+    }
+    // A region that makes no progress is not trusted.
+    Some((
+        start,
+        if end > start {
+            end.min(buf.len())
+        } else {
+            buf.len()
+        },
+    ))
+}
+
+/// Whether every byte of `buf` from `from` on is zero: the clean end of a
+/// preallocated segment. Asks the file where its data lies, so that space
+/// preallocated and never written (most of a new segment's file) is not read.
+fn zeros_to_end(file: &dyn StorageFile, buf: &[u8], from: usize) -> bool {
+    let mut at = from;
+    while let Some((start, end)) = data_region(file, buf, at) {
+        if !all_zero(buf.get(start..end).unwrap_or_default()) {
+            return false;
+        }
+        at = end;
+    }
+    true
+}
+
+/// The first valid frame starting at or after `at`, looking only inside the
+/// file's data regions: a frame begins with its magic, whose first byte is not
+/// zero, so none starts in a hole.
+fn next_valid_frame<'a>(
+    file: &dyn StorageFile,
+    buf: &'a [u8],
+    mut at: usize,
+    salt: u32,
+) -> Option<(usize, frame::Frame<'a>)> {
+    while let Some((start, end)) = data_region(file, buf, at) {
+        if let Some(found) = frame::find_valid_frame(buf, start, end, salt) {
+            return Some(found);
+        }
+        at = end;
     }
     None
 }

@@ -15,6 +15,7 @@ mod std_fs;
 use std::any::Any;
 use std::fmt;
 use std::io;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -88,6 +89,17 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// durable until `sync_data`. Where the file system cannot reserve space this
     /// may do nothing and succeed: the file then grows as it is written.
     fn allocate(&self, len: u64) -> io::Result<()>;
+    /// The first region at or after `offset` that may hold bytes other than zeros,
+    /// as a range of offsets, or `None` if every byte from `offset` to the end of
+    /// the file reads as zero (`lseek(2)` with `SEEK_DATA` and `SEEK_HOLE`). Only
+    /// a speed-up: recovery skips the preallocated space of a segment without
+    /// reading it. An implementation that cannot tell returns the rest of the
+    /// file, as the default does; bytes outside the regions it returns must read
+    /// as zeros.
+    fn next_data(&self, offset: u64) -> io::Result<Option<Range<u64>>> {
+        let len = self.len()?;
+        Ok((offset < len).then_some(offset..len))
+    }
     /// The file's current length in bytes.
     fn len(&self) -> io::Result<u64>;
     /// Whether the file is empty.

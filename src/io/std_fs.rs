@@ -2,6 +2,7 @@
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Seek, Write};
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -150,6 +151,43 @@ impl StorageFile for StdFile {
         }
     }
 
+    fn next_data(&self, offset: u64) -> io::Result<Option<Range<u64>>> {
+        let len = self.len()?;
+        if offset >= len {
+            return Ok(None);
+        }
+        let Ok(from) = libc::off_t::try_from(offset) else {
+            return Ok(Some(offset..len));
+        };
+        let fd = self.file.as_raw_fd();
+        // SAFETY: `lseek` on a file descriptor this `File` owns and keeps open for
+        // the duration of the call, with plain integer arguments. It moves the
+        // descriptor's position, which segwal never uses (all I/O is positioned).
+        let start = unsafe { libc::lseek(fd, from, libc::SEEK_DATA) };
+        if start < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                // No data at or after `offset`: holes (or unwritten space) to the end.
+                Some(libc::ENXIO) => Ok(None),
+                // The file system cannot tell: everything may be data.
+                _ => Ok(Some(offset..len)),
+            };
+        }
+        // SAFETY: as above.
+        let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
+        let (Ok(start), Ok(end)) = (u64::try_from(start), u64::try_from(end)) else {
+            return Ok(Some(offset..len));
+        };
+        // The file may have grown or shrunk between the calls: clamp to what
+        // was asked and what the length allows.
+        let start = start.max(offset);
+        if start >= len {
+            return Ok(None);
+        }
+        let end = if end > start { end.min(len) } else { len };
+        Ok(Some(start..end))
+    }
+
     fn len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
     }
@@ -168,5 +206,41 @@ impl StorageFile for StdFile {
         // outside the contract (docs/FORMAT.md, "What we assume").
         let map = unsafe { memmap2::MmapOptions::new().len(len).map(&self.file)? };
         Ok(Arc::new(map))
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::indexing_slicing, reason = "tests read bytes at known offsets")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_data_covers_every_byte_written_and_nothing_past_the_end() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("f");
+        let storage = StdStorage;
+        let file = storage.create(&path).expect("create");
+        file.allocate(1 << 20).expect("allocate");
+        file.write_at(&[7; 100], 0).expect("write");
+        file.write_at(&[9; 100], 600_000).expect("write");
+        file.set_len(2 << 20).expect("grow");
+        file.sync_data().expect("sync");
+        let len = file.len().expect("len");
+        let bytes = std::fs::read(&path).expect("read");
+        let mut covered = vec![false; bytes.len()];
+        let mut at = 0;
+        while let Some(r) = file.next_data(at).expect("next_data") {
+            assert!(r.start >= at && r.start < r.end && r.end <= len, "{r:?}");
+            covered[r.start as usize..r.end as usize].fill(true);
+            at = r.end;
+        }
+        for (i, &b) in bytes.iter().enumerate() {
+            assert!(
+                b == 0 || covered[i],
+                "byte {i} holds data outside every region"
+            );
+        }
+        assert!(covered[0] && covered[600_000]);
+        assert_eq!(file.next_data(len).expect("at the end"), None);
     }
 }

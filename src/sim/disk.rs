@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -790,6 +791,38 @@ impl StorageFile for SimFile {
         // Like a growing `set_len`: zeros, durable only after a sync (and a crash
         // may keep the new length or not).
         self.resize(len, "allocate", true)
+    }
+
+    /// Reports as holes the 512-byte sectors that read as zeros (a file system
+    /// may report written zeros as data or as a hole; this one always says hole,
+    /// so that recovery's skipping is exercised wherever zeros lie).
+    fn next_data(&self, offset: u64) -> io::Result<Option<Range<u64>>> {
+        let mut guard = self.disk.state.lock();
+        let s = &mut *guard;
+        SimDisk::check_alive(s, self.generation)?;
+        Self::read_fault(s)?;
+        let inode = s.inodes.get(&self.ino).ok_or_else(crashed_error)?;
+        let live = &inode.live;
+        let len = live.len() as u64;
+        let sector = SECTOR as u64;
+        let zero = |k: u64| {
+            let from = (k * sector) as usize;
+            let to = ((k + 1) * sector).min(len) as usize;
+            live.get(from..to).is_none_or(|b| b.iter().all(|&x| x == 0))
+        };
+        let sectors = len.div_ceil(sector);
+        let mut k = offset / sector;
+        while k < sectors && zero(k) {
+            k += 1;
+        }
+        if k >= sectors {
+            return Ok(None);
+        }
+        let start = (k * sector).max(offset);
+        while k < sectors && !zero(k) {
+            k += 1;
+        }
+        Ok(Some(start..(k * sector).min(len)))
     }
 
     fn len(&self) -> io::Result<u64> {

@@ -885,7 +885,7 @@ pub fn check_frame_bytes(data: &[u8]) {
             Err(_) => break,
         }
     }
-    if let Some((found, frame)) = crate::frame::find_valid_frame(data, at, salt) {
+    if let Some((found, frame)) = crate::frame::find_valid_frame(data, at, data.len(), salt) {
         assert!(found >= at && found + frame.len <= data.len());
     }
     let _ = crate::segment::SegmentHeader::decode(data);

@@ -236,6 +236,62 @@ fn a_damaged_frame_followed_by_a_later_batch_is_corruption_not_a_torn_tail() {
     assert_eq!(len(&seg), full, "a refused open changed the file");
 }
 
+/// Recovery skips preallocated space without reading it (docs/FORMAT.md), yet a
+/// valid frame beyond such space still proves that damage before it is not torn.
+#[test]
+fn a_valid_frame_beyond_unwritten_space_still_proves_damage_is_not_torn() {
+    let (_t, dir, seqs) = one_segment(10);
+    let seg = last_segment(&dir);
+    let last_at = SEGMENT_HEADER + 9 * 140;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .expect("open");
+    let mut last = vec![0u8; 140];
+    file.read_exact_at(&mut last, last_at)
+        .expect("read the last frame");
+    // Frames 1..=9, the ninth damaged (alone, a torn tail), then 4 MiB of space
+    // never written, then the tenth frame, of a later write batch.
+    file.set_len(last_at).expect("cut");
+    drop(file);
+    flip_byte(&seg, last_at - 140 + FRAME_HEADER + 20);
+    let far = 4 << 20;
+    let file = OpenOptions::new().write(true).open(&seg).expect("open");
+    file.set_len(8 << 20).expect("grow");
+    file.write_all_at(&last, far).expect("write far");
+    file.sync_all().expect("sync");
+    match Outbox::open(&dir, Options::default()) {
+        Err(Error::Corrupt {
+            path, offset, kind, ..
+        }) => {
+            assert_eq!(path, seg);
+            assert_eq!(offset, last_at - 140);
+            assert_eq!(
+                kind,
+                Corruption::DamageBeforeValidFrame {
+                    valid_offset: far,
+                    valid_seq: seqs[9],
+                }
+            );
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_eq!(len(&seg), 8 << 20, "a refused open changed the file");
+    // Without the far frame the same damage is a torn tail.
+    file.write_all_at(&[0; 140], far).expect("zero far");
+    file.sync_all().expect("sync");
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let torn = outbox
+        .recovery_report()
+        .torn_tail
+        .clone()
+        .expect("torn tail");
+    assert_eq!(torn.offset, last_at - 140);
+    assert_eq!(recovered_seqs(&outbox), seqs[..8]);
+    outbox.close().expect("close");
+}
+
 #[test]
 fn a_flipped_length_bit_is_not_mistaken_for_a_torn_tail() {
     let (_t, dir, _seqs) = one_segment(10);
