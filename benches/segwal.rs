@@ -7,6 +7,7 @@
 //! comparison with other engines is a separate crate: `benches/compare`.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -145,6 +146,9 @@ fn open_log(c: &mut Criterion) {
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(5));
+    let torn = tmp.path().join("torn");
+    copy_dir(&crashed, &torn);
+    tear_newest(&torn);
     for check in [OpenCheck::SealIndex, OpenCheck::EveryFrame] {
         let options = Options::default().open_check(check);
         group.bench_function(format!("{records}x256B closed {check:?}"), |b| {
@@ -154,27 +158,49 @@ fn open_log(c: &mut Criterion) {
                 outbox.close().expect("close");
             });
         });
-        group.bench_function(format!("{records}x256B crashed {check:?}"), |b| {
-            let mut n = 0;
-            b.iter_batched(
-                || {
-                    n += 1;
-                    let copy = tmp.path().join(format!("copy-{n}"));
-                    copy_dir(&crashed, &copy);
-                    Scratch(copy)
-                },
-                |copy| {
-                    let outbox = Outbox::open(&copy.0, options.clone()).expect("open");
-                    assert_eq!(outbox.stats().pending, records);
-                    outbox.close().expect("close");
-                    copy
-                },
-                BatchSize::PerIteration,
+        for (name, from) in [("crashed", &crashed), ("crashed torn", &torn)] {
+            bench_crashed_open(
+                &mut group,
+                &format!("{records}x256B {name} {check:?}"),
+                from,
+                &options,
+                records,
+                tmp.path(),
             );
-        });
+        }
     }
     group.finish();
     memory(&closed);
+}
+
+/// Opens a fresh copy of the crashed log `from` per iteration (the copy is not
+/// timed).
+fn bench_crashed_open(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    from: &Path,
+    options: &Options,
+    records: u64,
+    scratch: &Path,
+) {
+    static COPIES: AtomicUsize = AtomicUsize::new(0);
+    group.bench_function(name, |b| {
+        b.iter_batched(
+            || {
+                let n = COPIES.fetch_add(1, Ordering::Relaxed);
+                let copy = scratch.join(format!("copy-{n}"));
+                copy_dir(from, &copy);
+                Scratch(copy)
+            },
+            |copy| {
+                let outbox = Outbox::open(&copy.0, options.clone()).expect("open");
+                assert_eq!(outbox.stats().pending, records);
+                outbox.close().expect("close");
+                copy
+            },
+            BatchSize::PerIteration,
+        );
+    });
 }
 
 /// Fills a log like [`fill`], then leaves it as a crash would: the writer's
@@ -200,20 +226,54 @@ impl Drop for Scratch {
     }
 }
 
-/// Copies the files of `from` into a new directory `to`, keeping lengths (the
-/// preallocated zeros of a segment are copied as written zeros), and makes the
-/// copy durable, as the files of a crashed process are by the time it restarts:
-/// an open must not be timed writing back the copy.
+/// Copies the files of `from` into a new directory `to` as a crash leaves them:
+/// each file's bytes up to its last non-zero byte are written, and the rest of
+/// its length (a segment's preallocated space) is preallocated again, unwritten,
+/// not written as zeros. The copy is made durable, as the files of a crashed
+/// process are by the time it restarts: an open must not be timed writing back
+/// the copy.
 fn copy_dir(from: &Path, to: &Path) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
     std::fs::create_dir(to).expect("mkdir");
     for entry in std::fs::read_dir(from).expect("read_dir") {
         let entry = entry.expect("entry");
-        let target = to.join(entry.file_name());
-        std::fs::copy(entry.path(), &target).expect("copy");
-        std::fs::File::open(&target)
-            .and_then(|f| f.sync_all())
-            .expect("sync");
+        let bytes = std::fs::read(entry.path()).expect("read");
+        let data = bytes.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+        let file = std::fs::File::create_new(to.join(entry.file_name())).expect("create");
+        file.write_all_at(&bytes[..data], 0).expect("write");
+        if bytes.len() > data {
+            let len = libc::off_t::try_from(bytes.len()).expect("length");
+            // SAFETY: fallocate on a descriptor `file` owns and keeps open.
+            let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+            if rc != 0 {
+                file.set_len(bytes.len() as u64).expect("extend");
+            }
+        }
+        file.sync_all().expect("sync");
     }
+}
+
+/// Writes 64 bytes of garbage right after the data of the newest segment of
+/// `dir`: a write batch torn by the crash, which recovery must look past
+/// (through the preallocated space after it) before cutting it.
+fn tear_newest(dir: &Path) {
+    use std::os::unix::fs::FileExt;
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    names.sort();
+    let newest = names.pop().expect("a segment");
+    let bytes = std::fs::read(&newest).expect("read");
+    let data = bytes.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&newest)
+        .expect("open");
+    file.write_all_at(&[0xAB; 64], data as u64).expect("tear");
+    file.sync_all().expect("sync");
 }
 
 /// State table memory per pending record, printed (not timed).

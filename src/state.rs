@@ -249,6 +249,10 @@ impl Table {
             next_seq.get(),
             "frames pushed out of sequence"
         );
+        seg.offsets.reserve(frames.len());
+        let words = (seg.offsets.len() + frames.len()).div_ceil(64);
+        seg.claimed.reserve(words.saturating_sub(seg.claimed.len()));
+        seg.done.reserve(words.saturating_sub(seg.done.len()));
         for &(offset, len, is_record) in frames {
             assert_eq!(offset, seg.end, "frames pushed with a gap");
             let i = seg.offsets.len();
