@@ -835,8 +835,10 @@ fn scan_segment(
     if let Some(mut d) = damage {
         // Look past the damage: a valid frame of a later sync group proves the
         // damaged one was fsynced, so it cannot be torn.
+        // Every byte is read here, holes or not: this runs only after damage,
+        // and a hole wrongly reported must not hide the frame that proves it.
         let mut at = (d.offset as usize).saturating_add(1);
-        while let Some((found_at, f)) = next_valid_frame(&*scan.file, buf, at, salt) {
+        while let Some((found_at, f)) = frame::find_valid_frame(buf, at, buf.len(), salt) {
             let h = f.header;
             at = found_at + f.len.max(1);
             // A header is fsynced before any frame is written, so a valid frame after
@@ -1130,9 +1132,16 @@ fn data_region(file: &dyn StorageFile, buf: &[u8], at: usize) -> Option<(usize, 
 
 /// Whether every byte of `buf` from `from` on is zero: the clean end of a
 /// preallocated segment. Asks the file where its data lies, so that space
-/// preallocated and never written (most of a new segment's file) is not read.
+/// preallocated and never written (most of a new segment's file) is not read;
+/// but the bytes up to the next page boundary are read first, so that a file
+/// system that wrongly reports a hole cannot overrule the bytes that just
+/// failed to decode.
 fn zeros_to_end(file: &dyn StorageFile, buf: &[u8], from: usize) -> bool {
-    let mut at = from;
+    let page = from.saturating_add(1).next_multiple_of(PAGE).min(buf.len());
+    if !all_zero(buf.get(from..page).unwrap_or_default()) {
+        return false;
+    }
+    let mut at = page;
     while let Some((start, end)) = data_region(file, buf, at) {
         if !all_zero(buf.get(start..end).unwrap_or_default()) {
             return false;
@@ -1142,23 +1151,9 @@ fn zeros_to_end(file: &dyn StorageFile, buf: &[u8], from: usize) -> bool {
     true
 }
 
-/// The first valid frame starting at or after `at`, looking only inside the
-/// file's data regions: a frame begins with its magic, whose first byte is not
-/// zero, so none starts in a hole.
-fn next_valid_frame<'a>(
-    file: &dyn StorageFile,
-    buf: &'a [u8],
-    mut at: usize,
-    salt: u32,
-) -> Option<(usize, frame::Frame<'a>)> {
-    while let Some((start, end)) = data_region(file, buf, at) {
-        if let Some(found) = frame::find_valid_frame(buf, start, end, salt) {
-            return Some(found);
-        }
-        at = end;
-    }
-    None
-}
+/// The granularity at which file systems report holes, and the bytes
+/// [`zeros_to_end`] reads before it asks.
+const PAGE: usize = 4096;
 
 /// Whether every byte of `buf` is zero. Runs over a whole preallocated tail at
 /// each open, so it compares eight bytes at a time.

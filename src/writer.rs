@@ -93,7 +93,7 @@ pub(crate) struct Writer {
     log_start: Seq,
     /// Encoding buffer, reused across batches.
     buf: Vec<u8>,
-    /// [`ZERO_AHEAD`] zeros, the source of the writes ahead of the frames.
+    /// [`ZERO_AHEAD_MAX`] zeros, the source of the writes ahead of the frames.
     zeros: Vec<u8>,
     /// Frames written since the last sync: (offset, length, is_record).
     unsynced: Vec<(u32, u32, bool)>,
@@ -165,7 +165,7 @@ impl Writer {
             last_written: Seq::from(next_seq.get() - 1),
             log_start,
             buf: Vec::with_capacity(1 << 16),
-            zeros: vec![0; ZERO_AHEAD as usize],
+            zeros: vec![0; ZERO_AHEAD_MAX as usize],
             unsynced: Vec::new(),
             group: None,
             unsynced_since: None,
@@ -407,7 +407,7 @@ impl Writer {
     }
 
     /// Writes `buf` at the end of the active segment, and zeros ahead of it when
-    /// it reached space not written before (see [`ZERO_AHEAD`]).
+    /// it reached space not written before (see [`ZERO_AHEAD_MIN`]).
     fn write_buf(&mut self) -> Result<()> {
         if let Err(e) = io::write_all_at(&*self.active.file, &self.buf, self.active.len) {
             return Err(self.poison("write", &self.active.path.clone(), e));
@@ -416,14 +416,21 @@ impl Writer {
         self.active.len += batch;
         let end = self.active.len;
         if end > self.active.zeroed {
-            let ahead = (end + ZERO_AHEAD).min(self.active.room);
-            if batch <= ZERO_AHEAD_BATCH_MAX && ahead > end {
-                let zeros = self.zeros.get(..(ahead - end) as usize).unwrap_or_default();
-                if let Err(e) = io::write_all_at(&*self.active.file, zeros, end) {
-                    return Err(self.poison("write zeros ahead", &self.active.path.clone(), e));
-                }
+            let ahead =
+                (end + (4 * batch).clamp(ZERO_AHEAD_MIN, ZERO_AHEAD_MAX)).min(self.active.room);
+            let zeros = self.zeros.get(..ahead.saturating_sub(end) as usize);
+            let written =
+                zeros.is_some_and(|z| io::write_all_at(&*self.active.file, z, end).is_ok());
+            if written {
+                self.active.zeroed = ahead;
+            } else {
+                // Only a speed-up: zeros written in part over preallocated zeros
+                // change nothing, and a failing device shows at the fdatasync.
+                // (A copy-on-write file system may refuse space its fallocate
+                // never reserved.) No more zeros ahead in this segment.
+                self.active.zeroed = end;
+                self.active.room = end;
             }
-            self.active.zeroed = ahead.max(end);
         }
         self.last_written = Seq::from(self.next_seq.get() - 1);
         if self.unsynced_since.is_none() {
@@ -696,17 +703,17 @@ fn write_seal(
 }
 
 /// Zeros written ahead of the frames, into the active segment's preallocated
-/// space, once the frames pass what was written before. A block written once is
-/// overwritten in place afterwards, and the fdatasync of a write into it need not
-/// also record that unwritten (preallocated) space became written: on ext4 that
-/// halves the cost of a small batch's fdatasync (docs/BENCHMARKS.md). Recovery
+/// space, once the frames pass what was written before: four times the batch,
+/// at least `ZERO_AHEAD_MIN` and at most `ZERO_AHEAD_MAX` bytes. A block written
+/// once is overwritten in place afterwards, and the fdatasync of a write into it
+/// need not also record that unwritten (preallocated) space became written: on
+/// ext4 that takes a third to a half off each fdatasync, for small batches and
+/// for 256 KiB ones alike (docs/BENCHMARKS.md). Every byte is written twice; the
+/// bounds keep the occasional fdatasync that carries the zeros short. Recovery
 /// reads zeros after the frames as the clean end of the data, written or not.
-const ZERO_AHEAD: u64 = 256 << 10;
-
-/// Zeros are written ahead only after batches up to this size: every byte zeroed
-/// is written twice, which costs more than it saves once a batch's own transfer
-/// outweighs the fixed cost of recording written space.
-const ZERO_AHEAD_BATCH_MAX: u64 = 32 << 10;
+const ZERO_AHEAD_MIN: u64 = 256 << 10;
+/// See [`ZERO_AHEAD_MIN`].
+const ZERO_AHEAD_MAX: u64 = 1 << 20;
 
 /// Where the writer starts, from recovery.
 pub(crate) struct Start {

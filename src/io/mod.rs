@@ -91,11 +91,12 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     fn allocate(&self, len: u64) -> io::Result<()>;
     /// The first region at or after `offset` that may hold bytes other than zeros,
     /// as a range of offsets, or `None` if every byte from `offset` to the end of
-    /// the file reads as zero (`lseek(2)` with `SEEK_DATA` and `SEEK_HOLE`). Only
-    /// a speed-up: recovery skips the preallocated space of a segment without
+    /// the file reads as zero (`lseek(2)` with `SEEK_DATA` and `SEEK_HOLE`). A
+    /// speed-up: recovery skips the preallocated space of a segment without
     /// reading it. An implementation that cannot tell returns the rest of the
     /// file, as the default does; bytes outside the regions it returns must read
-    /// as zeros.
+    /// as zeros. Recovery trusts it only where it expects zeros: past the first
+    /// page after the newest segment's last frame (docs/FORMAT.md).
     fn next_data(&self, offset: u64) -> io::Result<Option<Range<u64>>> {
         let len = self.len()?;
         Ok((offset < len).then_some(offset..len))

@@ -99,6 +99,9 @@ impl StorageFile for FaultyFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         self.inner.read_at(buf, offset)
     }
+    fn next_data(&self, offset: u64) -> io::Result<Option<std::ops::Range<u64>>> {
+        self.inner.next_data(offset)
+    }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
         let f = &self.faults;
         if f.fired.load(Ordering::SeqCst) {
