@@ -20,6 +20,9 @@ struct Faults {
     fail_sync: AtomicBool,
     fail_write: AtomicBool,
     fail_sync_dir: AtomicBool,
+    /// Refuse writes of zeros only (the writer's zeros ahead of its frames).
+    fail_zero_writes: AtomicBool,
+    zero_writes_refused: AtomicUsize,
     /// Set once any injected fault fired.
     fired: AtomicBool,
     /// Calls that reached a file after a fault fired.
@@ -109,6 +112,10 @@ impl StorageFile for FaultyFile {
         }
         if f.fail_write.load(Ordering::SeqCst) {
             f.fired.store(true, Ordering::SeqCst);
+            return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+        if f.fail_zero_writes.load(Ordering::SeqCst) && buf.iter().all(|&b| b == 0) {
+            f.zero_writes_refused.fetch_add(1, Ordering::SeqCst);
             return Err(io::Error::from_raw_os_error(28)); // ENOSPC
         }
         self.inner.write_at(buf, offset)
@@ -258,6 +265,24 @@ fn a_failed_write_poisons_and_the_segment_is_never_written_again() {
     assert_eq!(faults.syncs_after_fault.load(Ordering::SeqCst), 0);
     let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
     assert_eq!(drain(&outbox)[0].seq(), first);
+}
+
+/// Zeros written ahead of the frames are only a speed-up: when the disk refuses
+/// them (a copy-on-write file system may not have reserved the space), appends
+/// go on and nothing is lost.
+#[test]
+fn a_refused_write_of_zeros_ahead_does_not_poison() {
+    let (_t, dir) = tmp();
+    let (outbox, faults) = faulty(&dir, Options::default());
+    faults.fail_zero_writes.store(true, Ordering::SeqCst);
+    let seqs: Vec<Seq> = (0..5)
+        .map(|i| outbox.append(&payload(0, i)).expect("append"))
+        .collect();
+    assert_eq!(faults.zero_writes_refused.load(Ordering::SeqCst), 1);
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    let back: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+    assert_eq!(back, seqs);
 }
 
 #[test]
