@@ -148,13 +148,15 @@ fn results_md(run: &Run) -> String {
          preallocated with `fallocate`, calls `fdatasync` once and wakes that \
          batch: no framing, no checksum, no state. What the disk allows this design.\n\
          - **raw (growing file)**: the same writer appending to a file that grows \
-         with every write, as segwal's segments do: not a limit, a diagnostic of \
-         what file growth costs each `fdatasync`.\n\
+         with every write, as segwal's segments did before they were preallocated: \
+         not a limit, a diagnostic of what file growth costs each `fdatasync`.\n\
          - **raw (overwrite)**: the same writer overwriting, round and round, a \
          64 MiB region written with zeros and synced at open, as an engine that \
          recycles zero-filled files does (okaywal; SQLite reuses its WAL file \
          after a checkpoint): each `fdatasync` carries data only. A diagnostic \
-         too; on ext4 it is the faster one, see machine.md.\n\
+         too; on ext4 it is the faster one, see machine.md. segwal gets most of \
+         the way there by writing zeros ahead of its frames into its \
+         preallocated segment, so that most batches overwrite blocks in place.\n\
          - **sqlite FULL / NORMAL**: an outbox table in WAL mode, one transaction \
          per append, one shared connection. Under `synchronous=NORMAL` a commit is \
          not fsynced: it survives a process crash, **not a power loss**.\n\
