@@ -892,19 +892,40 @@ pub fn check_frame_bytes(data: &[u8]) {
 }
 
 /// Checks recovery over arbitrary segment files (the fuzz target `recovery`):
-/// `data` is cut into up to four files named as consecutive segments. Opening
-/// never panics; if it succeeds, only the newest file may have been cut, and
-/// every record handed out passes its checks.
-pub fn check_recovery_bytes(data: &[u8]) {
+/// `data` holds up to four files, each as its length (u16, little-endian) and
+/// its bytes (see [`recovery_input`]). A file long enough to hold a header is
+/// named after the `first_seq` its header claims, when that number runs on
+/// from the previous file's; otherwise it gets the next free number. So a real
+/// log, written out by [`recovery_seed`], comes back under its own names, and
+/// the fuzzer mutates logs whose seals and indexes check. Opening never panics;
+/// if it succeeds, only the newest file may have been cut, and every record
+/// handed out passes its checks. Returns how many records were handed out, or
+/// `None` if the open was refused.
+pub fn check_recovery_bytes(data: &[u8]) -> Option<u64> {
     let disk = SimDisk::new(0);
     let dir = dir();
     let _ = crate::io::Storage::create_dir_all(&disk, &dir);
-    let files: Vec<&[u8]> = data.split(|&b| b == 0xFE).take(4).collect();
+    let mut files: Vec<&[u8]> = Vec::new();
+    let mut rest = data;
+    while files.len() < 4 && rest.len() >= 2 {
+        let (len, tail) = rest.split_at(2);
+        let len = usize::from(u16::from_le_bytes([len[0], len[1]])).min(tail.len());
+        let (file, tail) = tail.split_at(len);
+        files.push(file);
+        rest = tail;
+    }
     let mut paths = Vec::new();
-    let mut first = 1u64;
+    // The lowest name the next file may claim, and the one it gets otherwise
+    // (room for a frame every 48 bytes of the file before it).
+    let (mut lowest, mut next) = (1u64, 1u64);
     for (k, bytes) in files.iter().enumerate() {
-        let id = crate::seq::SegmentId(first);
-        first += 1 + bytes.len() as u64 / 48;
+        let claimed = bytes
+            .get(16..24)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+            .filter(|&c| c >= lowest && c < 1 << 61);
+        let id = crate::seq::SegmentId(claimed.unwrap_or(next));
+        lowest = id.0 + 1;
+        next = id.0 + 1 + bytes.len() as u64 / 48;
         let path = dir.join(id.file_name());
         if let Ok(f) = crate::io::Storage::create(&disk, &path) {
             let _ = crate::io::write_all_at(&*f, bytes, 0);
@@ -932,16 +953,65 @@ pub fn check_recovery_bytes(data: &[u8]) {
                     );
                 }
             }
+            let mut handed_out = 0;
             while let Ok(records) = outbox.claim(64) {
                 if records.is_empty() {
                     break;
                 }
+                handed_out += records.len() as u64;
             }
             let _ = outbox.close();
+            Some(handed_out)
         }
-        Err(Error::Corrupt { .. } | Error::Io { .. }) => {}
+        Err(Error::Corrupt { .. } | Error::Io { .. }) => None,
         Err(e) => panic!("unexpected error from recovery: {e}"),
     }
+}
+
+/// The files of the outbox directory on `disk`, oldest first, as one input of
+/// the fuzz target `recovery`: each file as its length (u16, little-endian,
+/// files cut to 65,535 bytes) and its bytes.
+pub fn recovery_input(disk: &SimDisk) -> Vec<u8> {
+    let dir = dir();
+    let mut names: Vec<String> = disk.files(&dir);
+    names.retain(|n| n.ends_with(crate::seq::SEGMENT_SUFFIX));
+    names.sort();
+    let mut out = Vec::new();
+    for name in names.iter().take(4) {
+        let Ok(file) = crate::io::Storage::open(disk, &dir.join(name)) else {
+            continue;
+        };
+        let len = file.len().unwrap_or(0).min(u64::from(u16::MAX)) as usize;
+        let mut bytes = vec![0; len];
+        if crate::io::read_exact_at(&*file, &mut bytes, 0).is_err() {
+            continue;
+        }
+        out.extend_from_slice(&(len as u16).to_le_bytes());
+        out.extend_from_slice(&bytes);
+    }
+    out
+}
+
+/// A log written by the engine, for the `recovery` target's seed corpus: the
+/// random workload `seed` on a simulated disk with small segments, then, if
+/// `crash` is set, a power cut halfway through it (unsynced writes kept, lost
+/// or torn), else a clean close. Its sealed segments carry seal indexes that
+/// check, so the fuzzer starts from inputs that reach every path of recovery.
+pub fn recovery_seed(seed: u64, crash: bool) -> Vec<u8> {
+    let workload = Workload::random(seed, 40);
+    let options = workload.options(None);
+    let mut model = Model::default();
+    let disk = SimDisk::new(seed);
+    if crash {
+        let probe = SimDisk::new(seed);
+        let _ = execute(&probe, &workload, &options, &mut Model::default());
+        disk.crash_at(Some(probe.ops() / 2));
+    }
+    let _ = execute(&disk, &workload, &options, &mut model);
+    if crash {
+        disk.crash(CrashModel::default());
+    }
+    recovery_input(&disk)
 }
 
 /// Runs a workload decoded from `data` with a crash point also taken from it
