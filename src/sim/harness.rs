@@ -43,6 +43,9 @@ pub enum Step {
     ReleaseOne,
     /// Close the outbox and open it again.
     Reopen,
+    /// Wait past the segment age, then sync: the writer rotates the active
+    /// segment by age in between, if it holds records.
+    Age,
 }
 
 /// A workload: the steps and the options it runs with.
@@ -54,6 +57,9 @@ pub struct Workload {
     pub segment_bytes: u64,
     /// How recovery reads sealed segments.
     pub open_check: OpenCheck,
+    /// Segment age: an hour (never reached), or short where the workload
+    /// rotates by age (see [`Workload::with_age_rotation`]).
+    pub segment_age: std::time::Duration,
 }
 
 impl Workload {
@@ -83,6 +89,7 @@ impl Workload {
             steps,
             segment_bytes,
             open_check,
+            segment_age: std::time::Duration::from_secs(3600),
         }
     }
 
@@ -105,13 +112,33 @@ impl Workload {
             steps,
             segment_bytes: 1024,
             open_check: OpenCheck::SealIndex,
+            segment_age: std::time::Duration::from_secs(3600),
         }
+    }
+
+    /// The same workload with a segment age of 10 ms and an [`Step::Age`] after
+    /// every tenth step, so that segments are also rotated by age. Drawn from
+    /// nothing: the steps of the workload stay those of its seed. The writer's
+    /// timer runs on its own thread, so a rotation by age may also fall inside a
+    /// slow step: such a workload may not repeat its I/O exactly, though every
+    /// run is checked in full.
+    pub fn with_age_rotation(mut self) -> Workload {
+        self.segment_age = std::time::Duration::from_millis(10);
+        let mut steps = Vec::with_capacity(self.steps.len() * 11 / 10 + 1);
+        for (i, step) in self.steps.into_iter().enumerate() {
+            steps.push(step);
+            if i % 10 == 9 {
+                steps.push(Step::Age);
+            }
+        }
+        self.steps = steps;
+        self
     }
 
     fn options(&self, bug: Option<Bug>) -> Options {
         let options = Options::default()
             .segment_bytes(self.segment_bytes)
-            .segment_age(std::time::Duration::from_secs(3600))
+            .segment_age(self.segment_age)
             .open_check(self.open_check);
         match bug {
             Some(bug) => options.inject_bug(bug),
@@ -160,6 +187,8 @@ pub struct Figures {
     pub records_checked: u64,
     /// Faults injected by the fault loop.
     pub faults: u64,
+    /// [`Step::Age`] steps after which a new segment existed: rotations by age.
+    pub age_rotations: u64,
 }
 
 impl Figures {
@@ -171,6 +200,7 @@ impl Figures {
         self.torn_tails += o.torn_tails;
         self.records_checked += o.records_checked;
         self.faults += o.faults;
+        self.age_rotations += o.age_rotations;
     }
 }
 
@@ -212,6 +242,8 @@ struct Model {
     /// Every payload id ever handed to `append`.
     attempted: BTreeSet<u64>,
     next_id: u64,
+    /// Age steps after which a new segment existed.
+    age_rotations: u64,
 }
 
 impl Model {
@@ -232,6 +264,7 @@ impl Model {
                 .collect(),
             attempted: self.attempted.clone(),
             next_id: self.next_id,
+            age_rotations: self.age_rotations,
         }
     }
 }
@@ -367,6 +400,16 @@ fn execute_rotting(
                 }
                 None => false,
             },
+            Step::Age => {
+                let newest = || disk.files(&dir()).into_iter().max();
+                let before = newest();
+                std::thread::sleep(options.segment_age + std::time::Duration::from_millis(10));
+                let failed = outbox.sync().is_err();
+                if !failed && newest() > before {
+                    model.age_rotations += 1;
+                }
+                failed
+            }
             Step::ReleaseOne => match claimed.pop() {
                 Some(seq) => outbox.release(seq).is_err(),
                 None => false,
@@ -541,6 +584,7 @@ pub fn crash_every_step(
     disk.record_snapshots();
     let mut model = Model::default();
     execute(&disk, workload, &options, &mut model).map_err(|d| violation("I2", d, u64::MAX, 0))?;
+    figures.age_rotations = model.age_rotations;
     for (point, snapshot) in disk.take_snapshots().into_iter().enumerate() {
         let point = point as u64;
         let view = model.at(point);

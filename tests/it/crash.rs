@@ -65,19 +65,33 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
     let started = Instant::now();
     let total = over_seeds(first, seeds, |seed| {
         let workload = Workload::random(seed, steps);
+        // One workload in ten also rotates segments by age.
+        let workload = if seed % 10 == 9 {
+            workload.with_age_rotation()
+        } else {
+            workload
+        };
         harness::crash_every_step(seed, &workload, draws, None)
     });
     println!(
         "crash harness: seeds {first}..{}, {} crash points x {draws} draws = {} simulated crashes \
-         ({} also crashed inside recovery), {} torn tails cut, {} records checked, {:.1} s",
+         ({} also crashed inside recovery), {} torn tails cut, {} records checked, \
+         {} rotations by age, {:.1} s",
         first + seeds,
         total.crash_points,
         total.recoveries,
         total.crashes_in_recovery,
         total.torn_tails,
         total.records_checked,
+        total.age_rotations,
         started.elapsed().as_secs_f64()
     );
+    if seeds >= 10 {
+        assert!(
+            total.age_rotations > 0,
+            "no workload rotated a segment by age"
+        );
+    }
     assert!(
         total.torn_tails > 0,
         "no crash tore a tail: the harness is not crashing mid-write"
