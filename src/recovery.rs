@@ -1133,11 +1133,14 @@ fn data_region(file: &dyn StorageFile, buf: &[u8], at: usize) -> Option<(usize, 
 /// Whether every byte of `buf` from `from` on is zero: the clean end of a
 /// preallocated segment. Asks the file where its data lies, so that space
 /// preallocated and never written (most of a new segment's file) is not read;
-/// but the bytes up to the next page boundary are read first, so that a file
-/// system that wrongly reports a hole cannot overrule the bytes that just
+/// but at least the next 4 KiB (to a page boundary) are read first, so that a
+/// file system that wrongly reports a hole cannot overrule the bytes that just
 /// failed to decode.
 fn zeros_to_end(file: &dyn StorageFile, buf: &[u8], from: usize) -> bool {
-    let page = from.saturating_add(1).next_multiple_of(PAGE).min(buf.len());
+    let page = from
+        .saturating_add(PAGE)
+        .next_multiple_of(PAGE)
+        .min(buf.len());
     if !all_zero(buf.get(from..page).unwrap_or_default()) {
         return false;
     }

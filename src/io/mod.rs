@@ -95,8 +95,8 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// speed-up: recovery skips the preallocated space of a segment without
     /// reading it. An implementation that cannot tell returns the rest of the
     /// file, as the default does; bytes outside the regions it returns must read
-    /// as zeros. Recovery trusts it only where it expects zeros: past the first
-    /// page after the newest segment's last frame (docs/FORMAT.md).
+    /// as zeros. Recovery trusts it only where it expects zeros: more than 4 KiB
+    /// past the newest segment's last frame (docs/FORMAT.md).
     fn next_data(&self, offset: u64) -> io::Result<Option<Range<u64>>> {
         let len = self.len()?;
         Ok((offset < len).then_some(offset..len))

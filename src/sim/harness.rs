@@ -981,21 +981,44 @@ pub fn check_recovery_bytes(data: &[u8]) -> Option<u64> {
     let options = Options::default().segment_bytes(1024);
     match open(&disk, options) {
         Ok(outbox) => {
-            // Only the newest file holding frames may be cut: the last one, or the
-            // one before it when the last holds no more than a header.
-            let last_is_empty = paths.last().is_some_and(|p| p.1 <= 64);
-            let n = paths.len();
+            // Recovery may remove files (a newest file that holds nothing,
+            // leftovers below the log start), each one reported; it may cut a
+            // torn tail, reported, only from the newest file it keeps; and it
+            // seals that file, cutting its preallocated space. Every other file
+            // stays, at least as long as it was.
+            // (The newest file it keeps may be an empty segment, only zeros after
+            // its header, which becomes the active one again: then the file
+            // before it is the newest holding frames.)
+            let report = outbox.recovery_report();
+            let removed = |p: &Path| report.removed.iter().any(|r| r == p);
+            let kept: Vec<usize> = (0..paths.len())
+                .filter(|&k| !removed(&paths[k].0))
+                .collect();
+            let only_zeros =
+                |k: usize| files[k].get(64..).is_none_or(|b| b.iter().all(|&x| x == 0));
+            let may_cut = |k: usize| match kept.as_slice() {
+                [.., before, last] => k == *last || (k == *before && only_zeros(*last)),
+                [last] => k == *last,
+                [] => false,
+            };
+            if let Some(torn) = &report.torn_tail {
+                assert!(
+                    removed(&torn.path)
+                        || (0..paths.len()).any(|k| paths[k].0 == torn.path && may_cut(k)),
+                    "recovery cut {}, not the newest segment holding frames",
+                    torn.path.display()
+                );
+            }
             for (k, (path, len, _)) in paths.iter().enumerate() {
-                let may_cut = k + 1 == n || (last_is_empty && k + 2 == n);
-                if let Ok(f) = crate::io::Storage::open(&disk, path) {
-                    let now = f.len().unwrap_or(0);
-                    // Sealing appends one frame to the newest file with frames.
-                    assert!(
-                        may_cut || now >= *len,
-                        "recovery cut {}, not the newest",
-                        path.display()
-                    );
+                if removed(path) || may_cut(k) {
+                    continue;
                 }
+                let now = crate::io::Storage::open(&disk, path).map(|f| f.len().unwrap_or(0));
+                assert!(
+                    now.is_ok_and(|now| now >= *len),
+                    "recovery cut or removed {} without saying so",
+                    path.display()
+                );
             }
             let mut handed_out = 0;
             while let Ok(records) = outbox.claim(64) {
