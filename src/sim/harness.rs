@@ -46,6 +46,9 @@ pub enum Step {
     /// Wait past the segment age, then sync: the writer rotates the active
     /// segment by age in between, if it holds records.
     Age,
+    /// Append one record of this many bytes from each of this many threads at
+    /// once: the writer may gather them into one batch, in any order.
+    Concurrent(usize, usize),
 }
 
 /// A workload: the steps and the options it runs with.
@@ -135,6 +138,25 @@ impl Workload {
         self
     }
 
+    /// The same workload with every fifth single append made by four producer
+    /// threads at once ([`Step::Concurrent`]), so that batches gather several
+    /// producers' records. Drawn from nothing, like [`Workload::with_age_rotation`];
+    /// how the writer batches the threads' records varies from run to run, so
+    /// such a workload may not repeat its I/O exactly, though every run is
+    /// checked in full.
+    pub fn with_concurrent_producers(mut self) -> Workload {
+        let mut appends = 0;
+        for step in &mut self.steps {
+            if let Step::Append(len) = *step {
+                appends += 1;
+                if appends % 5 == 0 {
+                    *step = Step::Concurrent(4, len);
+                }
+            }
+        }
+        self
+    }
+
     fn options(&self, bug: Option<Bug>) -> Options {
         let options = Options::default()
             .segment_bytes(self.segment_bytes)
@@ -189,6 +211,9 @@ pub struct Figures {
     pub faults: u64,
     /// [`Step::Age`] steps after which a new segment existed: rotations by age.
     pub age_rotations: u64,
+    /// [`Step::Concurrent`] steps whose records took fewer batches than threads:
+    /// one batch held several producers' records.
+    pub shared_batches: u64,
 }
 
 impl Figures {
@@ -201,6 +226,7 @@ impl Figures {
         self.records_checked += o.records_checked;
         self.faults += o.faults;
         self.age_rotations += o.age_rotations;
+        self.shared_batches += o.shared_batches;
     }
 }
 
@@ -244,6 +270,8 @@ struct Model {
     next_id: u64,
     /// Age steps after which a new segment existed.
     age_rotations: u64,
+    /// Concurrent steps whose records shared a batch.
+    shared_batches: u64,
 }
 
 impl Model {
@@ -265,6 +293,7 @@ impl Model {
             attempted: self.attempted.clone(),
             next_id: self.next_id,
             age_rotations: self.age_rotations,
+            shared_batches: self.shared_batches,
         }
     }
 }
@@ -400,6 +429,46 @@ fn execute_rotting(
                 }
                 None => false,
             },
+            Step::Concurrent(threads, len) => {
+                let payloads: Vec<(u64, Vec<u8>)> = (0..*threads)
+                    .map(|_| {
+                        let id = model.next_id;
+                        model.next_id += 1;
+                        model.attempted.insert(id);
+                        (id, payload(id, *len))
+                    })
+                    .collect();
+                let batches = outbox.stats().batches;
+                let results: Vec<Result<Seq, Error>> = std::thread::scope(|scope| {
+                    let outbox = &outbox;
+                    let handles: Vec<_> = payloads
+                        .iter()
+                        .map(|(_, p)| scope.spawn(move || outbox.append(p)))
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().unwrap_or(Err(Error::Closed)))
+                        .collect()
+                });
+                // Stamped after every thread returned: later than each append
+                // became durable, which only makes the check weaker.
+                let at = disk.ops();
+                if outbox.stats().batches - batches < *threads as u64 {
+                    model.shared_batches += 1;
+                }
+                let mut failed = false;
+                for ((_, p), r) in payloads.into_iter().zip(results) {
+                    match r {
+                        Ok(seq) => {
+                            if model.acked.insert(seq, (p, at)).is_some() {
+                                return Err(format!("seq {seq} assigned twice"));
+                            }
+                        }
+                        Err(_) => failed = true,
+                    }
+                }
+                failed
+            }
             Step::Age => {
                 let newest = || disk.files(&dir()).into_iter().max();
                 let before = newest();
@@ -585,6 +654,7 @@ pub fn crash_every_step(
     let mut model = Model::default();
     execute(&disk, workload, &options, &mut model).map_err(|d| violation("I2", d, u64::MAX, 0))?;
     figures.age_rotations = model.age_rotations;
+    figures.shared_batches = model.shared_batches;
     for (point, snapshot) in disk.take_snapshots().into_iter().enumerate() {
         let point = point as u64;
         let view = model.at(point);

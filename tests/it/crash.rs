@@ -65,18 +65,19 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
     let started = Instant::now();
     let total = over_seeds(first, seeds, |seed| {
         let workload = Workload::random(seed, steps);
-        // One workload in ten also rotates segments by age.
-        let workload = if seed % 10 == 9 {
-            workload.with_age_rotation()
-        } else {
-            workload
+        // One workload in ten also rotates segments by age, one in ten has
+        // producers appending from several threads at once.
+        let workload = match seed % 10 {
+            9 => workload.with_age_rotation(),
+            8 => workload.with_concurrent_producers(),
+            _ => workload,
         };
         harness::crash_every_step(seed, &workload, draws, None)
     });
     println!(
         "crash harness: seeds {first}..{}, {} crash points x {draws} draws = {} simulated crashes \
          ({} also crashed inside recovery), {} torn tails cut, {} records checked, \
-         {} rotations by age, {:.1} s",
+         {} rotations by age, {} batches shared by concurrent producers, {:.1} s",
         first + seeds,
         total.crash_points,
         total.recoveries,
@@ -84,12 +85,17 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
         total.torn_tails,
         total.records_checked,
         total.age_rotations,
+        total.shared_batches,
         started.elapsed().as_secs_f64()
     );
     if seeds >= 10 {
         assert!(
             total.age_rotations > 0,
             "no workload rotated a segment by age"
+        );
+        assert!(
+            total.shared_batches > 0,
+            "no batch held several producers' records"
         );
     }
     assert!(
