@@ -418,11 +418,14 @@ impl Writer {
         if end > self.active.zeroed {
             let ahead =
                 (end + (4 * batch).clamp(ZERO_AHEAD_MIN, ZERO_AHEAD_MAX)).min(self.active.room);
+            // Past the preallocated space (a batch larger than what is left)
+            // there is nothing to write: the file grows with the frames.
             let zeros = self.zeros.get(..ahead.saturating_sub(end) as usize);
-            let written =
-                zeros.is_some_and(|z| io::write_all_at(&*self.active.file, z, end).is_ok());
+            let written = zeros.is_some_and(|z| {
+                z.is_empty() || io::write_all_at(&*self.active.file, z, end).is_ok()
+            });
             if written {
-                self.active.zeroed = ahead;
+                self.active.zeroed = ahead.max(end);
             } else {
                 // Only a speed-up: zeros written in part over preallocated zeros
                 // change nothing, and a failing device shows at the fdatasync.
