@@ -93,8 +93,6 @@ pub(crate) struct Writer {
     log_start: Seq,
     /// Encoding buffer, reused across batches.
     buf: Vec<u8>,
-    /// [`ZERO_AHEAD_MAX`] zeros, the source of the writes ahead of the frames.
-    zeros: Vec<u8>,
     /// Frames written since the last sync: (offset, length, is_record).
     unsynced: Vec<(u32, u32, bool)>,
     /// Sequence number of the first of them: the current sync group.
@@ -165,7 +163,6 @@ impl Writer {
             last_written: Seq::from(next_seq.get() - 1),
             log_start,
             buf: Vec::with_capacity(1 << 16),
-            zeros: vec![0; ZERO_AHEAD_MAX as usize],
             unsynced: Vec::new(),
             group: None,
             unsynced_since: None,
@@ -420,7 +417,7 @@ impl Writer {
                 (end + (4 * batch).clamp(ZERO_AHEAD_MIN, ZERO_AHEAD_MAX)).min(self.active.room);
             // Past the preallocated space (a batch larger than what is left)
             // there is nothing to write: the file grows with the frames.
-            let zeros = self.zeros.get(..ahead.saturating_sub(end) as usize);
+            let zeros = ZEROS.get(..ahead.saturating_sub(end) as usize);
             let written = zeros.is_some_and(|z| {
                 z.is_empty() || io::write_all_at(&*self.active.file, z, end).is_ok()
             });
@@ -717,6 +714,10 @@ fn write_seal(
 const ZERO_AHEAD_MIN: u64 = 256 << 10;
 /// See [`ZERO_AHEAD_MIN`].
 const ZERO_AHEAD_MAX: u64 = 1 << 20;
+
+/// The source of the zeros written ahead: one static buffer (zero-filled pages
+/// the process never writes), not a fresh megabyte cleared at every open.
+static ZEROS: [u8; ZERO_AHEAD_MAX as usize] = [0; ZERO_AHEAD_MAX as usize];
 
 /// Where the writer starts, from recovery.
 pub(crate) struct Start {
