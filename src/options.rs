@@ -109,7 +109,7 @@ pub enum RecoveryMode {
 ///
 /// Every frame's checksum is checked again whenever its record is claimed, in
 /// either mode, so a damaged record is never handed out as data: a claim that
-/// meets one fails with [`Error::Corrupt`](crate::Error::Corrupt) naming the file,
+/// meets one fails with [`Error::Corrupt`] naming the file,
 /// offset and seq, and sets the record aside. The modes differ in *when* damage in
 /// a sealed segment is found. The segment holding the newest frames is always
 /// read whole, since that is where a crash can leave a torn tail.

@@ -86,6 +86,11 @@ pub struct Stats {
     pub corrupt_records: u64,
     /// Whether a failed write or fsync poisoned the outbox.
     pub poisoned: bool,
+    /// Encoded bytes of the appends handed to the writer thread and not yet
+    /// answered: the queue that [`Options::queue_bytes`](crate::Options::queue_bytes)
+    /// bounds. Near that bound, producers wait (or `try_append` fails with
+    /// [`Error::Full`]): the disk is not keeping up.
+    pub queued_bytes: u64,
 }
 
 impl Outbox {
@@ -439,6 +444,7 @@ impl Outbox {
             segments_deleted: load(&c.segments_deleted),
             corrupt_records: load(&c.corrupt_records),
             poisoned: shared.poison.get().is_some(),
+            queued_bytes: shared.budget.used(),
         }
     }
 

@@ -4,9 +4,11 @@
 //! It takes whatever producers queued while its previous write and fsync ran (no
 //! fixed wait, unless a linger is configured), encodes the frames into one reused
 //! buffer, issues one write and one `sync_data`, publishes the now durable records
-//! to the state table, and completes every producer of the batch. After the first
-//! failed write or sync it poisons the outbox and answers every request with the
-//! error until the outbox is closed; it never retries.
+//! to the state table, and completes every producer of the batch (waking them is
+//! left to a second thread, the notifier, when there are several: see
+//! [`Notifier`]). After the first failed write or sync it poisons the outbox and
+//! answers every request with the error until the outbox is closed; it never
+//! retries.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use crate::recovery::{ActiveStart, SealTarget};
 use crate::seal::IndexBuilder;
 use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
 use crate::seq::{SegmentId, Seq};
-use crate::shared::{Completer, Counters, Shared, Ticket};
+use crate::shared::{Answers, Completer, Counters, Notifier, Shared, Ticket};
 use crate::state::SegmentSlots;
 
 /// The payloads of one append request.
@@ -99,6 +101,9 @@ pub(crate) struct Writer {
     group: Option<Seq>,
     unsynced_since: Option<Instant>,
     batch: Vec<Request>,
+    /// Wakes the producers of finished batches once a batch has more than one;
+    /// `Err` if the system refused the thread (the writer then wakes them).
+    notifier: Option<std::result::Result<Notifier, ()>>,
 }
 
 fn now_us() -> u64 {
@@ -167,6 +172,7 @@ impl Writer {
             group: None,
             unsynced_since: None,
             batch: Vec::new(),
+            notifier: None,
         })
     }
 
@@ -177,6 +183,16 @@ impl Writer {
     /// answering every request with that error until the outbox is closed, so no
     /// producer waits forever.
     pub(crate) fn run(mut self) -> Result<()> {
+        let outcome = self.run_guarded();
+        // Every producer the writer answered is woken before the writer thread
+        // ends: a closed outbox has answered everything.
+        if let Some(Ok(notifier)) = self.notifier.take() {
+            notifier.stop();
+        }
+        outcome
+    }
+
+    fn run_guarded(&mut self) -> Result<()> {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
         if let Ok(outcome) = outcome {
             return outcome;
@@ -310,6 +326,7 @@ impl Writer {
         };
         let mut first = batch_first;
         let mut barriers = Vec::new();
+        let mut answers = Answers::with_capacity(batch.len());
         // Queue budget given back once for the batch, not once per request.
         let mut freed = 0;
         for r in batch.drain(..) {
@@ -325,7 +342,7 @@ impl Writer {
                         Durability::Buffered => written.clone(),
                         _ => durable.clone(),
                     };
-                    done.complete(outcome.map(|()| first));
+                    answers.push((done, outcome.map(|()| first)));
                     first = Seq::from(first.get() + payloads.iter().count() as u64);
                 }
                 Request::Sync { done } => barriers.push(done),
@@ -341,7 +358,33 @@ impl Writer {
         // A sync request is a barrier: it completes after everything queued before
         // it, deletions included.
         for done in barriers {
-            done.complete(durable.clone().map(|()| self.last_written));
+            answers.push((done, durable.clone().map(|()| self.last_written)));
+        }
+        self.answer(answers);
+    }
+
+    /// Wakes the producers of a finished batch: through the notifier thread when
+    /// there are several, so that the next write and `sync_data` start while they
+    /// wake; directly when there is one (a hand-over would cost the writer as much
+    /// as that one wake, and the producer one more hop). The notifier starts with
+    /// the first batch of several producers.
+    fn answer(&mut self, answers: Answers) {
+        let answers = if answers.len() > 1 {
+            match self
+                .notifier
+                .get_or_insert_with(|| Notifier::spawn().ok_or(()))
+            {
+                Ok(notifier) => match notifier.send(answers) {
+                    Ok(()) => return,
+                    Err(answers) => answers,
+                },
+                Err(()) => answers,
+            }
+        } else {
+            answers
+        };
+        for (done, outcome) in answers {
+            done.complete(outcome);
         }
     }
 

@@ -348,3 +348,102 @@ fn claims_do_not_wait_for_an_fsync_in_progress() {
         .expect("append completes");
     relay.join().expect("relay");
 }
+
+/// Holds the writer inside `sync_data` for `first`'s append, queues `payloads`
+/// behind it from one thread each, and waits until every one of them is in the
+/// writer's queue: released, they form one batch of several producers, the
+/// batch whose producers the notifier thread wakes.
+fn queue_behind_a_held_fsync(
+    outbox: &Outbox,
+    faults: &Faults,
+    payloads: &[Vec<u8>],
+) -> (
+    thread::JoinHandle<segwal::Result<Seq>>,
+    Vec<thread::JoinHandle<segwal::Result<Seq>>>,
+) {
+    faults.set_hold(true);
+    let held = {
+        let outbox = outbox.clone();
+        thread::spawn(move || outbox.append(b"held"))
+    };
+    while faults.syncs_waiting.load(Ordering::SeqCst) == 0 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    let producers: Vec<_> = payloads
+        .iter()
+        .cloned()
+        .map(|p| {
+            let outbox = outbox.clone();
+            thread::spawn(move || outbox.append(&p))
+        })
+        .collect();
+    // Each queued append holds its frame's bytes (40 + payload) of the queue.
+    let queued =
+        40 + b"held".len() as u64 + payloads.iter().map(|p| 40 + p.len() as u64).sum::<u64>();
+    while outbox.stats().queued_bytes < queued {
+        thread::sleep(Duration::from_millis(1));
+    }
+    // A producer takes its share of the queue just before it sends.
+    thread::sleep(Duration::from_millis(20));
+    (held, producers)
+}
+
+#[test]
+fn every_producer_of_a_shared_batch_gets_its_own_sequence_number() {
+    let (_t, dir) = tmp();
+    let (outbox, faults) = faulty(&dir, Options::default());
+    let payloads: Vec<Vec<u8>> = (0..8).map(|p| payload(p, 0)).collect();
+    let (held, producers) = queue_behind_a_held_fsync(&outbox, &faults, &payloads);
+    let batches = outbox.stats().batches;
+    faults.set_hold(false);
+    let held = held.join().expect("held").expect("held append");
+    let seqs: Vec<Seq> = producers
+        .into_iter()
+        .map(|p| p.join().expect("producer").expect("append"))
+        .collect();
+    assert_eq!(
+        outbox.stats().batches,
+        batches + 1,
+        "the eight appends were meant to share one batch"
+    );
+    assert_eq!(outbox.stats().queued_bytes, 0);
+    // One batch: the eight sequence numbers are the eight after the held one,
+    // each producer its own.
+    let mut sorted = seqs.clone();
+    sorted.sort();
+    let expected: Vec<Seq> = (1..=8).map(|i| Seq::from(held.get() + i)).collect();
+    assert_eq!(sorted, expected);
+    outbox.close().expect("close");
+    let reopened = Outbox::open(&dir, Options::default()).expect("reopen");
+    let records = drain(&reopened);
+    for (seq, p) in seqs.iter().zip(&payloads) {
+        let record = records
+            .iter()
+            .find(|r| r.seq() == *seq)
+            .expect("acked record");
+        assert_eq!(record.payload(), p.as_slice(), "seq {seq}");
+    }
+}
+
+#[test]
+fn every_producer_of_a_shared_batch_gets_the_fsync_error() {
+    let (_t, dir) = tmp();
+    let (outbox, faults) = faulty(&dir, Options::default());
+    let payloads: Vec<Vec<u8>> = (0..8).map(|p| payload(p, 1)).collect();
+    let (held, producers) = queue_behind_a_held_fsync(&outbox, &faults, &payloads);
+    // The held fsync fails: the batch of eight queued behind it shares the error.
+    faults.fail_sync.store(true, Ordering::SeqCst);
+    faults.set_hold(false);
+    for producer in producers {
+        match producer.join().expect("producer") {
+            Err(Error::Poisoned { op, .. }) => assert_eq!(op, "fsync"),
+            other => panic!("expected Poisoned, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        held.join().expect("held"),
+        Err(Error::Poisoned { .. })
+    ));
+    assert_eq!(outbox.stats().queued_bytes, 0);
+    assert!(matches!(outbox.close(), Err(Error::Poisoned { .. })));
+}
