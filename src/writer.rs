@@ -351,16 +351,18 @@ impl Writer {
         }
         self.batch = batch;
         self.shared.budget.release(freed);
+        self.answer(answers);
         if wants_sync && written.is_ok() && self.shared.options.has_bug(Bug::AckBeforeFsync) {
             let _ = self.sync();
         }
         self.reclaim();
         // A sync request is a barrier: it completes after everything queued before
         // it, deletions included.
-        for done in barriers {
-            answers.push((done, durable.clone().map(|()| self.last_written)));
-        }
-        self.answer(answers);
+        let barriers = barriers
+            .into_iter()
+            .map(|done| (done, durable.clone().map(|()| self.last_written)))
+            .collect();
+        self.answer(barriers);
     }
 
     /// Wakes the producers of a finished batch: through the notifier thread when
