@@ -351,8 +351,8 @@ fn claims_do_not_wait_for_an_fsync_in_progress() {
 
 /// Holds the writer inside `sync_data` for `first`'s append, queues `payloads`
 /// behind it from one thread each, and waits until every one of them is in the
-/// writer's queue: released, they form one batch of several producers, the
-/// batch whose producers the notifier thread wakes.
+/// writer's queue: released, they form one batch of that many producers (more
+/// than 16: a batch whose producers the notifier thread wakes).
 fn queue_behind_a_held_fsync(
     outbox: &Outbox,
     faults: &Faults,
@@ -392,7 +392,7 @@ fn queue_behind_a_held_fsync(
 fn every_producer_of_a_shared_batch_gets_its_own_sequence_number() {
     let (_t, dir) = tmp();
     let (outbox, faults) = faulty(&dir, Options::default());
-    let payloads: Vec<Vec<u8>> = (0..8).map(|p| payload(p, 0)).collect();
+    let payloads: Vec<Vec<u8>> = (0..24).map(|p| payload(p, 0)).collect();
     let (held, producers) = queue_behind_a_held_fsync(&outbox, &faults, &payloads);
     let batches = outbox.stats().batches;
     faults.set_hold(false);
@@ -404,14 +404,14 @@ fn every_producer_of_a_shared_batch_gets_its_own_sequence_number() {
     assert_eq!(
         outbox.stats().batches,
         batches + 1,
-        "the eight appends were meant to share one batch"
+        "the 24 appends were meant to share one batch"
     );
     assert_eq!(outbox.stats().queued_bytes, 0);
-    // One batch: the eight sequence numbers are the eight after the held one,
-    // each producer its own.
+    // One batch: the 24 sequence numbers are the 24 after the held one, each
+    // producer its own.
     let mut sorted = seqs.clone();
     sorted.sort();
-    let expected: Vec<Seq> = (1..=8).map(|i| Seq::from(held.get() + i)).collect();
+    let expected: Vec<Seq> = (1..=24).map(|i| Seq::from(held.get() + i)).collect();
     assert_eq!(sorted, expected);
     outbox.close().expect("close");
     let reopened = Outbox::open(&dir, Options::default()).expect("reopen");
@@ -429,9 +429,9 @@ fn every_producer_of_a_shared_batch_gets_its_own_sequence_number() {
 fn every_producer_of_a_shared_batch_gets_the_fsync_error() {
     let (_t, dir) = tmp();
     let (outbox, faults) = faulty(&dir, Options::default());
-    let payloads: Vec<Vec<u8>> = (0..8).map(|p| payload(p, 1)).collect();
+    let payloads: Vec<Vec<u8>> = (0..24).map(|p| payload(p, 1)).collect();
     let (held, producers) = queue_behind_a_held_fsync(&outbox, &faults, &payloads);
-    // The held fsync fails: the batch of eight queued behind it shares the error.
+    // The held fsync fails: the batch of 24 queued behind it shares the error.
     faults.fail_sync.store(true, Ordering::SeqCst);
     faults.set_hold(false);
     for producer in producers {
