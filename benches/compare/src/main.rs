@@ -42,6 +42,9 @@ struct Plan {
     engines: Vec<Kind>,
     /// The producer counts to run.
     producers: Vec<usize>,
+    /// Times each append cell is run, the engines taking turns; the median
+    /// round is reported.
+    rounds: usize,
 }
 
 impl Plan {
@@ -56,6 +59,7 @@ impl Plan {
             fsync_iterations: 500,
             engines: Kind::ALL.to_vec(),
             producers: PRODUCERS.to_vec(),
+            rounds: 3,
         }
     }
 
@@ -71,6 +75,7 @@ impl Plan {
             fsync_iterations: 20,
             engines: Kind::ALL.to_vec(),
             producers: PRODUCERS.to_vec(),
+            rounds: 1,
         }
     }
 }
@@ -90,9 +95,13 @@ pub struct Cell {
     /// Producer threads; 1 (the relay) for a drain.
     pub producers: usize,
     pub record_bytes: usize,
+    /// The median round (by records/s).
     pub sample: Sample,
-    /// The raw limit's records/s in the same producers and size, same run.
+    /// The raw limit's records/s in the same producers and size, same run
+    /// (its median round).
     pub raw_records_per_s: Option<f64>,
+    /// Records/s of every round, in the order they ran.
+    pub rounds: Vec<f64>,
 }
 
 impl Cell {
@@ -113,6 +122,8 @@ pub struct Run {
     pub started_unix: u64,
     /// Most payload bytes filled for a timed drain.
     pub drain_max_bytes: u64,
+    /// Rounds of each append cell.
+    pub rounds: usize,
 }
 
 struct Args {
@@ -123,6 +134,7 @@ struct Args {
     only: Vec<String>,
     /// Only these producer counts.
     producers: Vec<usize>,
+    rounds: Option<usize>,
 }
 
 const USAGE: &str = "usage: compare [--quick] [--out DIR] [--tmp DIR]
@@ -134,7 +146,9 @@ const USAGE: &str = "usage: compare [--quick] [--out DIR] [--tmp DIR]
   --only LIST only the engines named (comma-separated, e.g. segwal,raw limit),
               skipping the drain unless an engine with a queue is named; for
               profiling one engine, not for results
-  --producers LIST  only these producer counts (comma-separated)";
+  --producers LIST  only these producer counts (comma-separated)
+  --rounds N  run each append cell N times, the engines taking turns, and
+              report the median round (default 3; 1 with --quick)";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut args = Args {
@@ -143,6 +157,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         tmp: None,
         only: Vec::new(),
         producers: Vec::new(),
+        rounds: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -167,6 +182,13 @@ fn parse_args() -> std::result::Result<Args, String> {
                         return Err(format!("producers must be among {PRODUCERS:?}"));
                     }
                     args.producers.push(n);
+                }
+            }
+            "--rounds" => {
+                let n = it.next().ok_or("--rounds needs a count")?;
+                match n.trim().parse::<usize>() {
+                    Ok(n) if n > 0 => args.rounds = Some(n),
+                    _ => return Err(format!("bad round count {n:?}")),
                 }
             }
             "-h" | "--help" => return Err(String::new()),
@@ -205,6 +227,9 @@ fn run(args: Args) -> Result<()> {
     }
     if !args.producers.is_empty() {
         plan.producers.retain(|p| args.producers.contains(p));
+    }
+    if let Some(rounds) = args.rounds {
+        plan.rounds = rounds;
     }
     let out = match args.out {
         Some(out) => out,
@@ -252,9 +277,20 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
     let mut cells = Vec::new();
     for &size in &RECORD_BYTES {
         for &producers in &plan.producers {
+            // The engines take turns, round after round, so that a slow spell of
+            // a shared machine falls on all of them.
+            let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); plan.engines.len()];
+            for round in 0..plan.rounds {
+                for (i, &kind) in plan.engines.iter().enumerate() {
+                    let sample = append_cell(plan, tmp, kind, producers, size, round)?;
+                    progress_round(kind, producers, size, round, plan.rounds, &sample);
+                    samples[i].push(sample);
+                }
+            }
             let mut raw = None;
-            for &kind in &plan.engines {
-                let sample = append_cell(plan, tmp, kind, producers, size)?;
+            for (&kind, samples) in plan.engines.iter().zip(samples) {
+                let rounds: Vec<f64> = samples.iter().map(Sample::records_per_s).collect();
+                let sample = median_round(samples);
                 if kind == Kind::Raw {
                     raw = Some(sample.records_per_s());
                 }
@@ -265,6 +301,7 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
                     record_bytes: size,
                     raw_records_per_s: raw,
                     sample,
+                    rounds,
                 };
                 progress(&cell);
                 cells.push(cell);
@@ -280,6 +317,7 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
                 record_bytes: size,
                 sample: drain_cell(plan, tmp, kind, size)?,
                 raw_records_per_s: None,
+                rounds: Vec::new(),
             };
             progress(&cell);
             cells.push(cell);
@@ -292,6 +330,7 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
         mount,
         probes,
         cells,
+        rounds: plan.rounds,
         elapsed: started.elapsed(),
         started_unix,
         drain_max_bytes: plan.drain_max_bytes,
@@ -303,6 +342,33 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
         out.display()
     );
     Ok(())
+}
+
+/// The round with the median records/s (the lower of the two middle ones when
+/// the count is even). `samples` is never empty: there is at least one round.
+fn median_round(mut samples: Vec<Sample>) -> Sample {
+    samples.sort_by(|a, b| a.records_per_s().total_cmp(&b.records_per_s()));
+    samples.swap_remove((samples.len() - 1) / 2)
+}
+
+fn progress_round(
+    kind: Kind,
+    producers: usize,
+    size: usize,
+    round: usize,
+    rounds: usize,
+    s: &Sample,
+) {
+    if rounds > 1 {
+        eprintln!(
+            "  round {}/{rounds} {:>13} {:>2}p {:>4} B: {:>9.0} records/s",
+            round + 1,
+            kind.name(),
+            producers,
+            size,
+            s.records_per_s()
+        );
+    }
 }
 
 /// A fresh, empty directory for one cell.
@@ -325,8 +391,9 @@ fn append_cell(
     kind: Kind,
     producers: usize,
     size: usize,
+    round: usize,
 ) -> Result<Sample> {
-    let dir = cell_dir(tmp, kind, &format!("append-{producers}p-{size}B"))?;
+    let dir = cell_dir(tmp, kind, &format!("append-{producers}p-{size}B-{round}"))?;
     let engine = kind.open(&dir)?;
     let probe = workload::append(&*engine, producers, size, Stop::After(plan.probe))?;
     let total = (probe.records_per_s() * plan.target.as_secs_f64()).max(plan.min_records as f64);

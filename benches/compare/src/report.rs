@@ -87,13 +87,21 @@ fn table_row(out: &mut String, cell: &Cell) {
         .filter(|c| c.fsyncs > 0)
         .map(|c| format!("{:.1}", c.records as f64 / c.fsyncs as f64))
         .unwrap_or_else(|| "–".into());
+    let range = match (
+        cell.rounds.iter().copied().reduce(f64::min),
+        cell.rounds.iter().copied().reduce(f64::max),
+    ) {
+        (Some(lo), Some(hi)) if cell.rounds.len() > 1 => format!("{}–{}", grouped(lo), grouped(hi)),
+        _ => "–".into(),
+    };
     let _ = writeln!(
         out,
-        "| {} | {} | {} | {} | {:.1} | {} | {} | {} | {:.1} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {:.1} | {} | {} |",
         engine_label(cell.engine),
         cell.producers,
         size_label(cell.record_bytes),
         grouped(s.records_per_s()),
+        range,
         s.mb_per_s(),
         micros(s.latency.p50_us),
         micros(s.latency.p99_us),
@@ -104,7 +112,7 @@ fn table_row(out: &mut String, cell: &Cell) {
     );
 }
 
-const TABLE_HEAD: &str = "| engine | producers | record size | records/s | MB/s | p50 µs | p99 µs | p99.9 µs | CPU µs/record | ratio to raw | records/fsync |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n";
+const TABLE_HEAD: &str = "| engine | producers | record size | records/s | rounds' range | MB/s | p50 µs | p99 µs | p99.9 µs | CPU µs/record | ratio to raw | records/fsync |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n";
 
 fn results_md(run: &Run) -> String {
     let mut out = String::new();
@@ -126,21 +134,24 @@ fn results_md(run: &Run) -> String {
          the machine and its `fdatasync` latency are in [machine.md](machine.md). \
          Every cell opens its engine on a fresh directory, warms it up while \
          measuring its rate, then times a fixed number of records sized to take \
-         about two seconds. Records do not compress.\n",
+         about two seconds. Records do not compress. Each append cell ran {} \
+         time(s), the engines taking turns; a row is the median round.\n",
         date_utc(run.started_unix),
         run.elapsed.as_secs_f64(),
         fs,
+        run.rounds,
     );
     let _ = writeln!(
         out,
         "- **records/s, MB/s**: records (payload bytes) made durable per second of \
-         wall time, all producers together.\n\
+         wall time, all producers together, in the median round; **rounds' range**: \
+         the slowest and the fastest round.\n\
          - **p50, p99, p99.9**: latency of one `append` (durable on return), or of \
          one drain batch.\n\
          - **CPU µs/record**: user plus system CPU time of the whole process \
          (`getrusage`, every thread) during the timed part, per record.\n\
          - **ratio to raw**: records/s over those of the raw limit with the same \
-         producers and record size, measured just before in the same run.\n\
+         producers and record size, median round over median round, in the same run.\n\
          - **records/fsync**: records per `fdatasync`, for the engines that count \
          them (segwal's count includes segment headers and directories).\n\
          - **raw limit**: producers queue their payload for one writer thread that \
@@ -247,7 +258,7 @@ fn results_jsonl(run: &Run) -> String {
              \"records\":{},\"wall_s\":{},\"records_per_s\":{},\"mb_per_s\":{},\
              \"latency_of\":{},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"mean_us\":{},\
              \"cpu_us_per_record\":{},\"ratio_to_raw\":{},\"records_per_batch\":{},\
-             \"records_per_fsync\":{},\"quick\":{}}}",
+             \"records_per_fsync\":{},\"rounds_records_per_s\":[{}],\"quick\":{}}}",
             json_str(match cell.workload {
                 Workload::Append => "append",
                 Workload::Drain => "drain",
@@ -272,6 +283,11 @@ fn results_jsonl(run: &Run) -> String {
             json_opt(cell.ratio_to_raw()),
             json_opt(per(|c| c.batches)),
             json_opt(per(|c| c.fsyncs)),
+            cell.rounds
+                .iter()
+                .map(|&r| json_num(r))
+                .collect::<Vec<_>>()
+                .join(","),
             run.quick,
         );
     }
@@ -561,8 +577,9 @@ fn machine_md(run: &Run) -> String {
     let _ = writeln!(out, "| date | {} |", date_utc(run.started_unix));
     let _ = writeln!(
         out,
-        "| run | {}, {:.0} s in all |",
+        "| run | {}, {} round(s) of each append cell, {:.0} s in all |",
         if run.quick { "`--quick`" } else { "full" },
+        run.rounds,
         run.elapsed.as_secs_f64()
     );
     let _ = writeln!(out, "| cores | {cores} ({model}); shared with other work |");
