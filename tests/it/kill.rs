@@ -32,7 +32,11 @@ const DEFAULT_RUNS: u64 = 1000;
 /// Starts every line the child reports (the test harness may print its own text
 /// before it on the same line).
 const MARKER: &str = "segwal-kill: ";
+/// Producer threads of most children; one in four has [`MANY_PRODUCERS`].
 const PRODUCERS: u64 = 4;
+/// Enough producers for batches of more than 16, whose producers the writer's
+/// notifier thread wakes.
+const MANY_PRODUCERS: u64 = 48;
 const MAX_BATCH: u64 = 4;
 /// The child stops by itself after this long, should the parent never kill it.
 const CHILD_LIFETIME: Duration = Duration::from_secs(20);
@@ -99,6 +103,8 @@ struct RunConfig {
     /// Whether the child also claims and acknowledges records while it appends,
     /// so that kills land in segment deletion too.
     relay: bool,
+    /// Producer threads.
+    producers: u64,
 }
 
 impl RunConfig {
@@ -114,10 +120,16 @@ impl RunConfig {
             Durability::Sync
         };
         let relay = rng.below(3) == 0;
+        let producers = if rng.below(4) == 0 {
+            MANY_PRODUCERS
+        } else {
+            PRODUCERS
+        };
         RunConfig {
             segment_bytes,
             durability,
             relay,
+            producers,
         }
     }
 
@@ -159,7 +171,7 @@ fn child_process_appending_until_killed() {
         return;
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let mut threads: Vec<_> = (0..PRODUCERS)
+    let mut threads: Vec<_> = (0..config.producers)
         .map(|producer| {
             let outbox = outbox.clone();
             let stop = stop.clone();
@@ -334,6 +346,8 @@ struct ChildReport {
     ok: Vec<(u64, Key)>,
     /// Records the child's relay acknowledged, or was about to.
     acking: Vec<u64>,
+    /// Its producer threads (set by the parent, from the run's seed).
+    producers: u64,
 }
 
 /// Runs one child on `dir`, kills it, and returns what it reported.
@@ -490,6 +504,8 @@ fn listing(dir: &Path) -> String {
 struct Totals {
     /// Children started and killed.
     runs: u64,
+    /// Of them, children with [`MANY_PRODUCERS`] producers.
+    runs_with_many_producers: u64,
     /// Reopens by the parent, each followed by a full check.
     checks: u64,
     /// Appends acknowledged to a child's producer, each checked at the next check.
@@ -519,7 +535,7 @@ fn check_recovery(
     // report of an append short: the rest of that batch is not in `known`.)
     let mut in_flight: HashMap<(u64, u64), u64> = HashMap::new();
     for (run, report) in runs {
-        for p in 0..PRODUCERS {
+        for p in 0..report.producers {
             in_flight.insert((*run, p), 0);
         }
         for (_, key) in &report.ok {
@@ -608,11 +624,13 @@ fn acknowledged_appends_survive_sigkill_at_random_moments() {
             KillAt::Opening { .. } => totals.kills_opening += 1,
             KillAt::Appending(_) => totals.kills_appending += 1,
         }
-        let report = run_child(&dir, seed, run, kill_at, open_time, &ctx);
+        let mut report = run_child(&dir, seed, run, kill_at, open_time, &ctx);
+        report.producers = config.producers;
         if let Some(took) = report.open_time {
             open_time = (open_time * 7 + took) / 8;
         }
         totals.runs += 1;
+        totals.runs_with_many_producers += u64::from(config.producers == MANY_PRODUCERS);
         totals.acknowledged_checked += report.ok.len() as u64;
         totals.torn_tails_child += u64::from(report.torn_tail);
         for &(seq, key) in &report.ok {
