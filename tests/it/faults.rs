@@ -319,15 +319,7 @@ fn claims_do_not_wait_for_an_fsync_in_progress() {
     let (_t, dir) = tmp();
     let (outbox, faults) = faulty(&dir, Options::default());
     let first = outbox.append(b"durable").expect("append");
-    faults.set_hold(true);
-    let producer = {
-        let outbox = outbox.clone();
-        thread::spawn(move || outbox.append(b"waits for its fsync"))
-    };
-    // Wait until the writer is inside sync_data.
-    while faults.syncs_waiting.load(Ordering::SeqCst) == 0 {
-        thread::sleep(Duration::from_millis(1));
-    }
+    let producer = append_behind_a_held_fsync(&outbox, &faults, b"waits for its fsync");
     let (tx, rx) = std::sync::mpsc::channel();
     let relay = {
         let outbox = outbox.clone();
@@ -349,7 +341,25 @@ fn claims_do_not_wait_for_an_fsync_in_progress() {
     relay.join().expect("relay");
 }
 
-/// Holds the writer inside `sync_data` for `first`'s append, queues `payloads`
+/// Holds every `sync_data` from now on, appends `payload` from a new thread, and
+/// returns once the writer is inside the `sync_data` of that append.
+fn append_behind_a_held_fsync(
+    outbox: &Outbox,
+    faults: &Faults,
+    payload: &'static [u8],
+) -> thread::JoinHandle<segwal::Result<Seq>> {
+    faults.set_hold(true);
+    let producer = {
+        let outbox = outbox.clone();
+        thread::spawn(move || outbox.append(payload))
+    };
+    while faults.syncs_waiting.load(Ordering::SeqCst) == 0 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    producer
+}
+
+/// Holds the writer inside `sync_data` for an append of its own, queues `payloads`
 /// behind it from one thread each, and waits until every one of them is in the
 /// writer's queue: released, they form one batch of that many producers (more
 /// than 16: a batch whose producers the notifier thread wakes).
@@ -361,14 +371,7 @@ fn queue_behind_a_held_fsync(
     thread::JoinHandle<segwal::Result<Seq>>,
     Vec<thread::JoinHandle<segwal::Result<Seq>>>,
 ) {
-    faults.set_hold(true);
-    let held = {
-        let outbox = outbox.clone();
-        thread::spawn(move || outbox.append(b"held"))
-    };
-    while faults.syncs_waiting.load(Ordering::SeqCst) == 0 {
-        thread::sleep(Duration::from_millis(1));
-    }
+    let held = append_behind_a_held_fsync(outbox, faults, b"held");
     let producers: Vec<_> = payloads
         .iter()
         .cloned()
