@@ -86,10 +86,14 @@ pub struct Stats {
     pub corrupt_records: u64,
     /// Whether a failed write or fsync poisoned the outbox.
     pub poisoned: bool,
-    /// Encoded bytes of the appends handed to the writer thread and not yet
-    /// answered: the queue that [`Options::queue_bytes`](crate::Options::queue_bytes)
-    /// bounds. Near that bound, producers wait (or `try_append` fails with
-    /// [`Error::Full`]): the disk is not keeping up.
+    /// Encoded bytes of the appends in the writer's queue: the budget that
+    /// [`Options::queue_bytes`](crate::Options::queue_bytes) bounds. An append
+    /// takes its bytes before it is sent (so this includes producers still
+    /// waiting for room in the channel), and the writer gives them back once the
+    /// append's batch is written (and, under `Durability::Sync`, fsynced), just
+    /// before it answers the producers. `sync` requests take none. Near the
+    /// bound, producers wait (or `try_append` fails with [`Error::Full`]): the
+    /// disk is not keeping up.
     pub queued_bytes: u64,
 }
 

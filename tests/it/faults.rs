@@ -359,10 +359,19 @@ fn append_behind_a_held_fsync(
     producer
 }
 
+/// Options with a linger of half a second: once the held fsync returns, the
+/// writer gathers every queued producer into one batch, even one preempted
+/// between taking its share of the queue and sending its request.
+fn shared_batch_options() -> Options {
+    Options::default().linger(Duration::from_millis(500))
+}
+
 /// Holds the writer inside `sync_data` for an append of its own, queues `payloads`
-/// behind it from one thread each, and waits until every one of them is in the
-/// writer's queue: released, they form one batch of that many producers (more
-/// than 16: a batch whose producers the notifier thread wakes).
+/// behind it from one thread each, and waits until every one of them has taken
+/// its share of the queue: released, they form one batch of that many producers
+/// (more than 16: a batch whose producers the notifier thread wakes). The
+/// outbox must have a linger ([`shared_batch_options`]), so that a producer preempted
+/// between taking its share and sending still joins the batch.
 fn queue_behind_a_held_fsync(
     outbox: &Outbox,
     faults: &Faults,
@@ -386,15 +395,13 @@ fn queue_behind_a_held_fsync(
     while outbox.stats().queued_bytes < queued {
         thread::sleep(Duration::from_millis(1));
     }
-    // A producer takes its share of the queue just before it sends.
-    thread::sleep(Duration::from_millis(20));
     (held, producers)
 }
 
 #[test]
 fn every_producer_of_a_shared_batch_gets_its_own_sequence_number() {
     let (_t, dir) = tmp();
-    let (outbox, faults) = faulty(&dir, Options::default());
+    let (outbox, faults) = faulty(&dir, shared_batch_options());
     let payloads: Vec<Vec<u8>> = (0..24).map(|p| payload(p, 0)).collect();
     let (held, producers) = queue_behind_a_held_fsync(&outbox, &faults, &payloads);
     let batches = outbox.stats().batches;
@@ -431,7 +438,7 @@ fn every_producer_of_a_shared_batch_gets_its_own_sequence_number() {
 #[test]
 fn every_producer_of_a_shared_batch_gets_the_fsync_error() {
     let (_t, dir) = tmp();
-    let (outbox, faults) = faulty(&dir, Options::default());
+    let (outbox, faults) = faulty(&dir, shared_batch_options());
     let payloads: Vec<Vec<u8>> = (0..24).map(|p| payload(p, 1)).collect();
     let (held, producers) = queue_behind_a_held_fsync(&outbox, &faults, &payloads);
     // The held fsync fails: the batch of 24 queued behind it shares the error.
