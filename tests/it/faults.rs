@@ -359,6 +359,20 @@ fn append_behind_a_held_fsync(
     producer
 }
 
+/// The outcome of an append thread, or a failure (not a hang) if it is still
+/// waiting after a minute: an answer that never came.
+fn answered(producer: thread::JoinHandle<segwal::Result<Seq>>) -> segwal::Result<Seq> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !producer.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a producer was never answered"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    producer.join().expect("producer")
+}
+
 /// Options with a linger of half a second: once the held fsync returns, the
 /// writer gathers every queued producer into one batch, even one preempted
 /// between taking its share of the queue and sending its request.
@@ -406,10 +420,10 @@ fn every_producer_of_a_shared_batch_gets_its_own_sequence_number() {
     let (held, producers) = queue_behind_a_held_fsync(&outbox, &faults, &payloads);
     let batches = outbox.stats().batches;
     faults.set_hold(false);
-    let held = held.join().expect("held").expect("held append");
+    let held = answered(held).expect("held append");
     let seqs: Vec<Seq> = producers
         .into_iter()
-        .map(|p| p.join().expect("producer").expect("append"))
+        .map(|p| answered(p).expect("append"))
         .collect();
     assert_eq!(
         outbox.stats().batches,
@@ -445,15 +459,12 @@ fn every_producer_of_a_shared_batch_gets_the_fsync_error() {
     faults.fail_sync.store(true, Ordering::SeqCst);
     faults.set_hold(false);
     for producer in producers {
-        match producer.join().expect("producer") {
+        match answered(producer) {
             Err(Error::Poisoned { op, .. }) => assert_eq!(op, "fsync"),
             other => panic!("expected Poisoned, got {other:?}"),
         }
     }
-    assert!(matches!(
-        held.join().expect("held"),
-        Err(Error::Poisoned { .. })
-    ));
+    assert!(matches!(answered(held), Err(Error::Poisoned { .. })));
     assert_eq!(outbox.stats().queued_bytes, 0);
     assert!(matches!(outbox.close(), Err(Error::Poisoned { .. })));
 }
