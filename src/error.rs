@@ -5,7 +5,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::seq::Seq;
+use crate::format::seq::Seq;
 
 /// Result with segwal's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -30,24 +30,31 @@
 //! the design in `docs/ARCHITECTURE.md`; the bytes on disk in `docs/FORMAT.md`.
 
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
 #![deny(clippy::unwrap_used)]
 #![cfg(unix)]
 
+// The layers, bottom up (docs/ARCHITECTURE.md has the map): the pure codecs of
+// the format; everything that touches the disk; the log (writer and recovery);
+// the in-memory state machines; and on top, the public API in this folder.
 mod error;
-mod frame;
+mod format;
+// The storage interface is an internal seam: published only to segwal's own
+// tests (feature `testing`), never part of the stable API.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub mod io;
+#[cfg(not(feature = "testing"))]
+mod io;
+mod log;
 mod options;
 mod outbox;
-mod reader;
-mod recovery;
-mod seal;
-mod segment;
-mod seq;
-mod shared;
-#[cfg(feature = "sim")]
+// The simulated disk, the crash harness and the known bugs of the negative
+// controls: for segwal's own tests and fuzz targets (feature `testing`).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub mod sim;
 mod state;
-mod writer;
 
 pub use error::{Corruption, Error, Result};
 
@@ -55,11 +62,11 @@ pub use error::{Corruption, Error, Result};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+pub use format::seq::Seq;
+pub use io::reader::Record;
+pub use log::recovery::{Dropped, RecoveryReport, TornTail};
 pub use options::{
     BATCH_BYTES_MAX, Durability, MAX_RECORD_BYTES_LIMIT, OpenCheck, Options, QUEUE_BYTES_MAX,
     RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
 };
 pub use outbox::{Outbox, Stats};
-pub use reader::Record;
-pub use recovery::{Dropped, RecoveryReport, TornTail};
-pub use seq::{SegmentId, Seq};

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::frame::RECORD_BYTES_LIMIT;
+use crate::format::frame::RECORD_BYTES_LIMIT;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
@@ -47,11 +47,11 @@ impl Options {
     /// Whether `bug` is injected into this outbox (never, without `sim`).
     #[inline(always)]
     pub(crate) fn has_bug(&self, bug: Bug) -> bool {
-        #[cfg(feature = "sim")]
+        #[cfg(feature = "testing")]
         {
             self.bugs.contains(&bug)
         }
-        #[cfg(not(feature = "sim"))]
+        #[cfg(not(feature = "testing"))]
         {
             let _ = bug;
             false
@@ -60,7 +60,7 @@ impl Options {
 
     /// Injects a known bug into this outbox, for the negative controls of the
     /// crash-testing harness. Never use it for anything else.
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     pub fn inject_bug(mut self, bug: Bug) -> Options {
         self.bugs.push(bug);
         self
@@ -156,7 +156,7 @@ pub struct Options {
     pub(crate) buffered_sync_interval: Duration,
     pub(crate) recovery: RecoveryMode,
     pub(crate) open_check: OpenCheck,
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     pub(crate) bugs: Vec<Bug>,
 }
 
@@ -174,7 +174,7 @@ impl Default for Options {
             buffered_sync_interval: Duration::from_millis(100),
             recovery: RecoveryMode::Strict,
             open_check: OpenCheck::SealIndex,
-            #[cfg(feature = "sim")]
+            #[cfg(feature = "testing")]
             bugs: Vec::new(),
         }
     }
@@ -298,7 +298,7 @@ impl Options {
         if self.queue_capacity == 0 {
             return invalid("queue_capacity", "must be at least 1".into());
         }
-        let one_record = crate::frame::frame_len(self.max_record_bytes) as u64;
+        let one_record = crate::format::frame::frame_len(self.max_record_bytes) as u64;
         if !(one_record..=QUEUE_BYTES_MAX).contains(&self.queue_bytes) {
             return invalid(
                 "queue_bytes",

@@ -10,16 +10,16 @@ use crossbeam_channel::{Sender, TrySendError};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
-use crate::frame::frame_len;
+use crate::format::frame::frame_len;
+use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::seq::Seq;
+use crate::io::reader::{self, Record};
 use crate::io::{LockError, StdStorage, Storage};
+use crate::log::recovery::{self, RecoveryReport};
+use crate::log::shared::{Budget, Completion, Counters, Shared, Ticket};
+use crate::log::writer::{Payloads, Request, Start, Writer};
 use crate::options::{Bug, Options};
-use crate::reader::{self, Record};
-use crate::recovery::{self, RecoveryReport};
-use crate::segment::SEGMENT_HEADER_LEN;
-use crate::seq::Seq;
-use crate::shared::{Budget, Completion, Counters, Shared, Ticket};
-use crate::state::{SegmentSlots, Table};
-use crate::writer::{Payloads, Request, Start, Writer};
+use crate::state::table::{SegmentSlots, Table};
 
 /// A durable outbox on one directory.
 ///
@@ -106,18 +106,25 @@ impl Outbox {
     /// process or another, and with [`Error::Corrupt`] if recovery finds damage it
     /// may not repair.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Outbox> {
-        Outbox::open_with_storage(dir, options, Arc::new(StdStorage))
+        Outbox::open_on(dir.as_ref(), options, Arc::new(StdStorage))
     }
 
     /// Opens the outbox through a [`Storage`] other than the real file system: a
-    /// simulated or fault-injecting disk for tests.
+    /// simulated or fault-injecting disk. For segwal's own tests (feature
+    /// `testing`); not part of the stable API.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
     pub fn open_with_storage(
         dir: impl AsRef<Path>,
         options: Options,
         storage: Arc<dyn Storage>,
     ) -> Result<Outbox> {
+        Outbox::open_on(dir.as_ref(), options, storage)
+    }
+
+    fn open_on(dir: &Path, options: Options, storage: Arc<dyn Storage>) -> Result<Outbox> {
         options.validate()?;
-        let dir = dir.as_ref().to_path_buf();
+        let dir = dir.to_path_buf();
         let created = storage
             .create_dir_all(&dir)
             .map_err(|e| Error::io("create directory", &dir, e))?;
@@ -342,7 +349,7 @@ impl Outbox {
         }
     }
 
-    fn read_claimed(&self, runs: Vec<crate::state::ClaimRun>) -> Result<Vec<Record>> {
+    fn read_claimed(&self, runs: Vec<crate::state::table::ClaimRun>) -> Result<Vec<Record>> {
         let claimed: usize = runs.iter().map(|r| r.frames.len()).sum();
         let mut records = Vec::with_capacity(claimed);
         let skip_crc = self.handle.shared.options.has_bug(Bug::SkipReadCrc);
@@ -420,7 +427,7 @@ impl Outbox {
         let t = shared.table.lock().stats();
         let c = &shared.counters;
         let now = SystemTime::now();
-        let age = |first: &Option<(Seq, crate::state::Source, u32)>| {
+        let age = |first: &Option<(Seq, crate::state::table::Source, u32)>| {
             first
                 .as_ref()
                 .and_then(|(_, source, offset)| reader::frame_time(source, *offset))

@@ -3,13 +3,14 @@
 //! The engine never names `std::fs`: it holds an `Arc<dyn Storage>` and the
 //! `Arc<dyn StorageFile>` handles it returns. [`StdStorage`] is the real file
 //! system; a test can stand a simulated disk in its place with
-//! [`Outbox::open_with_storage`](crate::Outbox::open_with_storage). One dynamic
+//! `Outbox::open_with_storage` (feature `testing`). One dynamic
 //! call per system call costs nothing measurable next to the system call itself.
 //!
 //! Contract shared by every method: an error leaves the outbox to decide what
 //! happens next (a failed `write_at` or `sync_data` poisons it); implementations
 //! never retry a failed sync on their own.
 
+pub(crate) mod reader;
 mod std_fs;
 
 use std::any::Any;
@@ -73,6 +74,13 @@ pub trait Storage: Send + Sync + fmt::Debug {
 }
 
 /// An open file.
+#[cfg_attr(
+    feature = "testing",
+    expect(
+        clippy::len_without_is_empty,
+        reason = "a length is a metadata call; the engine never asks for emptiness alone"
+    )
+)]
 pub trait StorageFile: Send + Sync + fmt::Debug {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at
     /// the end of the file).
@@ -103,10 +111,6 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     }
     /// The file's current length in bytes.
     fn len(&self) -> io::Result<u64>;
-    /// Whether the file is empty.
-    fn is_empty(&self) -> io::Result<bool> {
-        Ok(self.len()? == 0)
-    }
     /// A read-only view of the file's first `len` bytes. segwal maps only files it
     /// will never write or truncate again while the view lives.
     fn map(&self, len: u64) -> io::Result<Mapped>;

@@ -139,6 +139,7 @@ impl StorageFile for StdFile {
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length too large"))?;
         // SAFETY: `fallocate` on a file descriptor this `File` owns and keeps open
         // for the duration of the call, with plain integer arguments.
+        #[expect(unsafe_code, reason = "fallocate(2) has no safe wrapper in std")]
         let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, len) };
         if rc == 0 {
             return Ok(());
@@ -163,6 +164,10 @@ impl StorageFile for StdFile {
         // SAFETY: `lseek` on a file descriptor this `File` owns and keeps open for
         // the duration of the call, with plain integer arguments. It moves the
         // descriptor's position, which segwal never uses (all I/O is positioned).
+        #[expect(
+            unsafe_code,
+            reason = "lseek(2) with SEEK_DATA has no safe wrapper in std"
+        )]
         let start = unsafe { libc::lseek(fd, from, libc::SEEK_DATA) };
         if start < 0 {
             let e = io::Error::last_os_error();
@@ -174,6 +179,10 @@ impl StorageFile for StdFile {
             };
         }
         // SAFETY: as above.
+        #[expect(
+            unsafe_code,
+            reason = "lseek(2) with SEEK_HOLE has no safe wrapper in std"
+        )]
         let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
         let (Ok(start), Ok(end)) = (u64::try_from(start), u64::try_from(end)) else {
             return Ok(Some(offset..len));
@@ -204,6 +213,10 @@ impl StorageFile for StdFile {
         // writes the directory, and it never truncates a file while a view of it
         // is alive. Another program writing the file behind segwal's back is
         // outside the contract (docs/FORMAT.md, "What we assume").
+        #[expect(
+            unsafe_code,
+            reason = "a memory map is what lets a claimed record borrow its bytes without a copy"
+        )]
         let map = unsafe { memmap2::MmapOptions::new().len(len).map(&self.file)? };
         Ok(Arc::new(map))
     }

@@ -22,9 +22,9 @@ use std::sync::Arc;
 
 use super::disk::{CrashModel, Fault, FaultRule, Rng, SimDisk};
 use crate::error::Error;
+use crate::format::seq::Seq;
 use crate::options::{Bug, OpenCheck, Options};
 use crate::outbox::Outbox;
-use crate::seq::Seq;
 
 /// One step of a workload.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -986,23 +986,26 @@ pub fn rotten_reads(
 /// it returns lies within the input.
 pub fn check_frame_bytes(data: &[u8]) {
     // Segment 1's salt, so that frames cut from a first segment decode.
-    let salt = crate::frame::salt(crate::seq::SegmentId(1));
+    let salt = crate::format::frame::salt(crate::format::seq::SegmentId(1));
     let mut at = 0;
     while let Some(rest) = data.get(at..) {
-        match crate::frame::decode(rest, salt) {
+        match crate::format::frame::decode(rest, salt) {
             Ok(frame) => {
-                assert!(frame.len >= crate::frame::FRAME_HEADER_LEN && frame.len <= rest.len());
-                assert!(frame.payload.len() <= crate::frame::RECORD_BYTES_LIMIT);
+                assert!(
+                    frame.len >= crate::format::frame::FRAME_HEADER_LEN && frame.len <= rest.len()
+                );
+                assert!(frame.payload.len() <= crate::format::frame::RECORD_BYTES_LIMIT);
                 assert!(frame.header.group <= frame.header.seq);
                 at += frame.len;
             }
             Err(_) => break,
         }
     }
-    if let Some((found, frame)) = crate::frame::find_valid_frame(data, at, data.len(), salt) {
+    if let Some((found, frame)) = crate::format::frame::find_valid_frame(data, at, data.len(), salt)
+    {
         assert!(found >= at && found + frame.len <= data.len());
     }
-    let _ = crate::segment::SegmentHeader::decode(data);
+    let _ = crate::format::segment::SegmentHeader::decode(data);
 }
 
 /// Checks recovery over arbitrary segment files (the fuzz target `recovery`):
@@ -1037,7 +1040,7 @@ pub fn check_recovery_bytes(data: &[u8]) -> Option<u64> {
             .get(16..24)
             .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
             .filter(|&c| c >= lowest && c < 1 << 61);
-        let id = crate::seq::SegmentId(claimed.unwrap_or(next));
+        let id = crate::format::seq::SegmentId(claimed.unwrap_or(next));
         lowest = id.0 + 1;
         next = id.0 + 1 + bytes.len() as u64 / 48;
         let path = dir.join(id.file_name());
@@ -1111,7 +1114,7 @@ pub fn check_recovery_bytes(data: &[u8]) -> Option<u64> {
 pub fn recovery_input(disk: &SimDisk) -> Vec<u8> {
     let dir = dir();
     let mut names: Vec<String> = disk.files(&dir);
-    names.retain(|n| n.ends_with(crate::seq::SEGMENT_SUFFIX));
+    names.retain(|n| n.ends_with(crate::format::seq::SEGMENT_SUFFIX));
     names.sort();
     let mut out = Vec::new();
     for name in names.iter().take(4) {

@@ -6,8 +6,9 @@
 
 #![deny(clippy::indexing_slicing)]
 
+use super::field;
 use crate::error::Corruption;
-use crate::seq::{SegmentId, Seq};
+use crate::format::seq::{SEQ_MAX, SegmentId, Seq};
 
 /// Magic bytes that start every frame. Never all zero, so that a zero-filled tail
 /// never looks like a frame.
@@ -30,12 +31,6 @@ pub(crate) const FRAME_HEADER_LEN: usize = TIME_AT + 8;
 /// Largest payload the format allows, whatever the options say. Checked on encode
 /// and on decode, before anything is sliced.
 pub(crate) const RECORD_BYTES_LIMIT: usize = 1 << 30;
-
-/// Bound of the sequence numbers the format allows: a frame's seq is below it
-/// (and a file name at most equal to it, naming the segment after the highest
-/// frame). Far beyond any real log, it keeps every `seq + n` in range whatever a
-/// damaged file holds.
-pub(crate) const SEQ_MAX: u64 = 1 << 62;
 
 /// The seed of a segment's frame checksums: its first sequence number folded to
 /// 32 bits. A frame checks only in the segment it was written for, so a stale
@@ -290,15 +285,6 @@ pub(crate) fn is_checksummed(error: &Corruption) -> bool {
 pub(crate) fn timestamp_us(header: &[u8]) -> Option<u64> {
     let bytes = header.get(TIME_AT..TIME_AT + 8)?;
     Some(u64::from_le_bytes(bytes.try_into().ok()?))
-}
-
-/// The `N` bytes at `at` of a frame header (zeros if out of range, which the
-/// constant offsets never are).
-fn field<const N: usize>(header: &[u8; FRAME_HEADER_LEN], at: usize) -> [u8; N] {
-    header
-        .get(at..at + N)
-        .and_then(|b| <[u8; N]>::try_from(b).ok())
-        .unwrap_or([0; N])
 }
 
 /// Offset of the first position in `from..until` where a valid frame decodes,

@@ -17,15 +17,15 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use crate::error::{Error, Result};
-use crate::frame::{self, FrameHeader, FrameKind};
+use crate::format::frame::{self, FrameHeader, FrameKind};
+use crate::format::seal::IndexBuilder;
+use crate::format::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
+use crate::format::seq::{SegmentId, Seq};
 use crate::io::{self, StorageFile};
+use crate::log::recovery::{ActiveStart, SealTarget};
+use crate::log::shared::{Answers, Completer, Counters, Notifier, Shared, Ticket};
 use crate::options::{Bug, Durability};
-use crate::recovery::{ActiveStart, SealTarget};
-use crate::seal::IndexBuilder;
-use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
-use crate::seq::{SegmentId, Seq};
-use crate::shared::{Answers, Completer, Counters, Notifier, Shared, Ticket};
-use crate::state::SegmentSlots;
+use crate::state::table::SegmentSlots;
 
 /// Batches answering more producers than this have them woken by the notifier
 /// thread; smaller ones by the writer itself.

@@ -3,6 +3,12 @@
 
 use std::fmt;
 
+/// Bound of the sequence numbers the format allows: a frame's seq is below it
+/// (and a file name at most equal to it, naming the segment after the highest
+/// frame). Far beyond any real log, it keeps every `seq + n` in range whatever a
+/// damaged file holds.
+pub(crate) const SEQ_MAX: u64 = 1 << 62;
+
 /// The sequence number of a record: its identity in the whole API.
 ///
 /// Assigned by the writer thread, strictly increasing, stored in the record's frame,
@@ -67,11 +73,7 @@ impl SegmentId {
         if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
-        digits
-            .parse()
-            .ok()
-            .filter(|&n| n <= crate::frame::SEQ_MAX)
-            .map(SegmentId)
+        digits.parse().ok().filter(|&n| n <= SEQ_MAX).map(SegmentId)
     }
 }
 

@@ -10,9 +10,9 @@
 #![deny(clippy::indexing_slicing)]
 
 use crate::error::Corruption;
-use crate::frame::{FRAME_HEADER_LEN, frame_len};
-use crate::segment::SEGMENT_HEADER_LEN;
-use crate::seq::Seq;
+use crate::format::frame::{FRAME_HEADER_LEN, frame_len};
+use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::seq::Seq;
 
 /// Offset in the payload of the number of frames indexed (u32).
 const COUNT_AT: usize = 0;

@@ -8,10 +8,10 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
+use crate::format::seq::Seq;
 use crate::io::{LockGuard, Storage};
 use crate::options::Options;
-use crate::seq::Seq;
-use crate::state::Table;
+use crate::state::table::Table;
 
 /// Everything the handles and the writer thread share.
 pub(crate) struct Shared {

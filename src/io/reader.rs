@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{Corruption, Error};
-use crate::frame::{self, FRAME_HEADER_LEN, FrameKind};
+use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind};
+use crate::format::seq::Seq;
 use crate::io::{self, Mapped};
-use crate::seq::Seq;
-use crate::state::{ClaimRun, Source};
+use crate::state::table::{ClaimRun, Source};
 
 /// A claimed record: its sequence number and its payload.
 ///

@@ -5,8 +5,9 @@
 
 #![deny(clippy::indexing_slicing)]
 
+use super::field;
 use crate::error::Corruption;
-use crate::seq::Seq;
+use crate::format::seq::Seq;
 
 /// Magic bytes at the start of every segment file.
 pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"SEGWAL\x1a\n";
@@ -111,14 +112,6 @@ impl SegmentHeader {
             nonce: u64_at(NONCE_AT),
         })
     }
-}
-
-/// The `N` bytes at `at` of the header (zeros if out of range, which the
-/// constant offsets never are).
-fn field<const N: usize>(h: &[u8; SEGMENT_HEADER_LEN], at: usize) -> [u8; N] {
-    h.get(at..at + N)
-        .and_then(|b| <[u8; N]>::try_from(b).ok())
-        .unwrap_or([0; N])
 }
 
 #[cfg(test)]

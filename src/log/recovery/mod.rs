@@ -21,12 +21,12 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Corruption, Error, Result};
-use crate::frame::{self, FrameKind};
+use crate::format::frame::{self, FrameKind};
+use crate::format::seal::{self, IndexBuilder};
+use crate::format::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
+use crate::format::seq::{SegmentId, Seq};
 use crate::io::{Mapped, Storage, StorageFile};
 use crate::options::{Bug, OpenCheck, Options, RecoveryMode};
-use crate::seal::{self, IndexBuilder};
-use crate::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
-use crate::seq::{SegmentId, Seq};
 
 /// What recovery found and changed when the outbox was opened.
 #[derive(Debug, Clone, Default)]
@@ -239,7 +239,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
     for name in &names {
         match SegmentId::parse(name) {
             Some(id) => ids.push(id),
-            None if name.ends_with(crate::seq::SEGMENT_SUFFIX) => {
+            None if name.ends_with(crate::format::seq::SEGMENT_SUFFIX) => {
                 return Err(Error::Corrupt {
                     path: dir.join(name),
                     offset: 0,

@@ -36,9 +36,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::frame::FRAME_HEADER_LEN;
+use crate::format::frame::FRAME_HEADER_LEN;
+use crate::format::seq::{SegmentId, Seq};
 use crate::io::{Mapped, StorageFile};
-use crate::seq::{SegmentId, Seq};
 
 /// Where the bytes of a segment can be read.
 #[derive(Clone)]
@@ -341,7 +341,7 @@ impl Table {
                     let seq = Seq::from(seg.first() + i as u64);
                     run.get_or_insert_with(|| ClaimRun {
                         path: seg.path.clone(),
-                        salt: crate::frame::salt(seg.id),
+                        salt: crate::format::frame::salt(seg.id),
                         source: seg.source(),
                         frames: Vec::new(),
                     })
@@ -523,7 +523,7 @@ impl Table {
 
     /// Only the injected bug `DeleteLiveSegment` deletes a segment holding live
     /// records; the totals stay true so that the harness sees the loss itself.
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     fn forget_live(&mut self, seg: &SegmentSlots) {
         for i in 0..seg.offsets.len() {
             if SegmentSlots::bit(&seg.done, i) {
@@ -539,7 +539,7 @@ impl Table {
         }
     }
 
-    #[cfg(not(feature = "sim"))]
+    #[cfg(not(feature = "testing"))]
     fn forget_live(&mut self, _seg: &SegmentSlots) {
         unreachable!("removed a segment with live records");
     }

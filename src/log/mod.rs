@@ -1,0 +1,14 @@
+//! The log: the writer thread that appends to it and the recovery that rebuilds
+//! it at open.
+//!
+//! Owns every decision about what is written where and when: batching, group
+//! commit, rotation and sealing, deletion behind a log start (`writer`); what is
+//! handed between producers and the writer (`shared`); and, at open, what is
+//! torn, what is corrupt and what must change on disk (`recovery`).
+//!
+//! May not touch: the bytes of the format (it calls `format`), or files other
+//! than through `io` (segment files through `io::segment_file`).
+
+pub(crate) mod recovery;
+pub(crate) mod shared;
+pub(crate) mod writer;

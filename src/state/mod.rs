@@ -1,0 +1,10 @@
+//! The in-memory state machines: what is pending, claimed and done.
+//!
+//! Owns the claim/ack table (`table`): per segment, one `u32` offset per frame
+//! and two bitsets, rebuilt by recovery and changed only by frames already
+//! durable and by claims, releases and acks of those.
+//!
+//! May not touch: files (it holds handles and maps for the read path, but never
+//! reads, writes or syncs them), the writer's queue, or the clock.
+
+pub(crate) mod table;
