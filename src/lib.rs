@@ -34,6 +34,20 @@
 #![deny(clippy::unwrap_used)]
 #![cfg(unix)]
 
+/// Whether the known bug `Bug::$bug` is injected into the outbox configured by
+/// `$options`: a negative control of the crash harness (`sim::bugs`). Without
+/// the `testing` feature it is the constant `false` and evaluates nothing.
+macro_rules! injected {
+    ($options:expr, $bug:ident) => {{
+        #[cfg(feature = "testing")]
+        let on = crate::sim::bugs::injected(&$options, crate::sim::bugs::Bug::$bug);
+        #[cfg(not(feature = "testing"))]
+        let on = false;
+        on
+    }};
+}
+pub(crate) use injected;
+
 // The layers, bottom up (docs/ARCHITECTURE.md has the map): the pure codecs of
 // the format; everything that touches the disk; the log (writer and recovery);
 // the in-memory state machines; and on top, the public API in this folder.

@@ -24,49 +24,6 @@ pub const QUEUE_BYTES_MAX: u64 = 3 * 512 * MIB;
 /// below 4 GiB, so that frame offsets fit in 32 bits.
 pub const BATCH_BYTES_MAX: usize = 1 << 30;
 
-/// Known bugs the crash-testing harness must catch (negative controls). Only the
-/// `sim` feature can switch one on, per outbox, through `Options::inject_bug`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Bug {
-    /// Complete producers before the batch's fsync returned.
-    AckBeforeFsync,
-    /// Skip the directory fsync after creating a segment.
-    NoDirSyncAfterCreate,
-    /// Treat damage anywhere as a torn tail: cut the log there and drop the rest.
-    TruncateMidLogCorruption,
-    /// Retry a failed fsync, and believe the retry.
-    RetryFailedFsync,
-    /// Hand out records without checking their CRC on the read path.
-    SkipReadCrc,
-    /// Delete a sealed segment that still holds a pending record.
-    DeleteLiveSegment,
-}
-
-impl Options {
-    /// Whether `bug` is injected into this outbox (never, without `sim`).
-    #[inline(always)]
-    pub(crate) fn has_bug(&self, bug: Bug) -> bool {
-        #[cfg(feature = "testing")]
-        {
-            self.bugs.contains(&bug)
-        }
-        #[cfg(not(feature = "testing"))]
-        {
-            let _ = bug;
-            false
-        }
-    }
-
-    /// Injects a known bug into this outbox, for the negative controls of the
-    /// crash-testing harness. Never use it for anything else.
-    #[cfg(feature = "testing")]
-    pub fn inject_bug(mut self, bug: Bug) -> Options {
-        self.bugs.push(bug);
-        self
-    }
-}
-
 /// When `append` returns, and what survives a crash at that moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -157,7 +114,7 @@ pub struct Options {
     pub(crate) recovery: RecoveryMode,
     pub(crate) open_check: OpenCheck,
     #[cfg(feature = "testing")]
-    pub(crate) bugs: Vec<Bug>,
+    pub(crate) bugs: Vec<crate::sim::Bug>,
 }
 
 impl Default for Options {

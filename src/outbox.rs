@@ -17,9 +17,9 @@ use crate::io::reader::{self, Record};
 use crate::io::{LockError, StdStorage, Storage};
 use crate::log::recovery::{self, RecoveryReport};
 use crate::log::shared::{Budget, Completion, Counters, Shared, Ticket};
-use crate::log::writer::{Payloads, Request, Start, Writer};
-use crate::options::{Bug, Options};
-use crate::state::table::{SegmentSlots, Table};
+use crate::log::writer::{Payloads, Request, Writer};
+use crate::options::Options;
+use crate::state::table::{SegmentSlots, SlotRef, Table};
 
 /// A durable outbox on one directory.
 ///
@@ -144,18 +144,13 @@ impl Outbox {
             Err(LockError::Io(e)) => return Err(Error::io("lock directory", dir, e)),
         };
         let recovered = recovery::recover(&*storage, &dir, &options)?;
-
-        let start = Start {
-            active: recovered.active,
-            log_start: recovered.log_start,
-            seal_newest: recovered.seal_newest,
-        };
         let mut table = Table::new();
         for seg in recovered.segments {
+            let s = seg.segment;
             let frames_at = SEGMENT_HEADER_LEN as u32;
-            table.push_segment(SegmentSlots::new(seg.id, seg.path, seg.file, frames_at));
-            table.push_frames(seg.id, seg.id.first_seq(), &seg.frames);
-            table.seal_last(seg.id, seg.map);
+            table.push_segment(SegmentSlots::new(s.id, s.path, s.file, frames_at));
+            table.push_frames(s.id, s.id.first_seq(), &seg.frames);
+            table.seal_last(s.id, seg.map);
         }
         if cfg!(debug_assertions) {
             table.check_invariants();
@@ -173,7 +168,13 @@ impl Outbox {
             counters: Counters::default(),
             lock: Mutex::new(Some(lock)),
         });
-        let writer = Writer::start(shared.clone(), rx, start)?;
+        let writer = Writer::start(
+            shared.clone(),
+            rx,
+            recovered.active,
+            recovered.log_start,
+            recovered.seal,
+        )?;
         let thread = std::thread::Builder::new()
             .name("segwal-writer".into())
             .spawn(move || writer.run())
@@ -352,7 +353,7 @@ impl Outbox {
     fn read_claimed(&self, runs: Vec<crate::state::table::ClaimRun>) -> Result<Vec<Record>> {
         let claimed: usize = runs.iter().map(|r| r.frames.len()).sum();
         let mut records = Vec::with_capacity(claimed);
-        let skip_crc = self.handle.shared.options.has_bug(Bug::SkipReadCrc);
+        let skip_crc = crate::injected!(self.handle.shared.options, SkipReadCrc);
         match reader::read_runs(&runs, &mut records, skip_crc) {
             Ok(()) => Ok(records),
             Err(failure) => {
@@ -360,7 +361,7 @@ impl Outbox {
                 let mut table = shared.table.lock();
                 let others = runs
                     .iter()
-                    .flat_map(|r| r.frames.iter().map(|f| f.0))
+                    .flat_map(|r| r.frames.iter().map(|f| f.seq))
                     .filter(|&s| !failure.corrupt || s != failure.seq);
                 table.release_all(others);
                 let reclaim = failure.corrupt && table.set_aside(failure.seq);
@@ -427,10 +428,10 @@ impl Outbox {
         let t = shared.table.lock().stats();
         let c = &shared.counters;
         let now = SystemTime::now();
-        let age = |first: &Option<(Seq, crate::state::table::Source, u32)>| {
+        let age = |first: &Option<SlotRef>| {
             first
                 .as_ref()
-                .and_then(|(_, source, offset)| reader::frame_time(source, *offset))
+                .and_then(|slot| reader::frame_time(&slot.source, slot.offset))
                 .map(|t| now.duration_since(t).unwrap_or(Duration::ZERO))
         };
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -443,7 +444,7 @@ impl Outbox {
             segments: t.segments,
             disk_bytes: t.disk_bytes,
             state_bytes: t.state_bytes,
-            first_seq: t.first_unacked.as_ref().map(|f| f.0),
+            first_seq: t.first_unacked.as_ref().map(|f| f.seq),
             last_seq: t.last_seq,
             oldest_pending_age: age(&t.first_pending),
             oldest_unacked_age: age(&t.first_unacked),

@@ -59,8 +59,9 @@ pub(crate) enum FrameKind {
     /// the oldest segment still in the log. Written before segments are deleted.
     LogStart,
     /// Internal: the last frame of every segment but the newest, written once the
-    /// next segment exists. Empty payload. It lets recovery tell a lost newest
-    /// segment from one that was never created.
+    /// next segment exists. Its payload is the segment's seal index
+    /// (`format::seal`), or empty for a segment too large to index. It lets
+    /// recovery tell a lost newest segment from one that was never created.
     Seal,
     /// A kind from a later format that this build may skip (kinds 0x80..=0xFF).
     Skippable(u8),
@@ -84,6 +85,26 @@ impl FrameKind {
             0x80..=0xFF => Some(FrameKind::Skippable(byte)),
             _ => None,
         }
+    }
+}
+
+/// Where one frame lies in its segment, and whether it holds a record: what
+/// recovery, the seal index and the state table know of a frame without
+/// reading it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct FrameSpan {
+    /// Byte offset of the frame in its segment file.
+    pub offset: u32,
+    /// Encoded length of the frame, header included.
+    pub len: u32,
+    /// A record (handed out to relays), not an internal frame.
+    pub is_record: bool,
+}
+
+impl FrameSpan {
+    /// The offset just past the frame.
+    pub(crate) fn end(self) -> u64 {
+        u64::from(self.offset) + u64::from(self.len)
     }
 }
 
@@ -153,25 +174,6 @@ pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8], sa
             Err(e) => panic!("encoded frame does not decode: {e:?}"),
         }
     }
-}
-
-/// Sets or clears the batch-end flag of an already encoded frame and fixes its
-/// checksum. `frame` starts at the frame's first byte.
-#[expect(
-    clippy::indexing_slicing,
-    reason = "the caller passes a frame the writer has just encoded"
-)]
-pub(crate) fn set_batch_end(frame: &mut [u8], batch_end: bool, salt: u32) {
-    let Some(flags) = frame.get_mut(FLAGS_AT) else {
-        panic!("set_batch_end on a buffer shorter than a frame header");
-    };
-    if batch_end {
-        *flags |= FLAG_BATCH_END;
-    } else {
-        *flags &= !FLAG_BATCH_END;
-    }
-    let crc = checksum(salt, &frame[CHECKED_FROM..]);
-    frame[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Decodes the frame at the start of `buf`, checking it against `salt`. `buf` may
@@ -414,18 +416,6 @@ mod tests {
             decode(&buf, salt(SegmentId(7))),
             Err(Corruption::ChecksumMismatch { .. })
         ));
-    }
-
-    #[test]
-    fn setting_batch_end_keeps_the_frame_valid() {
-        let mut buf = Vec::new();
-        let mut h = header(3);
-        h.batch_end = false;
-        encode(&mut buf, &h, b"abc", SALT);
-        set_batch_end(&mut buf, true, SALT);
-        let frame = decode(&buf, SALT).expect("valid after flag change");
-        assert!(frame.header.batch_end);
-        assert_eq!(frame.payload, b"abc");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 #![deny(clippy::indexing_slicing)]
 
 use crate::error::Corruption;
-use crate::format::frame::{FRAME_HEADER_LEN, frame_len};
+use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan, frame_len};
 use crate::format::segment::SEGMENT_HEADER_LEN;
 use crate::format::seq::Seq;
 
@@ -39,8 +39,8 @@ pub(crate) const INDEX_FRAMES_MAX: usize = 1 << 24;
 /// What a seal index says about its segment.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct SealIndex {
-    /// (offset, length, is_record) of every frame before the seal, in order.
-    pub frames: Vec<(u32, u32, bool)>,
+    /// Every frame before the seal, in order.
+    pub frames: Vec<FrameSpan>,
     /// The highest log start recorded by a `LogStart` frame of the segment.
     pub log_start: Option<Seq>,
     /// The nonce of the segment header the index was written for.
@@ -60,12 +60,12 @@ pub(crate) struct IndexBuilder {
 }
 
 impl IndexBuilder {
-    /// The index of `frames` (offset, length, is_record), whose `LogStart`
+    /// The index of `frames`, whose `LogStart`
     /// frames record at most `log_start`.
-    pub(crate) fn of(frames: &[(u32, u32, bool)], log_start: Option<Seq>) -> IndexBuilder {
+    pub(crate) fn of(frames: &[FrameSpan], log_start: Option<Seq>) -> IndexBuilder {
         let mut b = IndexBuilder::default();
         for f in frames {
-            b.push(f.0, f.2);
+            b.push(f.offset, f.is_record);
         }
         b.log_start = log_start;
         b
@@ -172,17 +172,21 @@ pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corrupti
             return Err(bad("frame offsets overlap"));
         }
         if let Some(prev) = frames.last_mut() {
-            let (start, len, _): &mut (u32, u32, bool) = prev;
-            *len = (at - u64::from(*start)) as u32;
+            let prev: &mut FrameSpan = prev;
+            prev.len = (at - u64::from(prev.offset)) as u32;
         }
-        frames.push((at as u32, 0, true));
+        frames.push(FrameSpan {
+            offset: at as u32,
+            len: 0,
+            is_record: true,
+        });
         expected = at + FRAME_HEADER_LEN as u64;
     }
     if seal_at < expected {
         return Err(bad("a frame overlaps the seal"));
     }
     match frames.last_mut() {
-        Some((start, len, _)) => *len = (seal_at - u64::from(*start)) as u32,
+        Some(last) => last.len = (seal_at - u64::from(last.offset)) as u32,
         None if seal_at != SEGMENT_HEADER_LEN as u64 => {
             return Err(bad("no frames, yet the seal is not after the header"));
         }
@@ -198,7 +202,7 @@ pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corrupti
         let f = frames
             .get_mut(i)
             .ok_or(bad("internal frame out of range"))?;
-        f.2 = false;
+        f.is_record = false;
     }
     Ok(SealIndex {
         frames,
@@ -215,11 +219,17 @@ pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corrupti
 mod tests {
     use super::*;
 
-    fn frames() -> Vec<(u32, u32, bool)> {
-        vec![(64, 140, true), (204, 48, false), (252, 41, true)]
+    fn frames() -> Vec<FrameSpan> {
+        [(64, 140, true), (204, 48, false), (252, 41, true)]
+            .map(|(offset, len, is_record)| FrameSpan {
+                offset,
+                len,
+                is_record,
+            })
+            .to_vec()
     }
 
-    fn encode(frames: &[(u32, u32, bool)], log_start: Option<Seq>) -> Vec<u8> {
+    fn encode(frames: &[FrameSpan], log_start: Option<Seq>) -> Vec<u8> {
         IndexBuilder::of(frames, log_start).encode(77)
     }
 
@@ -243,10 +253,10 @@ mod tests {
         assert!(decode(&payload, 292).is_ok());
         assert!(decode(&payload, 291).is_err());
         let mut overlapping = frames();
-        overlapping[1].0 = 100;
+        overlapping[1].offset = 100;
         assert!(decode(&encode(&overlapping, None), 293).is_err());
         let mut late = frames();
-        late[0].0 = 65;
+        late[0].offset = 65;
         assert!(decode(&encode(&late, None), 293).is_err());
         assert!(decode(&encode(&[], None), 64).is_ok());
         assert!(decode(&encode(&[], None), 65).is_err());
@@ -263,7 +273,7 @@ mod tests {
             p[at] ^= 0x10;
             if let Ok(index) = decode(&p, 293) {
                 // Never a panic; a different but well-formed index tiles the file.
-                let end = index.frames.last().map_or(64, |f| f.0 + f.1);
+                let end = index.frames.last().map_or(64, |f| f.offset + f.len);
                 assert_eq!(end, 293);
             }
         }

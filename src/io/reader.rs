@@ -9,7 +9,7 @@ use crate::error::{Corruption, Error};
 use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind};
 use crate::format::seq::Seq;
 use crate::io::{self, Mapped};
-use crate::state::table::{ClaimRun, Source};
+use crate::state::table::{ClaimRun, ClaimedFrame, Source};
 
 /// A claimed record: its sequence number and its payload.
 ///
@@ -73,41 +73,33 @@ pub(crate) fn read_runs(
     for run in runs {
         match &run.source {
             Source::Map(map) => {
-                for &(seq, offset, len) in &run.frames {
-                    out.push(check(
-                        run,
-                        map,
-                        offset as usize,
-                        seq,
-                        offset,
-                        len,
-                        skip_crc,
-                    )?);
+                for &f in &run.frames {
+                    out.push(check(run, map, f.offset as usize, f, skip_crc)?);
                 }
             }
             Source::File(file) => {
                 // One read per stretch of adjacent frames.
                 let mut i = 0;
                 while i < run.frames.len() {
-                    let (_, start, _) = run.frames[i];
+                    let start = run.frames[i].offset;
                     let mut j = i;
-                    let mut end = start + run.frames[i].2;
-                    while j + 1 < run.frames.len() && run.frames[j + 1].1 == end {
+                    let mut end = start + run.frames[i].len;
+                    while j + 1 < run.frames.len() && run.frames[j + 1].offset == end {
                         j += 1;
-                        end += run.frames[j].2;
+                        end += run.frames[j].len;
                     }
                     let mut buf = vec![0u8; (end - start) as usize];
                     if let Err(e) = io::read_exact_at(&**file, &mut buf, u64::from(start)) {
                         return Err(ReadFailure {
-                            seq: run.frames[i].0,
+                            seq: run.frames[i].seq,
                             error: Error::io("read segment", &*run.path, e),
                             corrupt: false,
                         });
                     }
                     let bytes: Mapped = Arc::new(buf);
-                    for &(seq, offset, len) in &run.frames[i..=j] {
-                        let at = (offset - start) as usize;
-                        out.push(check(run, &bytes, at, seq, offset, len, skip_crc)?);
+                    for &f in &run.frames[i..=j] {
+                        let at = (f.offset - start) as usize;
+                        out.push(check(run, &bytes, at, f, skip_crc)?);
                     }
                     i = j + 1;
                 }
@@ -122,11 +114,10 @@ fn check(
     run: &ClaimRun,
     bytes: &Mapped,
     at: usize,
-    seq: Seq,
-    offset: u32,
-    len: u32,
+    frame: ClaimedFrame,
     skip_crc: bool,
 ) -> Result<Record, ReadFailure> {
+    let ClaimedFrame { seq, offset, len } = frame;
     let all: &[u8] = (**bytes).as_ref();
     let fail = |kind| ReadFailure {
         seq,

@@ -10,35 +10,30 @@
 //! answers every request with the error until the outbox is closed; it never
 //! retries.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use crate::error::{Error, Result};
-use crate::format::frame::{self, FrameHeader, FrameKind};
+use crate::format::frame::{self, FrameHeader, FrameKind, FrameSpan};
 use crate::format::seal::IndexBuilder;
-use crate::format::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
-use crate::format::seq::{SegmentId, Seq};
-use crate::io::{self, StorageFile};
-use crate::log::recovery::{ActiveStart, SealTarget};
+use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::seq::Seq;
+use crate::io;
+use crate::io::segment_file::{FreshSegment, PendingSeal, SegmentFile, now_us};
 use crate::log::shared::{Answers, Completer, Counters, Notifier, Shared, Ticket};
-use crate::options::{Bug, Durability};
+use crate::options::Durability;
 use crate::state::table::SegmentSlots;
 
 /// Batches answering more producers than this have them woken by the notifier
 /// thread; smaller ones by the writer itself.
 ///
-/// A wake costs the writer about 7 µs (a `futex` call, often an interrupt to the
-/// other processor), on its critical path between two `sync_data` calls: 47 wakes
-/// took as long as the `fdatasync` they followed. Handing them over costs one
-/// wake and gives each producer one more hop; and while the writer wakes a few
-/// producers itself, the first ones woken queue their next append in time for
-/// the next batch. Measured with the comparison harness (docs/BENCHMARKS.md):
-/// handing over every batch of several made 4 producers 0.72x (256 B records)
-/// and 0.86x (4 KiB) as fast, 16 producers 0.91x and 0.97x; handing over only
-/// batches of more than 16 made 64 producers 1.10x and 1.17x as fast.
+/// A wake is a system call on the writer's critical path between two
+/// `sync_data` calls, so many of them are handed over; but a hand-over costs a
+/// wake of its own and gives each producer one more hop, so few are not. The
+/// threshold is measured, not derived: docs/BENCHMARKS.md ("Waking producers").
 const NOTIFY_ABOVE: usize = 16;
 
 /// The payloads of one append request.
@@ -48,6 +43,13 @@ pub(crate) enum Payloads {
 }
 
 impl Payloads {
+    fn len(&self) -> usize {
+        match self {
+            Payloads::One(_) => 1,
+            Payloads::Many(ps) => ps.len(),
+        }
+    }
+
     fn iter(&self) -> impl Iterator<Item = &[u8]> {
         let (one, many) = match self {
             Payloads::One(p) => (Some(p.as_slice()), &[][..]),
@@ -75,9 +77,7 @@ pub(crate) enum Request {
 
 /// The segment being written.
 struct Active {
-    id: SegmentId,
-    path: Arc<Path>,
-    file: Arc<dyn StorageFile>,
+    seg: SegmentFile,
     /// Bytes written (header and frames).
     len: u64,
     /// Bytes known durable: the length at the last successful `sync_data`.
@@ -98,6 +98,35 @@ struct Active {
     index: IndexBuilder,
 }
 
+impl Active {
+    /// The writer's view of a new, empty segment.
+    fn new(fresh: FreshSegment) -> Active {
+        // Its preallocated space, which zeros may be written into.
+        let room = fresh.segment.file.len().unwrap_or(fresh.len);
+        Active {
+            seg: fresh.segment,
+            len: fresh.len,
+            synced_len: fresh.len,
+            // What lies past the header is not known to be written.
+            zeroed: fresh.len,
+            room,
+            created: Instant::now(),
+            records: 0,
+            nonce: fresh.nonce,
+            index: IndexBuilder::default(),
+        }
+    }
+}
+
+/// The notifier thread, started with the first batch of more than
+/// [`NOTIFY_ABOVE`] producers.
+enum NotifierState {
+    NotStarted,
+    Running(Notifier),
+    /// The system refused the thread: the writer wakes every producer itself.
+    Refused,
+}
+
 pub(crate) struct Writer {
     shared: Arc<Shared>,
     rx: Receiver<Request>,
@@ -109,22 +138,16 @@ pub(crate) struct Writer {
     log_start: Seq,
     /// Encoding buffer, reused across batches.
     buf: Vec<u8>,
-    /// Frames written since the last sync: (offset, length, is_record).
-    unsynced: Vec<(u32, u32, bool)>,
+    /// Frames written since the last sync.
+    unsynced: Vec<FrameSpan>,
     /// Sequence number of the first of them: the current sync group.
     group: Option<Seq>,
     unsynced_since: Option<Instant>,
     batch: Vec<Request>,
-    /// Wakes the producers of batches of more than [`NOTIFY_ABOVE`]; started with
-    /// the first such batch; `Err` if the system refused the thread (the writer
-    /// then wakes them).
-    notifier: Option<std::result::Result<Notifier, ()>>,
-}
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
+    /// The sequence number of the first record of each append of the batch
+    /// being processed, in order: assigned once, by `write_batch`.
+    firsts: Vec<Seq>,
+    notifier: NotifierState,
 }
 
 impl Writer {
@@ -133,48 +156,21 @@ impl Writer {
     pub(crate) fn start(
         shared: Arc<Shared>,
         rx: Receiver<Request>,
-        recovered: Start,
+        active: FreshSegment,
+        log_start: Seq,
+        seal: Option<PendingSeal>,
     ) -> Result<Writer> {
-        let Start {
-            active,
-            log_start,
-            seal_newest,
-        } = recovered;
-        if let Some(SealTarget {
-            id,
-            path,
-            file,
-            at,
-            seq,
-            index,
-        }) = seal_newest
-        {
-            if let Err((op, e)) = write_seal(&*file, at, seq, frame::salt(id), &index) {
+        if let Some(seal) = seal {
+            if let Err(failed) = seal.segment.seal(seal.at, seal.seq, &seal.index) {
                 // As in `poison`: leave nothing the disk may not have.
-                if file.set_len(at).is_ok() {
-                    let _ = file.sync_data();
-                }
-                return Err(Error::io(op, &*path, e));
+                seal.segment.cut_back(seal.at);
+                return Err(failed.into_error());
             }
             Counters::add(&shared.counters.fsyncs, 1);
         }
-        let room = active.file.len().unwrap_or(active.len);
-        let active = Active {
-            id: active.id,
-            path: active.path,
-            file: active.file,
-            len: active.len,
-            synced_len: active.len,
-            // What lies past the frames is not known to be written.
-            zeroed: active.len,
-            room,
-            created: Instant::now(),
-            records: 0,
-            nonce: active.nonce,
-            index: IndexBuilder::default(),
-        };
+        let active = Active::new(active);
         push_active(&shared, &active);
-        let next_seq = active.id.first_seq();
+        let next_seq = active.seg.id.first_seq();
         Ok(Writer {
             shared,
             rx,
@@ -187,7 +183,8 @@ impl Writer {
             group: None,
             unsynced_since: None,
             batch: Vec::new(),
-            notifier: None,
+            firsts: Vec::new(),
+            notifier: NotifierState::NotStarted,
         })
     }
 
@@ -201,7 +198,9 @@ impl Writer {
         let outcome = self.run_guarded();
         // Every producer the writer answered is woken before the writer thread
         // ends: a closed outbox has answered everything.
-        if let Some(Ok(notifier)) = self.notifier.take() {
+        if let NotifierState::Running(notifier) =
+            std::mem::replace(&mut self.notifier, NotifierState::NotStarted)
+        {
             notifier.stop();
         }
         outcome
@@ -213,7 +212,7 @@ impl Writer {
             return outcome;
         }
         let error = Error::Poisoned {
-            path: self.active.path.to_path_buf(),
+            path: self.active.seg.path.to_path_buf(),
             op: "write (the writer thread panicked)",
             source: Arc::new(std::io::Error::other("the writer thread panicked")),
         };
@@ -255,19 +254,8 @@ impl Writer {
             return Err(e.clone());
         }
         self.sync()?;
-        // A closed outbox leaves its files at the length of their data: drop the
-        // active segment's preallocated space. Everything written is durable
-        // already, so this only removes zeros; a failure changes nothing that
-        // matters and is not reported.
-        if self
-            .active
-            .file
-            .len()
-            .is_ok_and(|len| len > self.active.len)
-            && self.active.file.set_len(self.active.len).is_ok()
-        {
-            let _ = self.active.file.sync_data();
-        }
+        // A closed outbox leaves its files at the length of their data.
+        self.active.seg.trim(self.active.len);
         Ok(())
     }
 
@@ -325,21 +313,27 @@ impl Writer {
         }
     }
 
+    /// Writes the gathered batch, makes it durable as the durability asks,
+    /// answers its producers, deletes what acknowledgements freed, then answers
+    /// its sync barriers.
     fn process_batch(&mut self) {
         let mut batch = std::mem::take(&mut self.batch);
         let durability = self.shared.options.durability;
         let written = self.write_batch(&batch);
-        let batch_first = written.as_ref().copied().unwrap_or(self.next_seq);
-        let written = written.map(|_| ());
         let wants_sync = durability == Durability::Sync
             || batch.iter().any(|r| matches!(r, Request::Sync { .. }));
+        // The negative control answers producers first and syncs after.
+        let answer_first = wants_sync && crate::injected!(self.shared.options, AckBeforeFsync);
         let durable = match &written {
-            // The injected bug answers producers first and syncs after.
-            Ok(()) if wants_sync && self.shared.options.has_bug(Bug::AckBeforeFsync) => Ok(()),
-            Ok(()) if wants_sync => self.sync(),
+            Ok(()) if wants_sync && !answer_first => self.sync(),
             other => other.clone(),
         };
-        let mut first = batch_first;
+        // What an append is told: under Buffered, that its batch was written.
+        let told = match durability {
+            Durability::Buffered => &written,
+            Durability::Sync => &durable,
+        };
+        let mut firsts = std::mem::take(&mut self.firsts).into_iter();
         let mut barriers = Vec::new();
         let mut answers = Answers::with_capacity(batch.len());
         // Queue budget given back once for the batch, not once per request.
@@ -347,18 +341,11 @@ impl Writer {
         for r in batch.drain(..) {
             match r {
                 Request::Append {
-                    payloads,
-                    done,
-                    mut ticket,
+                    done, mut ticket, ..
                 } => {
                     freed += ticket.disarm();
-                    let outcome = match durability {
-                        _ if self.shared.options.has_bug(Bug::AckBeforeFsync) => written.clone(),
-                        Durability::Buffered => written.clone(),
-                        _ => durable.clone(),
-                    };
-                    answers.push((done, outcome.map(|()| first)));
-                    first = Seq::from(first.get() + payloads.iter().count() as u64);
+                    let first = firsts.next().unwrap_or(self.next_seq);
+                    answers.push((done, told.clone().map(|()| first)));
                 }
                 Request::Sync { done } => barriers.push(done),
                 Request::Reclaim => {}
@@ -367,7 +354,7 @@ impl Writer {
         self.batch = batch;
         self.shared.budget.release(freed);
         self.answer(answers);
-        if wants_sync && written.is_ok() && self.shared.options.has_bug(Bug::AckBeforeFsync) {
+        if answer_first && written.is_ok() {
             let _ = self.sync();
         }
         self.reclaim();
@@ -386,15 +373,18 @@ impl Writer {
     /// the first such batch.
     fn answer(&mut self, answers: Answers) {
         let answers = if answers.len() > NOTIFY_ABOVE {
-            match self
-                .notifier
-                .get_or_insert_with(|| Notifier::spawn().ok_or(()))
-            {
-                Ok(notifier) => match notifier.send(answers) {
+            if let NotifierState::NotStarted = self.notifier {
+                self.notifier = match Notifier::spawn() {
+                    Some(notifier) => NotifierState::Running(notifier),
+                    None => NotifierState::Refused,
+                };
+            }
+            match &self.notifier {
+                NotifierState::Running(notifier) => match notifier.send(answers) {
                     Ok(()) => return,
                     Err(answers) => answers,
                 },
-                Err(()) => answers,
+                _ => answers,
             }
         } else {
             answers
@@ -404,15 +394,16 @@ impl Writer {
         }
     }
 
-    /// Encodes and writes every append of the batch as one write batch; returns
-    /// the sequence number of its first record.
-    fn write_batch(&mut self, batch: &[Request]) -> Result<Seq> {
+    /// Encodes and writes every append of the batch as one write batch, and
+    /// records in `firsts` the sequence number of each append's first record.
+    fn write_batch(&mut self, batch: &[Request]) -> Result<()> {
+        self.firsts.clear();
         if let Some(e) = self.shared.poison.get() {
             return Err(e.clone());
         }
         let encoded: u64 = batch.iter().map(request_bytes).sum();
         if encoded == 0 {
-            return Ok(self.next_seq);
+            return Ok(());
         }
         let over = self.active.len + encoded > self.shared.options.segment_bytes;
         if over && self.active.records > 0 {
@@ -420,24 +411,24 @@ impl Writer {
         }
         self.buf.clear();
         let timestamp_us = now_us();
-        let salt = frame::salt(self.active.id);
-        let first = self.next_seq;
+        let salt = frame::salt(self.active.seg.id);
         let mut offset = self.active.len;
-        let mut last_frame_at = 0;
-        let first_unsynced = self.unsynced.len();
+        let mut left: usize = batch.iter().map(Request::records).sum();
+        let records = left as u64;
         for r in batch {
             let Request::Append { payloads, .. } = r else {
                 continue;
             };
+            self.firsts.push(self.next_seq);
             for payload in payloads.iter() {
                 let seq = self.next_seq;
                 let group = *self.group.get_or_insert(seq);
-                last_frame_at = self.buf.len();
+                left -= 1;
                 frame::encode(
                     &mut self.buf,
                     &FrameHeader {
                         kind: FrameKind::Record,
-                        batch_end: false,
+                        batch_end: left == 0,
                         seq,
                         group,
                         timestamp_us,
@@ -445,28 +436,30 @@ impl Writer {
                     payload,
                     salt,
                 );
-                let len = frame::frame_len(payload.len()) as u32;
-                self.unsynced.push((offset32(offset), len, true));
-                self.active.index.push(offset32(offset), true);
-                offset += u64::from(len);
+                let span = FrameSpan {
+                    offset: offset32(offset),
+                    len: frame::frame_len(payload.len()) as u32,
+                    is_record: true,
+                };
+                self.unsynced.push(span);
+                self.active.index.push(span.offset, true);
+                offset = span.end();
                 self.next_seq = seq.next();
             }
         }
-        frame::set_batch_end(&mut self.buf[last_frame_at..], true, salt);
-        let records = (self.unsynced.len() - first_unsynced) as u64;
         self.write_buf()?;
         self.active.records += records;
         Counters::add(&self.shared.counters.batches, 1);
         Counters::add(&self.shared.counters.records_appended, records);
         Counters::add(&self.shared.counters.bytes_appended, encoded);
-        Ok(first)
+        Ok(())
     }
 
     /// Writes `buf` at the end of the active segment, and zeros ahead of it when
     /// it reached space not written before (see [`ZERO_AHEAD_MIN`]).
     fn write_buf(&mut self) -> Result<()> {
-        if let Err(e) = io::write_all_at(&*self.active.file, &self.buf, self.active.len) {
-            return Err(self.poison("write", &self.active.path.clone(), e));
+        if let Err(e) = io::write_all_at(&*self.active.seg.file, &self.buf, self.active.len) {
+            return Err(self.poison("write", &self.active.seg.path.clone(), e));
         }
         let batch = self.buf.len() as u64;
         self.active.len += batch;
@@ -478,7 +471,7 @@ impl Writer {
             // there is nothing to write: the file grows with the frames.
             let zeros = ZEROS.get(..ahead.saturating_sub(end) as usize);
             let written = zeros.is_some_and(|z| {
-                z.is_empty() || io::write_all_at(&*self.active.file, z, end).is_ok()
+                z.is_empty() || io::write_all_at(&*self.active.seg.file, z, end).is_ok()
             });
             if written {
                 self.active.zeroed = ahead.max(end);
@@ -506,19 +499,15 @@ impl Writer {
         let Some(group) = self.group else {
             return Ok(());
         };
-        if let Err(e) = self.active.file.sync_data() {
-            let retried = self.shared.options.has_bug(Bug::RetryFailedFsync)
-                && self.active.file.sync_data().is_ok();
-            if !retried {
-                return Err(self.poison("fsync", &self.active.path.clone(), e));
-            }
+        if let Err(e) = self.active.seg.file.sync_data() {
+            return Err(self.poison("fsync", &self.active.seg.path.clone(), e));
         }
         Counters::add(&self.shared.counters.fsyncs, 1);
         self.active.synced_len = self.active.len;
         self.shared
             .table
             .lock()
-            .push_frames(self.active.id, group, &self.unsynced);
+            .push_frames(self.active.seg.id, group, &self.unsynced);
         self.unsynced.clear();
         self.group = None;
         self.unsynced_since = None;
@@ -540,10 +529,7 @@ impl Writer {
             source: Arc::new(e),
         };
         if self.shared.poison.get().is_none() && self.active.len > self.active.synced_len {
-            let file = &self.active.file;
-            if file.set_len(self.active.synced_len).is_ok() {
-                let _ = file.sync_data();
-            }
+            self.active.seg.cut_back(self.active.synced_len);
         }
         let _ = self.shared.poison.set(error.clone());
         // Claimers waiting for records will get none from this run.
@@ -556,35 +542,47 @@ impl Writer {
     /// Order matters for recovery: everything written is fsynced; the new segment
     /// is created and made durable; only then is the seal frame written and
     /// fsynced into the old one. A crash in between leaves an empty newest
-    /// segment after an unsealed one, which recovery removes.
+    /// segment after an unsealed one, which recovery keeps as the active segment
+    /// and whose predecessor the writer then seals (docs/FORMAT.md, "Crash
+    /// between creating the next segment and sealing the old one").
     fn rotate(&mut self) -> Result<()> {
         self.sync()?;
         let seal_seq = self.next_seq;
         let first = seal_seq.next();
-        let next = match create_segment(&self.shared, first, seal_seq, self.log_start) {
-            Ok(active) => active,
-            Err((op, path, e)) => return Err(self.poison(op, &path, e)),
+        let shared = &self.shared;
+        let next = SegmentFile::create(
+            &*shared.storage,
+            &shared.dir,
+            first,
+            seal_seq,
+            self.log_start,
+            shared.options.segment_bytes,
+        );
+        let next = match next {
+            Ok(next) => next,
+            Err(f) => return Err(self.poison(f.op, &f.path, f.source)),
         };
-        let salt = frame::salt(self.active.id);
+        Counters::add(&self.shared.counters.fsyncs, 2);
         let records_end = self.active.len;
         let index = self.active.index.encode(self.active.nonce);
         // Count the seal as written before its fsync, so that a failed fsync
         // poisons with the seal cut off again: a reopen in this process must not
         // read from the page cache a seal the disk may not have.
         self.active.len += frame::frame_len(index.len()) as u64;
-        if let Err((op, e)) = write_seal(&*self.active.file, records_end, seal_seq, salt, &index) {
-            return Err(self.poison(op, &self.active.path.clone(), e));
+        if let Err(f) = self.active.seg.seal(records_end, seal_seq, &index) {
+            return Err(self.poison(f.op, &f.path, f.source));
         }
         Counters::add(&self.shared.counters.fsyncs, 1);
         self.next_seq = first;
         self.last_written = seal_seq;
         // The table maps the old segment up to its last record; the seal frame
         // after it holds nothing to claim.
-        let map = match self.active.file.map(records_end) {
+        let map = match self.active.seg.file.map(records_end) {
             Ok(map) => map,
-            Err(e) => return Err(self.poison("map", &self.active.path.clone(), e)),
+            Err(e) => return Err(self.poison("map", &self.active.seg.path.clone(), e)),
         };
-        self.shared.table.lock().seal_last(self.active.id, map);
+        self.shared.table.lock().seal_last(self.active.seg.id, map);
+        let next = Active::new(next);
         push_active(&self.shared, &next);
         self.active = next;
         Ok(())
@@ -594,36 +592,24 @@ impl Writer {
     ///
     /// The new log start is written and fsynced in a `LogStart` frame *before* any
     /// file is removed, so that recovery can tell a deleted segment from a missing
-    /// one (docs/FORMAT.md, "Deleting segments").
+    /// one (docs/FORMAT.md, "Crash during deletion").
     fn reclaim(&mut self) {
         if self.shared.poison.get().is_some() {
             return;
         }
-        let ignore_live = self.shared.options.has_bug(Bug::DeleteLiveSegment);
-        let Some((count, new_start)) = self.shared.table.lock().reclaimable(ignore_live) else {
+        let front = {
+            let table = self.shared.table.lock();
+            // The negative control deletes sealed segments whatever they hold.
+            if crate::injected!(self.shared.options, DeleteLiveSegment) {
+                table.sealed_front()
+            } else {
+                table.reclaimable()
+            }
+        };
+        let Some((count, new_start)) = front else {
             return;
         };
-        self.buf.clear();
-        let seq = self.next_seq;
-        let group = *self.group.get_or_insert(seq);
-        frame::encode(
-            &mut self.buf,
-            &FrameHeader {
-                kind: FrameKind::LogStart,
-                batch_end: true,
-                seq,
-                group,
-                timestamp_us: now_us(),
-            },
-            &new_start.get().to_le_bytes(),
-            frame::salt(self.active.id),
-        );
-        let len = self.buf.len() as u32;
-        self.unsynced.push((offset32(self.active.len), len, false));
-        self.active.index.push(offset32(self.active.len), false);
-        self.active.index.log_start(new_start);
-        self.next_seq = seq.next();
-        if self.write_buf().is_err() || self.sync().is_err() {
+        if self.write_log_start(new_start).is_err() {
             return;
         }
         self.log_start = new_start;
@@ -640,6 +626,47 @@ impl Writer {
         self.shared.table.lock().remove_front(count);
         Counters::add(&self.shared.counters.segments_deleted, count as u64);
     }
+
+    /// Writes a `LogStart` frame recording `new_start` as a batch of its own, and
+    /// makes it durable.
+    fn write_log_start(&mut self, new_start: Seq) -> Result<()> {
+        self.buf.clear();
+        let seq = self.next_seq;
+        let group = *self.group.get_or_insert(seq);
+        frame::encode(
+            &mut self.buf,
+            &FrameHeader {
+                kind: FrameKind::LogStart,
+                batch_end: true,
+                seq,
+                group,
+                timestamp_us: now_us(),
+            },
+            &new_start.get().to_le_bytes(),
+            frame::salt(self.active.seg.id),
+        );
+        let span = FrameSpan {
+            offset: offset32(self.active.len),
+            len: self.buf.len() as u32,
+            is_record: false,
+        };
+        self.unsynced.push(span);
+        self.active.index.push(span.offset, false);
+        self.active.index.log_start(new_start);
+        self.next_seq = seq.next();
+        self.write_buf()?;
+        self.sync()
+    }
+}
+
+impl Request {
+    /// Records an append request carries (0 for other requests).
+    fn records(&self) -> usize {
+        match self {
+            Request::Append { payloads, .. } => payloads.len(),
+            _ => 0,
+        }
+    }
 }
 
 /// Encoded bytes of a request: what it takes of the queue budget and the batch.
@@ -648,72 +675,6 @@ pub(crate) fn request_bytes(r: &Request) -> u64 {
         Request::Append { ticket, .. } => ticket.bytes(),
         _ => 0,
     }
-}
-
-/// Why creating a segment failed: the operation, the path, the cause.
-type CreateError = (&'static str, PathBuf, std::io::Error);
-
-/// Creates segment `first`, writes its header, and makes both durable: the header
-/// is fsynced, then the directory, before any frame is written.
-fn create_segment(
-    shared: &Shared,
-    first: Seq,
-    prev_seq: Seq,
-    log_start: Seq,
-) -> Result<Active, CreateError> {
-    let id = SegmentId(first.get());
-    let path: Arc<Path> = shared.dir.join(id.file_name()).into();
-    let fail = |op, e| (op, path.to_path_buf(), e);
-    let file = shared
-        .storage
-        .create(&path)
-        .map_err(|e| fail("create segment", e))?;
-    // Preallocated, an fdatasync need not make a grown size durable with each
-    // batch. Only a speed-up: if space cannot be reserved, the file grows as it is
-    // written and a full disk shows at the write.
-    let _ = file.allocate(shared.options.segment_bytes);
-    let header = SegmentHeader {
-        first_seq: first,
-        prev_seq,
-        log_start,
-        created_unix_ms: now_us() / 1000,
-        nonce: shared.storage.random_u64(),
-    };
-    let made_durable = io::write_all_at(&*file, &header.encode(), 0)
-        .map_err(|e| fail("write segment header", e))
-        .and_then(|()| file.sync_data().map_err(|e| fail("sync segment header", e)))
-        .and_then(|()| {
-            if shared.options.has_bug(Bug::NoDirSyncAfterCreate) {
-                return Ok(());
-            }
-            shared
-                .storage
-                .sync_dir(&shared.dir)
-                .map_err(|e| ("sync directory", shared.dir.clone(), e))
-        });
-    if let Err(e) = made_durable {
-        // Leave a file that holds nothing, which recovery removes, rather than a
-        // header the page cache shows but the disk may not have.
-        if file.set_len(0).is_ok() {
-            let _ = file.sync_data();
-        }
-        return Err(e);
-    }
-    Counters::add(&shared.counters.fsyncs, 2);
-    let room = file.len().unwrap_or(0);
-    Ok(Active {
-        id,
-        path,
-        file,
-        len: SEGMENT_HEADER_LEN as u64,
-        synced_len: SEGMENT_HEADER_LEN as u64,
-        zeroed: SEGMENT_HEADER_LEN as u64,
-        room,
-        created: Instant::now(),
-        records: 0,
-        nonce: header.nonce,
-        index: IndexBuilder::default(),
-    })
 }
 
 /// A frame offset within a segment. The option limits keep every segment below
@@ -725,51 +686,21 @@ fn offset32(offset: u64) -> u32 {
 /// Adds the new active segment to the state table.
 fn push_active(shared: &Shared, active: &Active) {
     shared.table.lock().push_segment(SegmentSlots::new(
-        active.id,
-        active.path.clone(),
-        active.file.clone(),
+        active.seg.id,
+        active.seg.path.clone(),
+        active.seg.file.clone(),
         SEGMENT_HEADER_LEN as u32,
     ));
-}
-
-/// Writes the seal frame `seq`, carrying `index`, at `at`, cuts the file just
-/// after it, and fsyncs.
-fn write_seal(
-    file: &dyn StorageFile,
-    at: u64,
-    seq: Seq,
-    salt: u32,
-    index: &[u8],
-) -> Result<(), (&'static str, std::io::Error)> {
-    let mut buf = Vec::with_capacity(frame::frame_len(index.len()));
-    frame::encode(
-        &mut buf,
-        &FrameHeader {
-            kind: FrameKind::Seal,
-            batch_end: true,
-            seq,
-            group: seq,
-            timestamp_us: now_us(),
-        },
-        index,
-        salt,
-    );
-    io::write_all_at(file, &buf, at).map_err(|e| ("write seal", e))?;
-    // A sealed segment ends with its seal: drop the preallocated space after it.
-    file.set_len(at + buf.len() as u64)
-        .map_err(|e| ("truncate after seal", e))?;
-    file.sync_data().map_err(|e| ("sync seal", e))
 }
 
 /// Zeros written ahead of the frames, into the active segment's preallocated
 /// space, once the frames pass what was written before: four times the batch,
 /// at least `ZERO_AHEAD_MIN` and at most `ZERO_AHEAD_MAX` bytes. A block written
-/// once is overwritten in place afterwards, and the fdatasync of a write into it
-/// need not also record that unwritten (preallocated) space became written: on
-/// ext4 that takes a third to a half off each fdatasync, for small batches and
-/// for 256 KiB ones alike (docs/BENCHMARKS.md). Every byte is written twice; the
-/// bounds keep the occasional fdatasync that carries the zeros short. Recovery
-/// reads zeros after the frames as the clean end of the data, written or not.
+/// once is overwritten in place afterwards, so the fdatasync of a later write
+/// into it need not also record that unwritten (preallocated) space became
+/// written (measured in docs/BENCHMARKS.md, "Zeros ahead"). The bounds keep the
+/// occasional fdatasync that carries the zeros short. Recovery reads zeros after
+/// the frames as the clean end of the data, written or not.
 const ZERO_AHEAD_MIN: u64 = 256 << 10;
 /// See [`ZERO_AHEAD_MIN`].
 const ZERO_AHEAD_MAX: u64 = 1 << 20;
@@ -777,11 +708,3 @@ const ZERO_AHEAD_MAX: u64 = 1 << 20;
 /// The source of the zeros written ahead: one static buffer (zero-filled pages
 /// the process never writes), not a fresh megabyte cleared at every open.
 static ZEROS: [u8; ZERO_AHEAD_MAX as usize] = [0; ZERO_AHEAD_MAX as usize];
-
-/// Where the writer starts, from recovery.
-pub(crate) struct Start {
-    pub active: ActiveStart,
-    pub log_start: Seq,
-    /// The newest recovered segment, to be sealed.
-    pub seal_newest: Option<SealTarget>,
-}

@@ -20,10 +20,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::bugs::Bug;
 use super::disk::{CrashModel, Fault, FaultRule, Rng, SimDisk};
 use crate::error::Error;
 use crate::format::seq::Seq;
-use crate::options::{Bug, OpenCheck, Options};
+use crate::options::{OpenCheck, Options};
 use crate::outbox::Outbox;
 
 /// One step of a workload.
@@ -305,7 +306,8 @@ fn dir() -> PathBuf {
 }
 
 fn open(disk: &SimDisk, options: Options) -> Result<Outbox, Error> {
-    Outbox::open_with_storage(dir(), options, Arc::new(disk.clone()))
+    let storage = super::bugs::storage_for(Arc::new(disk.clone()), &options);
+    Outbox::open_with_storage(dir(), options, storage)
 }
 
 /// Why a workload run stopped.

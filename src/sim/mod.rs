@@ -1,10 +1,11 @@
 //! Crash testing: a simulated disk, a harness that crashes it at every I/O step,
 //! and the check functions shared by the tests and the fuzz targets.
 //!
-//! Compiled only with the `sim` feature. Nothing here is for production use.
+//! Compiled only with the `testing` feature. Nothing here is for production use.
 
+pub mod bugs;
 mod disk;
 pub mod harness;
 
-pub use crate::options::Bug;
+pub use bugs::Bug;
 pub use disk::{CrashModel, DiskStats, Fault, FaultRule, Rng, SECTOR, SimDisk};

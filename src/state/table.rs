@@ -36,7 +36,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::format::frame::FRAME_HEADER_LEN;
+use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan};
 use crate::format::seq::{SegmentId, Seq};
 use crate::io::{Mapped, StorageFile};
 
@@ -145,10 +145,8 @@ impl SegmentSlots {
         let mut claimed = 0;
         let mut done = 0;
         for (w, (&c, &d)) in self.claimed.iter().zip(&self.done).enumerate() {
-            if w == len / 64 && !len.is_multiple_of(64) {
-                let past = !0u64 << (len % 64);
-                assert_eq!((c | d) & past, 0, "bit set past the last slot");
-            }
+            let past = !word_mask(w, 0, len);
+            assert_eq!((c | d) & past, 0, "bit set past the last slot");
             claimed += (c & !d).count_ones();
             done += d.count_ones();
         }
@@ -165,8 +163,38 @@ pub(crate) struct ClaimRun {
     /// The segment's checksum seed.
     pub salt: u32,
     pub source: Source,
-    /// (seq, frame offset, frame length), in sequence order.
-    pub frames: Vec<(Seq, u32, u32)>,
+    /// The claimed frames, in sequence order.
+    pub frames: Vec<ClaimedFrame>,
+}
+
+/// One claimed frame: its record's sequence number and where it lies.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClaimedFrame {
+    pub seq: Seq,
+    /// Byte offset of the frame in its segment.
+    pub offset: u32,
+    /// Encoded length of the frame.
+    pub len: u32,
+}
+
+/// Where a slot's frame can be read: for the age of the oldest record.
+pub(crate) struct SlotRef {
+    pub seq: Seq,
+    pub source: Source,
+    /// Byte offset of the frame in its segment.
+    pub offset: u32,
+}
+
+/// The bits of bitset word `w` that stand for slots in `from..len`.
+fn word_mask(w: usize, from: usize, len: usize) -> u64 {
+    let mut mask = !0u64;
+    if w == from / 64 {
+        mask &= !0u64 << (from % 64);
+    }
+    if w == len / 64 {
+        mask &= !(!0u64 << (len % 64));
+    }
+    mask
 }
 
 /// What an operator sees of the table; the rest of [`Stats`](crate::Stats).
@@ -178,8 +206,8 @@ pub(crate) struct TableStats {
     pub segments: usize,
     pub disk_bytes: u64,
     pub state_bytes: u64,
-    pub first_unacked: Option<(Seq, Source, u32)>,
-    pub first_pending: Option<(Seq, Source, u32)>,
+    pub first_unacked: Option<SlotRef>,
+    pub first_pending: Option<SlotRef>,
     pub last_seq: Option<Seq>,
 }
 
@@ -228,14 +256,9 @@ impl Table {
         last.done.shrink_to_fit();
     }
 
-    /// Adds durable frames at the end of the segment `id` (the last one). Each frame
-    /// is (offset, length, is_record); records enter Pending, others Done.
-    pub(crate) fn push_frames(
-        &mut self,
-        id: SegmentId,
-        next_seq: Seq,
-        frames: &[(u32, u32, bool)],
-    ) {
+    /// Adds durable frames at the end of the segment `id` (the last one). Records
+    /// enter Pending, internal frames Done.
+    pub(crate) fn push_frames(&mut self, id: SegmentId, next_seq: Seq, frames: &[FrameSpan]) {
         let seg = self
             .segments
             .back_mut()
@@ -253,7 +276,12 @@ impl Table {
         let words = (seg.offsets.len() + frames.len()).div_ceil(64);
         seg.claimed.reserve(words.saturating_sub(seg.claimed.len()));
         seg.done.reserve(words.saturating_sub(seg.done.len()));
-        for &(offset, len, is_record) in frames {
+        for &FrameSpan {
+            offset,
+            len,
+            is_record,
+        } in frames
+        {
             assert_eq!(offset, seg.end, "frames pushed with a gap");
             let i = seg.offsets.len();
             seg.offsets.push(offset);
@@ -315,13 +343,7 @@ impl Table {
             let mut run: Option<ClaimRun> = None;
             let mut w = from / 64;
             while w * 64 < len {
-                let mut free = !(seg.claimed[w] | seg.done[w]);
-                if w == from / 64 {
-                    free &= !0u64 << (from % 64);
-                }
-                if w == len / 64 {
-                    free &= !(!0u64 << (len % 64));
-                }
+                let mut free = !(seg.claimed[w] | seg.done[w]) & word_mask(w, from, len);
                 while free != 0 {
                     let i = w * 64 + free.trailing_zeros() as usize;
                     free &= free - 1;
@@ -346,7 +368,11 @@ impl Table {
                         frames: Vec::new(),
                     })
                     .frames
-                    .push((seq, offset, frame_len));
+                    .push(ClaimedFrame {
+                        seq,
+                        offset,
+                        len: frame_len,
+                    });
                     if taken == max_records {
                         stop_at = seq.get() + 1;
                         if let Some(run) = run.take() {
@@ -484,13 +510,20 @@ impl Table {
 
     /// The oldest segments that are sealed and entirely Done, and the first
     /// sequence number of the segment that would then be the oldest.
-    /// `ignore_live` is the injected bug that forgets the "entirely Done".
-    pub(crate) fn reclaimable(&self, ignore_live: bool) -> Option<(usize, Seq)> {
-        let count = self
-            .segments
-            .iter()
-            .take_while(|s| s.is_finished() || (ignore_live && s.map.is_some()))
-            .count();
+    pub(crate) fn reclaimable(&self) -> Option<(usize, Seq)> {
+        self.front_while(SegmentSlots::is_finished)
+    }
+
+    /// The oldest sealed segments whatever they hold: what the negative control
+    /// `DeleteLiveSegment` deletes.
+    #[cfg(feature = "testing")]
+    pub(crate) fn sealed_front(&self) -> Option<(usize, Seq)> {
+        self.front_while(|s| s.map.is_some())
+    }
+
+    /// The oldest segments that satisfy `take`, as long as one stays after them.
+    fn front_while(&self, take: impl Fn(&SegmentSlots) -> bool) -> Option<(usize, Seq)> {
+        let count = self.segments.iter().take_while(|s| take(s)).count();
         if count == 0 {
             return None;
         }
@@ -508,40 +541,30 @@ impl Table {
     }
 
     /// Drops the oldest `count` segments from the table (after their files are
-    /// deleted).
+    /// deleted). The totals stay true whatever the segments held; the writer only
+    /// removes segments entirely Done, save under a negative control.
     pub(crate) fn remove_front(&mut self, count: usize) {
         for _ in 0..count {
             let seg = self
                 .segments
                 .pop_front()
                 .expect("remove_front past the end");
-            if !seg.is_finished() {
-                self.forget_live(&seg);
-            }
-        }
-    }
-
-    /// Only the injected bug `DeleteLiveSegment` deletes a segment holding live
-    /// records; the totals stay true so that the harness sees the loss itself.
-    #[cfg(feature = "testing")]
-    fn forget_live(&mut self, seg: &SegmentSlots) {
-        for i in 0..seg.offsets.len() {
-            if SegmentSlots::bit(&seg.done, i) {
+            if seg.is_finished() {
                 continue;
             }
-            if SegmentSlots::bit(&seg.claimed, i) {
-                self.claimed -= 1;
-            } else {
-                self.pending -= 1;
+            for i in 0..seg.offsets.len() {
+                if SegmentSlots::bit(&seg.done, i) {
+                    continue;
+                }
+                if SegmentSlots::bit(&seg.claimed, i) {
+                    self.claimed -= 1;
+                } else {
+                    self.pending -= 1;
+                }
+                let (_, len) = seg.frame_range(i);
+                self.backlog_bytes -= u64::from(len) - FRAME_HEADER_LEN as u64;
             }
-            let (_, len) = seg.frame_range(i);
-            self.backlog_bytes -= u64::from(len) - FRAME_HEADER_LEN as u64;
         }
-    }
-
-    #[cfg(not(feature = "testing"))]
-    fn forget_live(&mut self, _seg: &SegmentSlots) {
-        unreachable!("removed a segment with live records");
     }
 
     pub(crate) fn stats(&self) -> TableStats {
@@ -568,7 +591,7 @@ impl Table {
     }
 
     /// The first slot at or after `from` whose words satisfy `pick`.
-    fn find_first(&self, from: u64, pick: impl Fn(u64, u64) -> u64) -> Option<(Seq, Source, u32)> {
+    fn find_first(&self, from: u64, pick: impl Fn(u64, u64) -> u64) -> Option<SlotRef> {
         for seg in &self.segments {
             if seg.end_seq() <= from {
                 continue;
@@ -576,20 +599,14 @@ impl Table {
             let start = from.saturating_sub(seg.first()) as usize;
             let len = seg.offsets.len();
             for w in start / 64..len.div_ceil(64) {
-                let mut bits = pick(seg.claimed[w], seg.done[w]);
-                if w == start / 64 {
-                    bits &= !0u64 << (start % 64);
-                }
-                if w == len / 64 {
-                    bits &= !(!0u64 << (len % 64));
-                }
+                let bits = pick(seg.claimed[w], seg.done[w]) & word_mask(w, start, len);
                 if bits != 0 {
                     let i = w * 64 + bits.trailing_zeros() as usize;
-                    return Some((
-                        Seq::from(seg.first() + i as u64),
-                        seg.source(),
-                        seg.offsets[i],
-                    ));
+                    return Some(SlotRef {
+                        seq: Seq::from(seg.first() + i as u64),
+                        source: seg.source(),
+                        offset: seg.offsets[i],
+                    });
                 }
             }
         }
@@ -638,8 +655,12 @@ mod tests {
         let mut t = Table::new();
         t.push_segment(SegmentSlots::new(SegmentId(1), path, file, 64));
         let frame = FRAME_HEADER_LEN as u32 + 10;
-        let frames: Vec<(u32, u32, bool)> = (0..n)
-            .map(|i| (64 + i * frame, frame, Some(i) != internal))
+        let frames: Vec<FrameSpan> = (0..n)
+            .map(|i| FrameSpan {
+                offset: 64 + i * frame,
+                len: frame,
+                is_record: Some(i) != internal,
+            })
             .collect();
         t.push_frames(SegmentId(1), Seq::from(1), &frames);
         (t, dir)
@@ -647,7 +668,7 @@ mod tests {
 
     fn seqs(runs: &[ClaimRun]) -> Vec<u64> {
         runs.iter()
-            .flat_map(|r| r.frames.iter().map(|f| f.0.get()))
+            .flat_map(|r| r.frames.iter().map(|f| f.seq.get()))
             .collect()
     }
 
@@ -724,12 +745,12 @@ mod tests {
             !t.ack(&[Seq::from(1), Seq::from(2), Seq::from(3)])
                 .expect("ack")
         );
-        assert_eq!(t.reclaimable(false), None, "unsealed");
+        assert_eq!(t.reclaimable(), None, "unsealed");
         t.seal_last(SegmentId(1), Arc::new(Vec::new()));
         let path: Arc<Path> = d.path().join("g").into();
         let file = StdStorage.create(&path).expect("create");
         t.push_segment(SegmentSlots::new(SegmentId(4), path, file, 64));
-        assert_eq!(t.reclaimable(false), Some((1, Seq::from(4))));
+        assert_eq!(t.reclaimable(), Some((1, Seq::from(4))));
         t.remove_front(1);
         // Seqs of deleted segments were acknowledged: acking them again is fine.
         t.ack(&[Seq::from(2)]).expect("ack of a deleted seq");
@@ -750,7 +771,11 @@ mod tests {
         t.push_frames(
             SegmentId(10),
             Seq::from(10),
-            &[(64, frame, true), (64 + frame, frame, true)],
+            &[64, 64 + frame].map(|offset| FrameSpan {
+                offset,
+                len: frame,
+                is_record: true,
+            }),
         );
         assert_eq!(seqs(&t.claim(3, u64::MAX)), vec![1, 2, 3]);
         assert_eq!(seqs(&t.claim(1, u64::MAX)), vec![10]);

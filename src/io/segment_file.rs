@@ -1,0 +1,201 @@
+//! The life of a segment file: created durably with its header, sealed, cut
+//! back, removed. The one place that knows in which order those steps reach the
+//! disk; the writer and recovery both go through it. The bytes themselves come
+//! from the pure codecs (`format::segment`, `format::frame`, `format::seal`).
+//!
+//! The order, argued in docs/FORMAT.md ("Crash cases, one by one"):
+//! - a new segment's header is fsynced, then its directory, before any frame is
+//!   written to it;
+//! - a seal is written after every frame before it is durable, then the file is
+//!   cut just after it, then fsynced;
+//! - a cut is always followed by an fsync of the file, so that nothing built on
+//!   the shorter file can be undone by a power cut.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::Error;
+use crate::format::frame::{self, FrameHeader, FrameKind};
+use crate::format::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
+use crate::format::seq::{SegmentId, Seq};
+use crate::io::{Storage, StorageFile, write_all_at};
+
+/// One segment file, open.
+#[derive(Clone, Debug)]
+pub(crate) struct SegmentFile {
+    pub id: SegmentId,
+    pub path: Arc<Path>,
+    pub file: Arc<dyn StorageFile>,
+}
+
+/// A step of a segment's life that failed: which, on which file, and why. The
+/// writer turns it into the poison, recovery into an error of the open.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub op: &'static str,
+    pub path: PathBuf,
+    pub source: io::Error,
+}
+
+impl Failed {
+    fn new(op: &'static str, path: &Path, source: io::Error) -> Failed {
+        Failed {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// The failure as an error of the open.
+    pub(crate) fn into_error(self) -> Error {
+        Error::io(self.op, self.path, self.source)
+    }
+}
+
+/// An empty segment ready for the writer: its header is durable, and so is its
+/// directory entry.
+pub(crate) struct FreshSegment {
+    pub segment: SegmentFile,
+    /// Where the first frame goes: right after the header.
+    pub len: u64,
+    /// The header's nonce, repeated in the segment's seal index.
+    pub nonce: u64,
+}
+
+/// A seal still to be written into a segment recovery kept (it lacked one): the
+/// writer writes it before anything else.
+pub(crate) struct PendingSeal {
+    pub segment: SegmentFile,
+    /// Where the seal frame goes: just after the last frame kept.
+    pub at: u64,
+    /// The seal frame's sequence number.
+    pub seq: Seq,
+    /// Its payload: the segment's index.
+    pub index: Vec<u8>,
+}
+
+impl SegmentFile {
+    /// The segment `id` of the directory `dir`.
+    pub(crate) fn path_of(dir: &Path, id: SegmentId) -> PathBuf {
+        dir.join(id.file_name())
+    }
+
+    /// Creates the segment whose first frame will be `first`, preallocated to
+    /// `preallocate` bytes where the file system can, and makes it durable: the
+    /// header is written and fsynced, then the directory is fsynced.
+    ///
+    /// On failure the file is cut back to nothing (best
+    /// effort), so that it holds no header a power cut could take back: the
+    /// next recovery removes an empty newest file.
+    pub(crate) fn create(
+        storage: &dyn Storage,
+        dir: &Path,
+        first: Seq,
+        prev_seq: Seq,
+        log_start: Seq,
+        preallocate: u64,
+    ) -> Result<FreshSegment, Failed> {
+        let id = SegmentId(first.get());
+        let path: Arc<Path> = SegmentFile::path_of(dir, id).into();
+        let file = storage
+            .create(&path)
+            .map_err(|e| Failed::new("create segment", &path, e))?;
+        // Preallocated, an fdatasync need not make a grown size durable with each
+        // batch. Only a speed-up: if space cannot be reserved, the file grows as
+        // it is written and a full disk shows at the write.
+        let _ = file.allocate(preallocate);
+        let header = SegmentHeader {
+            first_seq: first,
+            prev_seq,
+            log_start,
+            created_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            nonce: storage.random_u64(),
+        };
+        let segment = SegmentFile { id, path, file };
+        let made_durable = write_all_at(&*segment.file, &header.encode(), 0)
+            .map_err(|e| Failed::new("write segment header", &segment.path, e))
+            .and_then(|()| {
+                segment
+                    .file
+                    .sync_data()
+                    .map_err(|e| Failed::new("sync segment header", &segment.path, e))
+            })
+            .and_then(|()| {
+                storage
+                    .sync_dir(dir)
+                    .map_err(|e| Failed::new("sync directory", dir, e))
+            });
+        if let Err(e) = made_durable {
+            segment.cut_back(0);
+            return Err(e);
+        }
+        Ok(FreshSegment {
+            segment,
+            len: SEGMENT_HEADER_LEN as u64,
+            nonce: header.nonce,
+        })
+    }
+
+    /// Writes the seal frame `seq` carrying `index` at `at`, cuts the file just
+    /// after it (a sealed segment ends with its seal: its preallocated space goes)
+    /// and fsyncs. On failure the caller cuts back to `at`.
+    pub(crate) fn seal(&self, at: u64, seq: Seq, index: &[u8]) -> Result<(), Failed> {
+        let mut buf = Vec::with_capacity(frame::frame_len(index.len()));
+        frame::encode(
+            &mut buf,
+            &FrameHeader {
+                kind: FrameKind::Seal,
+                batch_end: true,
+                seq,
+                group: seq,
+                timestamp_us: now_us(),
+            },
+            index,
+            frame::salt(self.id),
+        );
+        let fail = |op| move |e| Failed::new(op, &self.path, e);
+        write_all_at(&*self.file, &buf, at).map_err(fail("write seal"))?;
+        self.file
+            .set_len(at + buf.len() as u64)
+            .map_err(fail("truncate after seal"))?;
+        self.file.sync_data().map_err(fail("sync seal"))
+    }
+
+    /// Cuts the file to `len` bytes and makes the cut durable.
+    pub(crate) fn cut(&self, len: u64) -> Result<(), Failed> {
+        self.file
+            .set_len(len)
+            .map_err(|e| Failed::new("truncate segment", &self.path, e))?;
+        self.file
+            .sync_data()
+            .map_err(|e| Failed::new("sync truncated segment", &self.path, e))
+    }
+
+    /// Cuts the file back to `len` bytes on a failure path: best effort, never
+    /// retried, the error already in hand being the one that matters. A cut that
+    /// fails leaves unsynced bytes that recovery fsyncs before it reads them
+    /// (docs/FORMAT.md, "A failed write or fsync").
+    pub(crate) fn cut_back(&self, len: u64) {
+        let _ = self.cut(len);
+    }
+
+    /// Gives back the preallocated space past `len`, if any (at a clean close:
+    /// everything before `len` is durable, so only zeros go; a failure changes
+    /// nothing that matters).
+    pub(crate) fn trim(&self, len: u64) {
+        if self.file.len().is_ok_and(|l| l > len) {
+            self.cut_back(len);
+        }
+    }
+}
+
+/// Microseconds since the Unix epoch: a frame's timestamp.
+pub(crate) fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
