@@ -549,3 +549,10 @@ fn check_link(s: &View<'_>, next: Link<'_, '_>) -> Option<Damage> {
         }
     }
 }
+
+#[cfg(test)]
+#[expect(
+    clippy::indexing_slicing,
+    reason = "tests damage bytes at known offsets"
+)]
+mod tests;

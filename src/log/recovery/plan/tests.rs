@@ -1,0 +1,687 @@
+//! The crash cases of docs/FORMAT.md ("Crash cases, one by one"), one test
+//! each and named after it: segment files built byte by byte in memory, damaged
+//! as the case says, scanned and planned without a disk.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::*;
+use crate::format::frame::{self, FrameHeader, FrameKind, FrameSpan};
+use crate::format::seal::IndexBuilder;
+use crate::format::segment::SegmentHeader;
+use crate::format::seq::SegmentId;
+use crate::log::recovery::scan::{self, SegmentScan};
+use crate::options::OpenCheck;
+
+const NONCE: u64 = 0x5eed;
+
+/// A segment file being built: header, then frames in write batches.
+struct Seg {
+    id: SegmentId,
+    bytes: Vec<u8>,
+    next: u64,
+    index: IndexBuilder,
+    /// Offset of every frame, by sequence number.
+    at: BTreeMap<u64, usize>,
+}
+
+impl Seg {
+    /// A segment whose first frame is `first`, after a segment ending at `prev`.
+    fn new(first: u64, prev: u64, log_start: u64) -> Seg {
+        let header = SegmentHeader {
+            first_seq: Seq::from(first),
+            prev_seq: Seq::from(prev),
+            log_start: Seq::from(log_start),
+            created_unix_ms: 0,
+            nonce: NONCE,
+        };
+        Seg {
+            id: SegmentId(first),
+            bytes: header.encode().to_vec(),
+            next: first,
+            index: IndexBuilder::default(),
+            at: BTreeMap::new(),
+        }
+    }
+
+    fn frame(&mut self, kind: FrameKind, payload: &[u8], group: u64, batch_end: bool) -> u64 {
+        let seq = self.next;
+        let offset = self.bytes.len();
+        frame::encode(
+            &mut self.bytes,
+            &FrameHeader {
+                kind,
+                batch_end,
+                seq: Seq::from(seq),
+                group: Seq::from(group),
+                timestamp_us: 1,
+            },
+            payload,
+            frame::salt(self.id),
+        );
+        self.index.push(offset as u32, kind == FrameKind::Record);
+        self.at.insert(seq, offset);
+        self.next += 1;
+        seq
+    }
+
+    /// A write batch of `n` records of 20 bytes, a sync group of its own.
+    fn batch(mut self, n: usize) -> Seg {
+        let group = self.next;
+        for k in 0..n {
+            self.frame(FrameKind::Record, &[7; 20], group, k + 1 == n);
+        }
+        self
+    }
+
+    /// A write batch whose last frame lacks the batch-end flag: the file ends
+    /// inside it.
+    fn open_batch(mut self, n: usize) -> Seg {
+        let group = self.next;
+        for _ in 0..n {
+            self.frame(FrameKind::Record, &[7; 20], group, false);
+        }
+        self
+    }
+
+    /// A `LogStart` frame recording `value`, as the writer writes it.
+    fn log_start(mut self, value: u64) -> Seg {
+        let group = self.next;
+        self.frame(FrameKind::LogStart, &value.to_le_bytes(), group, true);
+        self.index.log_start(Seq::from(value));
+        self
+    }
+
+    /// A seal frame numbered `seq`, carrying the segment's index.
+    fn seal_as(mut self, seq: u64) -> Seg {
+        let index = self.index.encode(NONCE);
+        self.next = seq;
+        self.frame(FrameKind::Seal, &index, seq, true);
+        self
+    }
+
+    fn seal(self) -> Seg {
+        let seq = self.next;
+        self.seal_as(seq)
+    }
+
+    /// Where frame `seq` starts.
+    fn offset_of(&self, seq: u64) -> usize {
+        self.at[&seq]
+    }
+
+    fn zeros(mut self, n: usize) -> Seg {
+        self.bytes.resize(self.bytes.len() + n, 0);
+        self
+    }
+
+    fn garbage(mut self, n: usize) -> Seg {
+        self.bytes.extend((0..n).map(|k| (k * 131 % 251) as u8 | 1));
+        self
+    }
+
+    fn flip(mut self, offset: usize, bit: u8) -> Seg {
+        self.bytes[offset] ^= 1 << bit;
+        self
+    }
+
+    /// Overwrites `n` bytes from `offset` with garbage.
+    fn garble(mut self, offset: usize, n: usize) -> Seg {
+        for (k, b) in self.bytes[offset..offset + n].iter_mut().enumerate() {
+            *b = (k * 97 % 253) as u8 | 0x40;
+        }
+        self
+    }
+
+    fn cut(mut self, len: usize) -> Seg {
+        self.bytes.truncate(len);
+        self
+    }
+
+    fn file(self) -> (SegmentId, Vec<u8>) {
+        (self.id, self.bytes)
+    }
+}
+
+/// The record frame's payload offset within a frame: past its header.
+const PAYLOAD: usize = frame::FRAME_HEADER_LEN;
+/// Offset of the length field within a frame header (magic, then CRC).
+const LEN_FIELD: usize = 8;
+
+/// Scans `files` as recovery does: the newest whole, the others through their
+/// seal index where it checks.
+fn scans(files: &[(SegmentId, Vec<u8>)]) -> Vec<SegmentScan> {
+    files
+        .iter()
+        .enumerate()
+        .map(|(k, (id, bytes))| {
+            let check = if k + 1 == files.len() {
+                OpenCheck::EveryFrame
+            } else {
+                OpenCheck::SealIndex
+            };
+            let len = bytes.len() as u64;
+            let path = PathBuf::from(id.file_name());
+            scan::scan(*id, path, bytes, check, &|at| Ok(Some(at..len)))
+        })
+        .collect()
+}
+
+fn decide(files: &[(SegmentId, Vec<u8>)]) -> Result<Plan> {
+    plan(&scans(files), RecoveryMode::Strict)
+}
+
+fn kept(plan: &Plan) -> Vec<(usize, usize, Option<u64>)> {
+    plan.keep
+        .iter()
+        .map(|k| (k.scan, k.frames, k.cut))
+        .collect()
+}
+
+fn corruption(result: Result<Plan>) -> Corruption {
+    match result {
+        Err(Error::Corrupt { kind, .. }) => kind,
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+fn create(plan: &Plan) -> (Seq, Seq) {
+    match plan.active {
+        ActivePlan::Create { first, prev } => (first, prev),
+        ActivePlan::Reuse { scan } => panic!("reuses {scan}, expected a new segment"),
+    }
+}
+
+#[test]
+fn crash_while_writing_a_batch_before_its_fdatasync_returned() {
+    // Batch 4..=6 reached the disk in part: its second sector never did.
+    let seg = Seg::new(1, 0, 1).batch(3).batch(3);
+    let torn_at = seg.offset_of(4) as u64;
+    let garbled = seg.offset_of(5);
+    let plan = decide(&[seg.garble(garbled, 30).file()]).expect("a torn tail opens");
+    assert_eq!(kept(&plan), vec![(0, 3, Some(torn_at))]);
+    let torn = plan.torn.as_ref().expect("torn tail reported");
+    assert_eq!(torn.offset, torn_at);
+    assert_eq!(plan.records, 3);
+    assert_eq!(plan.seal.as_ref().map(|s| s.at), Some(torn_at));
+    // Numbers 4..=6 were seen (frame 6 is valid past the damage): never reused.
+    let (first, _) = create(&plan);
+    assert!(first > Seq::from(6), "active segment starts at {first}");
+
+    // The first frame of the batch lost, later frames of the same batch
+    // whole: still the same unacknowledged batch, still torn.
+    let seg = Seg::new(1, 0, 1).batch(3).batch(3);
+    let at = seg.offset_of(4);
+    let plan = decide(&[seg.garble(at, 12).file()]).expect("torn");
+    assert_eq!(kept(&plan), vec![(0, 3, Some(at as u64))]);
+}
+
+#[test]
+fn the_header_reached_the_disk_but_the_payload_did_not() {
+    let seg = Seg::new(1, 0, 1).batch(2).batch(1);
+    let at = seg.offset_of(3);
+    let seg = seg.zeros(0);
+    let len = seg.bytes.len();
+    // The payload's bytes are zeros: the header landed, the payload did not.
+    let mut seg = seg;
+    seg.bytes[at + PAYLOAD..len].fill(0);
+    let plan = decide(&[seg.file()]).expect("torn");
+    assert_eq!(kept(&plan), vec![(0, 2, Some(at as u64))]);
+    assert!(matches!(
+        plan.torn.map(|t| t.cause),
+        Some(Corruption::ChecksumMismatch { .. })
+    ));
+
+    // The reverse: the payload landed, the header did not.
+    let seg = Seg::new(1, 0, 1).batch(2).batch(1);
+    let at = seg.offset_of(3);
+    let plan = decide(&[seg.garble(at, PAYLOAD).file()]).expect("torn");
+    assert_eq!(kept(&plan), vec![(0, 2, Some(at as u64))]);
+}
+
+#[test]
+fn a_flipped_length_field() {
+    // A length bit flipped in an fsynced batch makes its frame look longer,
+    // past the end of the file; the later batch proves it was not torn.
+    let seg = Seg::new(1, 0, 1).batch(2).batch(2);
+    let at = seg.offset_of(2);
+    let kind = corruption(decide(&[seg.flip(at + LEN_FIELD + 2, 6).file()]));
+    assert!(
+        matches!(kind, Corruption::DamageBeforeValidFrame { valid_seq, .. } if valid_seq == Seq::from(3)),
+        "{kind:?}"
+    );
+}
+
+#[test]
+fn the_file_grew_but_its_data_did_not_land() {
+    // Garbage after the last whole batch: a torn tail cut at its end.
+    let seg = Seg::new(1, 0, 1).batch(3);
+    let end = seg.bytes.len() as u64;
+    let plan = decide(&[seg.garbage(5000).file()]).expect("torn");
+    assert_eq!(kept(&plan), vec![(0, 3, Some(end))]);
+
+    // Old blocks of another segment: its frames fail this segment's salted
+    // checksum, so they are garbage too.
+    let other = Seg::new(900, 0, 1).batch(4);
+    let seg = Seg::new(1, 0, 1).batch(3);
+    let end = seg.bytes.len() as u64;
+    let mut bytes = seg.bytes;
+    bytes.extend_from_slice(&other.bytes[SEGMENT_HEADER_LEN..]);
+    let plan = decide(&[(SegmentId(1), bytes)]).expect("torn");
+    assert_eq!(kept(&plan), vec![(0, 3, Some(end))]);
+}
+
+#[test]
+fn bit_rot_in_a_batch_that_was_fsynced() {
+    // Followed by a later batch: corruption, named with its offset.
+    let seg = Seg::new(1, 0, 1).batch(2).batch(2);
+    let at = seg.offset_of(1);
+    let files = [seg.flip(at + PAYLOAD + 3, 0).file()];
+    match decide(&files) {
+        Err(Error::Corrupt { offset, seq, .. }) => {
+            assert_eq!(offset, at as u64);
+            assert_eq!(seq, Some(Seq::from(1)));
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    // In the last batch of the newest segment it cannot be told from a torn
+    // write: the batch is cut (the documented limit).
+    let seg = Seg::new(1, 0, 1).batch(2).batch(2);
+    let at = seg.offset_of(4);
+    let plan = decide(&[seg.flip(at + PAYLOAD, 0).file()]).expect("cut");
+    assert_eq!(kept(&plan), vec![(0, 2, Some(seg_offset(1, 2, 3)))]);
+
+    // In a sealed segment, read whole: corruption, whatever follows.
+    let old = Seg::new(1, 0, 1).batch(2).seal();
+    let at = old.offset_of(2);
+    let files = [old.flip(at + PAYLOAD, 1).file(), Seg::new(4, 3, 1).file()];
+    let scans = scans(&files);
+    let every_frame = plan_every_frame(&files);
+    assert!(scans[0].damage.is_none(), "the seal index vouches for it");
+    assert!(matches!(every_frame, Err(Error::Corrupt { .. })));
+}
+
+/// Offset of frame `seq` in a segment of batches of `sizes` records from 1.
+fn seg_offset(first_batch: usize, second_batch: usize, seq: u64) -> u64 {
+    Seg::new(1, 0, 1)
+        .batch(first_batch)
+        .batch(second_batch)
+        .offset_of(seq) as u64
+}
+
+/// Plans with every segment read whole.
+fn plan_every_frame(files: &[(SegmentId, Vec<u8>)]) -> Result<Plan> {
+    let scans: Vec<SegmentScan> = files
+        .iter()
+        .map(|(id, bytes)| {
+            let len = bytes.len() as u64;
+            let path = PathBuf::from(id.file_name());
+            scan::scan(*id, path, bytes, OpenCheck::EveryFrame, &|at| {
+                Ok(Some(at..len))
+            })
+        })
+        .collect();
+    plan(&scans, RecoveryMode::Strict)
+}
+
+#[test]
+fn a_preallocated_tail() {
+    // Zeros after a batch end: the clean end of the data, nothing cut.
+    let plan = decide(&[Seg::new(1, 0, 1).batch(3).zeros(1 << 16).file()]).expect("clean");
+    assert_eq!(kept(&plan), vec![(0, 3, None)]);
+    assert_eq!(plan.torn, None);
+    // The seal goes right after the last frame, not after the zeros.
+    let end = Seg::new(1, 0, 1).batch(3).bytes.len() as u64;
+    assert_eq!(plan.seal.as_ref().map(|s| s.at), Some(end));
+
+    // Zeros after a frame whose batch is still open: that batch is torn.
+    let seg = Seg::new(1, 0, 1).batch(2).open_batch(2);
+    let at = seg.offset_of(3) as u64;
+    let plan = decide(&[seg.zeros(8192).file()]).expect("torn");
+    assert_eq!(kept(&plan), vec![(0, 2, Some(at))]);
+    assert_eq!(
+        plan.torn.map(|t| t.cause),
+        Some(Corruption::IncompleteBatch)
+    );
+
+    // Zeros torn into garbage sectors after the last batch: cut there.
+    let seg = Seg::new(1, 0, 1).batch(3);
+    let end = seg.bytes.len() as u64;
+    let plan = decide(&[seg.zeros(4096).garbage(512).zeros(4096).file()]).expect("torn");
+    assert_eq!(kept(&plan), vec![(0, 3, Some(end))]);
+}
+
+#[test]
+fn crash_between_writing_a_seal_and_its_fdatasync() {
+    // The successor is durable and empty; the seal is torn.
+    let old = Seg::new(1, 0, 1).batch(3);
+    let seal_at = old.bytes.len();
+    let old = old.seal_as(4);
+    let len = old.bytes.len();
+    let files = [
+        old.garble(seal_at + 10, len - seal_at - 10).file(),
+        Seg::new(5, 4, 1).file(),
+    ];
+    let plan = decide(&files).expect("a torn seal is a torn tail");
+    assert_eq!(kept(&plan), vec![(0, 3, Some(seal_at as u64))]);
+    assert_eq!(plan.active, ActivePlan::Reuse { scan: 1 });
+    // The writer seals it again, with the number the successor names.
+    assert_eq!(
+        plan.seal,
+        Some(SealPlan {
+            at: seal_at as u64,
+            seq: Seq::from(4)
+        })
+    );
+
+    // A whole seal whose truncation was lost: zeros after it, still sealed.
+    let files = [
+        Seg::new(1, 0, 1).batch(3).seal().zeros(1 << 14).file(),
+        Seg::new(5, 4, 1).file(),
+    ];
+    let plan = decide(&files).expect("sealed");
+    assert_eq!(kept(&plan), vec![(0, 4, None)]);
+    assert_eq!(plan.seal, None);
+}
+
+#[test]
+fn a_seal_index_that_checks() {
+    let files = [
+        Seg::new(1, 0, 1)
+            .batch(2)
+            .log_start(1)
+            .batch(1)
+            .seal()
+            .file(),
+        Seg::new(6, 5, 1).file(),
+    ];
+    let scans = scans(&files);
+    // Read through the index: the same frames as read whole.
+    let whole = scan::scan(
+        SegmentId(1),
+        PathBuf::from("whole"),
+        &files[0].1,
+        OpenCheck::EveryFrame,
+        &|_| Ok(None),
+    );
+    assert_eq!(scans[0].frames, whole.frames);
+    assert_eq!(scans[0].log_start_marker(), whole.log_start_marker());
+    let plan = plan(&scans, RecoveryMode::Strict).expect("open");
+    assert_eq!(plan.records, 3);
+
+    // An index whose nonce is not the header's (a producer's bytes shaped like
+    // one) is not trusted: the segment is read whole, and a seal that does not
+    // describe it is damage.
+    let mut forged = files[0].1.clone();
+    let nonce_at = 48;
+    forged[nonce_at] ^= 1;
+    let crc = crc32fast::hash(&forged[..60]);
+    forged[60..64].copy_from_slice(&crc.to_le_bytes());
+    let scan = scan::scan(
+        SegmentId(1),
+        PathBuf::from("forged"),
+        &forged,
+        OpenCheck::SealIndex,
+        &|_| Ok(None),
+    );
+    assert!(matches!(
+        scan.damage.map(|d| d.cause),
+        Some(Corruption::BadSealIndex { .. })
+    ));
+}
+
+#[test]
+fn crash_during_segment_creation() {
+    let prev = Seg::new(1, 0, 1).batch(3);
+    let end = prev.bytes.len() as u64;
+    for newest in [
+        Vec::new(),
+        vec![0; 4096],
+        Seg::new(5, 4, 1).bytes[..20].to_vec(),
+        Seg::new(5, 4, 1).garble(8, 40).bytes,
+    ] {
+        let files = [
+            Seg::new(1, 0, 1).batch(3).file(),
+            (SegmentId(5), newest.clone()),
+        ];
+        let plan = decide(&files).unwrap_or_else(|e| panic!("{} bytes: {e}", newest.len()));
+        assert_eq!(plan.remove_empty, vec![1], "{} bytes", newest.len());
+        assert_eq!(kept(&plan), vec![(0, 3, None)]);
+        assert_eq!(plan.seal.as_ref().map(|s| s.at), Some(end));
+        // Numbers up to the name of the removed file are never reused.
+        assert!(create(&plan).0 > Seq::from(5));
+    }
+    // A whole header and nothing else: reused.
+    let files = [Seg::new(1, 0, 1).batch(3).file(), Seg::new(5, 4, 1).file()];
+    assert_eq!(
+        decide(&files).expect("open").active,
+        ActivePlan::Reuse { scan: 1 }
+    );
+}
+
+#[test]
+fn crash_between_creating_the_next_segment_and_sealing_the_old_one() {
+    let files = [
+        Seg::new(1, 0, 1).batch(3).file(),
+        Seg::new(5, 4, 1).zeros(1 << 12).file(),
+    ];
+    let plan = decide(&files).expect("open");
+    assert_eq!(plan.active, ActivePlan::Reuse { scan: 1 });
+    assert_eq!(plan.seal.map(|s| s.seq), Some(Seq::from(4)));
+    assert_eq!(plan.torn, None);
+
+    // A successor naming a predecessor that does not follow the old segment's
+    // frames was not made by this rotation.
+    let files = [Seg::new(1, 0, 1).batch(3).file(), Seg::new(5, 2, 1).file()];
+    assert!(matches!(
+        corruption(decide(&files)),
+        Corruption::BrokenChain { .. }
+    ));
+}
+
+#[test]
+fn crash_after_the_seal_before_a_frame_reached_the_new_segment() {
+    let files = [
+        Seg::new(1, 0, 1).batch(3).seal().file(),
+        Seg::new(5, 4, 1).file(),
+    ];
+    let plan = decide(&files).expect("open");
+    assert_eq!(plan.active, ActivePlan::Reuse { scan: 1 });
+    assert_eq!(plan.seal, None);
+    assert_eq!(kept(&plan), vec![(0, 4, None)]);
+}
+
+#[test]
+fn the_newest_segment_is_lost() {
+    let files = [Seg::new(1, 0, 1).batch(3).seal().file()];
+    assert_eq!(
+        corruption(decide(&files)),
+        Corruption::MissingSegment {
+            expected_first: Seq::from(5)
+        }
+    );
+}
+
+#[test]
+fn crash_during_deletion() {
+    // The log start moved to 5 and was fsynced; segment 1 came back.
+    let files = [
+        Seg::new(1, 0, 1).batch(3).seal().file(),
+        Seg::new(5, 4, 1).batch(2).log_start(5).file(),
+    ];
+    let plan = decide(&files).expect("open");
+    assert_eq!(plan.leftovers, vec![0]);
+    assert_eq!(kept(&plan), vec![(1, 3, None)]);
+    assert_eq!(plan.log_start, Seq::from(5));
+    assert_eq!(plan.records, 2);
+
+    // A middle segment missing at or above the log start: corruption.
+    let files = [
+        Seg::new(1, 0, 1).batch(3).seal().file(),
+        Seg::new(9, 8, 1).batch(2).file(),
+    ];
+    assert!(matches!(
+        corruption(decide(&files)),
+        Corruption::MissingSegment { .. } | Corruption::BrokenChain { .. }
+    ));
+    // The oldest segment missing: corruption.
+    let files = [Seg::new(5, 4, 1).batch(2).file()];
+    assert_eq!(
+        corruption(decide(&files)),
+        Corruption::MissingSegment {
+            expected_first: Seq::from(1)
+        }
+    );
+}
+
+/// Applies `plan` to the in-memory files as `apply` does to the disk, up to
+/// `steps` of its steps (a crash after them), and returns the files left.
+fn apply_in_memory(
+    files: &[(SegmentId, Vec<u8>)],
+    plan: &Plan,
+    steps: usize,
+) -> Vec<(SegmentId, Vec<u8>)> {
+    let mut out: BTreeMap<SegmentId, Vec<u8>> = files.iter().cloned().collect();
+    let id = |k: usize| files[k].0;
+    let mut step = 0;
+    let mut take = || {
+        step += 1;
+        step <= steps
+    };
+    if take() {
+        for &k in &plan.remove_empty {
+            out.remove(&id(k));
+        }
+    }
+    if let (true, ActivePlan::Create { first, prev }) = (take(), &plan.active) {
+        let seg = Seg::new(first.get(), prev.get(), plan.log_start.get());
+        out.insert(seg.id, seg.bytes);
+    }
+    if take() {
+        for &k in plan.leftovers.iter().chain(&plan.remove) {
+            out.remove(&id(k));
+        }
+    }
+    for keep in &plan.keep {
+        if let (Some(cut), true, Some(f)) = (keep.cut, take(), out.get_mut(&id(keep.scan))) {
+            f.truncate(cut as usize);
+        }
+    }
+    // The writer's seal, after recovery.
+    if let (Some(seal), Some(last), true) = (&plan.seal, plan.keep.last(), take()) {
+        let k = last.scan;
+        let scan = &scans(&files[k..=k])[0];
+        let frames: Vec<FrameSpan> = scan.frames[..last.frames].to_vec();
+        let index = IndexBuilder::of(&frames, scan.log_start_below(seal.at)).encode(NONCE);
+        if let Some(f) = out.get_mut(&id(k)) {
+            f.truncate(seal.at as usize);
+            frame::encode(
+                f,
+                &FrameHeader {
+                    kind: FrameKind::Seal,
+                    batch_end: true,
+                    seq: seal.seq,
+                    group: seal.seq,
+                    timestamp_us: 1,
+                },
+                &index,
+                frame::salt(id(k)),
+            );
+        }
+    }
+    out.into_iter().collect()
+}
+
+#[test]
+fn crash_during_recovery() {
+    // Everything at once: a leftover below the log start, a torn tail, and an
+    // empty newest file whose header never landed.
+    let torn = Seg::new(5, 4, 1).batch(2).log_start(5).batch(2);
+    let at = torn.offset_of(8);
+    let files = [
+        Seg::new(1, 0, 1).batch(3).seal().file(),
+        torn.garble(at, 16).file(),
+        (SegmentId(11), vec![0; 100]),
+    ];
+    let first = decide(&files).expect("open");
+    // Interrupted after any step, recovery decides the same again; run to the
+    // end, it has nothing left to do.
+    for steps in 0..=6 {
+        let left = apply_in_memory(&files, &first, steps);
+        let again = decide(&left).unwrap_or_else(|e| panic!("after {steps} steps: {e}"));
+        assert_eq!(again.records, first.records, "after {steps} steps");
+        let frames: Vec<usize> = again.keep.iter().map(|k| k.frames).collect();
+        let want: Vec<usize> = first.keep.iter().map(|k| k.frames).collect();
+        // The seal the writer adds is one more frame.
+        assert!(
+            frames == want || (steps >= 5 && frames == vec![want[0] + 1]),
+            "after {steps} steps: {frames:?} vs {want:?}"
+        );
+        if steps >= 5 {
+            assert_eq!(again.torn, None);
+            assert!(again.remove_empty.is_empty() && again.leftovers.is_empty());
+            assert!(matches!(again.active, ActivePlan::Reuse { .. }));
+            assert_eq!(again.seal, None);
+        }
+    }
+}
+
+#[test]
+fn a_failed_write_or_fsync_then_a_reopen_in_the_same_process() {
+    // The writer cut its active segment back to its last fsynced length after
+    // a failed fsync: what is left is whole, nothing to cut.
+    let seg = Seg::new(1, 0, 1).batch(2);
+    let synced = seg.bytes.len();
+    let seg = seg.batch(2).cut(synced);
+    let plan = decide(&[seg.file()]).expect("open");
+    assert_eq!(kept(&plan), vec![(0, 2, None)]);
+    // A segment whose creation failed was cut to zero bytes: it held nothing.
+    let files = [
+        Seg::new(1, 0, 1).batch(2).file(),
+        (SegmentId(4), Vec::new()),
+    ];
+    let plan = decide(&files).expect("open");
+    assert_eq!(plan.remove_empty, vec![1]);
+}
+
+#[test]
+fn numbers_are_never_reused() {
+    // Frames numbered up to 30 lie past the damage in the newest segment; and
+    // a lossy repair drops them: the next number is above all of them.
+    let seg = Seg::new(1, 0, 1).batch(2).batch(28);
+    let at = seg.offset_of(3);
+    let files = [seg.garble(at, 10).file()];
+    let plan = decide(&files).expect("torn");
+    assert!(create(&plan).0 > Seq::from(30));
+}
+
+#[test]
+fn lossy_recovery_drops_from_the_first_damage() {
+    let old = Seg::new(1, 0, 1).batch(2).batch(2);
+    let at = old.offset_of(3);
+    let files = [
+        old.seal().flip(at + PAYLOAD, 2).file(),
+        Seg::new(6, 5, 1).batch(3).file(),
+    ];
+    assert!(plan_every_frame(&files).is_err());
+    let scans: Vec<SegmentScan> = files
+        .iter()
+        .map(|(id, b)| {
+            scan::scan(
+                *id,
+                PathBuf::from(id.file_name()),
+                b,
+                OpenCheck::EveryFrame,
+                &|_| Ok(None),
+            )
+        })
+        .collect();
+    let plan = plan(&scans, RecoveryMode::Lossy).expect("lossy opens");
+    let dropped = plan.dropped.as_ref().expect("reported");
+    assert_eq!(dropped.first, Seq::from(3));
+    assert_eq!(dropped.last, Some(Seq::from(8)));
+    assert_eq!(dropped.offset, at as u64);
+    assert_eq!(plan.remove, vec![1]);
+    assert_eq!(kept(&plan), vec![(0, 2, Some(at as u64))]);
+    assert!(create(&plan).0 > Seq::from(8));
+}
