@@ -6,6 +6,7 @@ mod crash;
 mod enospc;
 mod faults;
 mod fuzz_corpus;
+mod golden;
 mod kill;
 mod lock;
 mod model;
