@@ -222,8 +222,23 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
             computed,
         });
     }
-    // The checksum matched: from here on, anything unexpected was written by a
-    // format this build does not know.
+    let header = checked_header(header, ext_len)?;
+    let (_, rest) = whole.split_at(FRAME_HEADER_LEN);
+    let (ext, payload) = rest.split_at(ext_len);
+    Ok(Frame {
+        header,
+        ext,
+        payload,
+        len,
+    })
+}
+
+/// The fields of a frame header whose checksum matched: from here on, anything
+/// unexpected was written by a format this build does not know, never torn.
+fn checked_header(
+    header: &[u8; FRAME_HEADER_LEN],
+    ext_len: usize,
+) -> Result<FrameHeader, Corruption> {
     let [kind_byte] = field(header, KIND_AT);
     let Some(kind) = FrameKind::from_byte(kind_byte) else {
         return Err(Corruption::Unsupported {
@@ -258,19 +273,12 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
             found: group,
         });
     }
-    let (_, rest) = whole.split_at(FRAME_HEADER_LEN);
-    let (ext, payload) = rest.split_at(ext_len);
-    Ok(Frame {
-        header: FrameHeader {
-            kind,
-            batch_end: flags & FLAG_BATCH_END != 0,
-            seq,
-            group,
-            timestamp_us: u64::from_le_bytes(field(header, TIME_AT)),
-        },
-        ext,
-        payload,
-        len,
+    Ok(FrameHeader {
+        kind,
+        batch_end: flags & FLAG_BATCH_END != 0,
+        seq,
+        group,
+        timestamp_us: u64::from_le_bytes(field(header, TIME_AT)),
     })
 }
 

@@ -24,6 +24,7 @@ use super::bugs::Bug;
 use super::disk::{CrashModel, Fault, FaultRule, Rng, SimDisk};
 use crate::error::Error;
 use crate::format::seq::Seq;
+use crate::log::recovery::RecoveryReport;
 use crate::options::{OpenCheck, Options};
 use crate::outbox::Outbox;
 
@@ -276,6 +277,23 @@ struct Model {
 }
 
 impl Model {
+    /// A new payload of `len` bytes, with its id, counted as attempted.
+    fn new_payload(&mut self, len: usize) -> (u64, Vec<u8>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.attempted.insert(id);
+        (id, payload(id, len))
+    }
+
+    /// Records that the append of `p` returned `seq` when the disk had done
+    /// `ops` operations.
+    fn record(&mut self, seq: Seq, p: Vec<u8>, ops: u64) -> Result<(), String> {
+        if self.acked.insert(seq, (p, ops)).is_some() {
+            return Err(format!("seq {seq} assigned twice"));
+        }
+        Ok(())
+    }
+
     /// What the workload knew when the disk had done `ops` operations.
     fn at(&self, ops: u64) -> Model {
         Model {
@@ -338,182 +356,201 @@ fn execute_rotting(
     model: &mut Model,
     rot: u64,
 ) -> Result<Stop, String> {
-    let mut outbox = match open(disk, options.clone()) {
-        Ok(o) => o,
-        Err(_) => return Ok(Stop::Failed),
+    let Ok(outbox) = open(disk, options.clone()) else {
+        return Ok(Stop::Failed);
     };
     disk.rot_reads(rot);
     disk.fail_reads(rot / 4);
-    let mut claimed: Vec<Seq> = Vec::new();
+    let mut run = Run {
+        disk,
+        options,
+        model,
+        outbox,
+        claimed: Vec::new(),
+        rot,
+    };
     for step in &w.steps {
+        let failed = match run.step(step)? {
+            Some(failed) => failed,
+            None => return Ok(Stop::Failed),
+        };
+        if failed {
+            if disk.is_dead() || disk.stats().faults_injected > 0 {
+                let _ = run.outbox.close();
+                return Ok(Stop::Failed);
+            }
+            return Err(format!("step {step:?} failed on a healthy disk"));
+        }
+    }
+    let _ = run.outbox.close();
+    disk.rot_reads(0);
+    disk.fail_reads(0);
+    Ok(Stop::Done)
+}
+
+/// One workload running against an open outbox.
+struct Run<'a> {
+    disk: &'a SimDisk,
+    options: &'a Options,
+    model: &'a mut Model,
+    outbox: Outbox,
+    /// Records claimed and not yet acknowledged or released.
+    claimed: Vec<Seq>,
+    rot: u64,
+}
+
+impl Run<'_> {
+    /// Runs one step: `Some(failed)`, or `None` when the run must stop (a
+    /// reopen failed); `Err` for a violation seen on the way.
+    fn step(&mut self, step: &Step) -> Result<Option<bool>, String> {
         let failed = match step {
             Step::Append(len) => {
-                let id = model.next_id;
-                model.next_id += 1;
-                model.attempted.insert(id);
-                let p = payload(id, *len);
-                match outbox.append(&p) {
+                let (_, p) = self.model.new_payload(*len);
+                match self.outbox.append(&p) {
                     Ok(seq) => {
-                        if model.acked.insert(seq, (p, disk.ops())).is_some() {
-                            return Err(format!("seq {seq} assigned twice"));
-                        }
+                        self.model.record(seq, p, self.disk.ops())?;
                         false
                     }
                     Err(_) => true,
                 }
             }
             Step::AppendBatch(n, len) => {
-                let payloads: Vec<Vec<u8>> = (0..*n)
-                    .map(|_| {
-                        let id = model.next_id;
-                        model.next_id += 1;
-                        model.attempted.insert(id);
-                        payload(id, *len)
-                    })
-                    .collect();
-                match outbox.append_batch(&payloads) {
+                let payloads: Vec<Vec<u8>> =
+                    (0..*n).map(|_| self.model.new_payload(*len).1).collect();
+                match self.outbox.append_batch(&payloads) {
                     Ok(seqs) => {
-                        let at = disk.ops();
-                        model
-                            .acked
-                            .extend(seqs.into_iter().zip(payloads.into_iter().map(|p| (p, at))));
+                        let at = self.disk.ops();
+                        for (seq, p) in seqs.into_iter().zip(payloads) {
+                            self.model.acked.insert(seq, (p, at));
+                        }
                         false
                     }
                     Err(_) => true,
                 }
             }
-            Step::Claim(n) => match outbox.claim(*n) {
-                Ok(records) => {
-                    for r in &records {
-                        if payload_id(r.payload()).is_none() {
-                            return Err(format!("claim returned garbage as record {}", r.seq()));
-                        }
-                        if let Some((p, _)) = model.acked.get(&r.seq())
-                            && p.as_slice() != r.payload()
-                        {
-                            return Err(format!(
-                                "claim returned other bytes for record {}",
-                                r.seq()
-                            ));
-                        }
-                        claimed.push(r.seq());
-                    }
-                    false
-                }
-                // A rotten or failed read fails the claim, and releases what it
-                // claimed: the queue goes on.
-                Err(Error::Corrupt { .. } | Error::Io { .. })
-                    if rot > 0 || disk.stats().faults_injected > 0 =>
-                {
-                    false
-                }
-                Err(_) => true,
-            },
+            Step::Claim(n) => self.claim(*n)?,
             // An acknowledgement counts from the operation count *before* it: the
             // writer may start deleting segments before this thread looks again.
             Step::AckAll => {
-                let at = disk.ops();
-                let failed = outbox.ack_many(&claimed).is_err();
+                let at = self.disk.ops();
+                let failed = self.outbox.ack_many(&self.claimed).is_err();
                 if !failed {
-                    model.consumed.extend(claimed.drain(..).map(|s| (s, at)));
+                    let acked = self.claimed.drain(..).map(|s| (s, at));
+                    self.model.consumed.extend(acked);
                 }
-                failed || outbox.sync().is_err()
+                failed || self.outbox.sync().is_err()
             }
-            Step::AckOne => match claimed.first().copied() {
+            Step::AckOne => match self.claimed.first().copied() {
                 Some(seq) => {
-                    let at = disk.ops();
-                    let failed = outbox.ack(seq).is_err();
+                    let at = self.disk.ops();
+                    let failed = self.outbox.ack(seq).is_err();
                     if !failed {
-                        claimed.remove(0);
-                        model.consumed.insert(seq, at);
+                        self.claimed.remove(0);
+                        self.model.consumed.insert(seq, at);
                     }
-                    failed || outbox.sync().is_err()
+                    failed || self.outbox.sync().is_err()
                 }
                 None => false,
             },
-            Step::Concurrent(threads, len) => {
-                let payloads: Vec<(u64, Vec<u8>)> = (0..*threads)
-                    .map(|_| {
-                        let id = model.next_id;
-                        model.next_id += 1;
-                        model.attempted.insert(id);
-                        (id, payload(id, *len))
-                    })
-                    .collect();
-                let batches = outbox.stats().batches;
-                let results: Vec<Result<Seq, Error>> = std::thread::scope(|scope| {
-                    let outbox = &outbox;
-                    let handles: Vec<_> = payloads
-                        .iter()
-                        .map(|(_, p)| scope.spawn(move || outbox.append(p)))
-                        .collect();
-                    handles
-                        .into_iter()
-                        .map(|h| h.join().unwrap_or(Err(Error::Closed)))
-                        .collect()
-                });
-                // Stamped after every thread returned: later than each append
-                // became durable, which only makes the check weaker.
-                let at = disk.ops();
-                if outbox.stats().batches - batches < *threads as u64 {
-                    model.shared_batches += 1;
-                }
-                let mut failed = false;
-                for ((_, p), r) in payloads.into_iter().zip(results) {
-                    match r {
-                        Ok(seq) => {
-                            if model.acked.insert(seq, (p, at)).is_some() {
-                                return Err(format!("seq {seq} assigned twice"));
-                            }
-                        }
-                        Err(_) => failed = true,
-                    }
-                }
-                failed
-            }
+            Step::Concurrent(threads, len) => self.concurrent(*threads, *len)?,
             Step::Age => {
-                let newest = || disk.files(&dir()).into_iter().max();
+                let newest = || self.disk.files(&dir()).into_iter().max();
                 let before = newest();
-                std::thread::sleep(options.segment_age + std::time::Duration::from_millis(10));
-                let failed = outbox.sync().is_err();
+                std::thread::sleep(self.options.segment_age + std::time::Duration::from_millis(10));
+                let failed = self.outbox.sync().is_err();
                 if !failed && newest() > before {
-                    model.age_rotations += 1;
+                    self.model.age_rotations += 1;
                 }
                 failed
             }
-            Step::ReleaseOne => match claimed.pop() {
-                Some(seq) => outbox.release(seq).is_err(),
+            Step::ReleaseOne => match self.claimed.pop() {
+                Some(seq) => self.outbox.release(seq).is_err(),
                 None => false,
             },
-            Step::Reopen => {
-                let closed = outbox.close();
-                claimed.clear();
-                disk.rot_reads(0);
-                disk.fail_reads(0);
-                let reopened = open(disk, options.clone());
-                disk.rot_reads(rot);
-                disk.fail_reads(rot / 4);
-                match (closed, reopened) {
-                    (Ok(()), Ok(o)) => {
-                        outbox = o;
-                        false
-                    }
-                    _ => return Ok(Stop::Failed),
-                }
-            }
+            Step::Reopen => return Ok(self.reopen().then_some(false)),
         };
-        if failed {
-            if disk.is_dead() || disk.stats().faults_injected > 0 {
-                let _ = outbox.close();
-                return Ok(Stop::Failed);
+        Ok(Some(failed))
+    }
+
+    /// Claims up to `n` records and checks each against what was appended.
+    fn claim(&mut self, n: usize) -> Result<bool, String> {
+        match self.outbox.claim(n) {
+            Ok(records) => {
+                for r in &records {
+                    if payload_id(r.payload()).is_none() {
+                        return Err(format!("claim returned garbage as record {}", r.seq()));
+                    }
+                    if let Some((p, _)) = self.model.acked.get(&r.seq())
+                        && p.as_slice() != r.payload()
+                    {
+                        return Err(format!("claim returned other bytes for record {}", r.seq()));
+                    }
+                    self.claimed.push(r.seq());
+                }
+                Ok(false)
             }
-            return Err(format!("step {step:?} failed on a healthy disk"));
+            // A rotten or failed read fails the claim, and releases what it
+            // claimed: the queue goes on.
+            Err(Error::Corrupt { .. } | Error::Io { .. })
+                if self.rot > 0 || self.disk.stats().faults_injected > 0 =>
+            {
+                Ok(false)
+            }
+            Err(_) => Ok(true),
         }
     }
-    let _ = outbox.close();
-    disk.rot_reads(0);
-    disk.fail_reads(0);
-    Ok(Stop::Done)
+
+    /// Appends one record from each of `threads` threads at once.
+    fn concurrent(&mut self, threads: usize, len: usize) -> Result<bool, String> {
+        let payloads: Vec<Vec<u8>> = (0..threads)
+            .map(|_| self.model.new_payload(len).1)
+            .collect();
+        let batches = self.outbox.stats().batches;
+        let results: Vec<Result<Seq, Error>> = std::thread::scope(|scope| {
+            let outbox = &self.outbox;
+            let handles: Vec<_> = payloads
+                .iter()
+                .map(|p| scope.spawn(move || outbox.append(p)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err(Error::Closed)))
+                .collect()
+        });
+        // Stamped after every thread returned: later than each append became
+        // durable, which only makes the check weaker.
+        let at = self.disk.ops();
+        if self.outbox.stats().batches - batches < threads as u64 {
+            self.model.shared_batches += 1;
+        }
+        let mut failed = false;
+        for (p, r) in payloads.into_iter().zip(results) {
+            match r {
+                Ok(seq) => self.model.record(seq, p, at)?,
+                Err(_) => failed = true,
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Closes and reopens the outbox (reads healthy while it recovers);
+    /// whether both succeeded.
+    fn reopen(&mut self) -> bool {
+        let closed = self.outbox.close();
+        self.claimed.clear();
+        self.disk.rot_reads(0);
+        self.disk.fail_reads(0);
+        let reopened = open(self.disk, self.options.clone());
+        self.disk.rot_reads(self.rot);
+        self.disk.fail_reads(self.rot / 4);
+        match (closed, reopened) {
+            (Ok(()), Ok(o)) => {
+                self.outbox = o;
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Opens the disk after a crash and checks every invariant. Returns the records
@@ -541,10 +578,26 @@ fn verify_with(
     }
     let records =
         drain(&outbox).map_err(|e| ("I2", format!("claim failed after recovery: {e}")))?;
+    check_records(&records, model)?;
+    if !again {
+        drop(outbox);
+        return Ok((records.len() as u64, report.torn_tail.is_some()));
+    }
+    outbox
+        .close()
+        .map_err(|e| ("I5", format!("close after recovery failed: {e}")))?;
+    recover_again(disk, options, &records)?;
+    Ok((records.len() as u64, report.torn_tail.is_some()))
+}
+
+/// I1 to I3 on the records a recovery handed out: in order, each a payload the
+/// workload wrote, none twice, every acknowledged append there unless the relay
+/// acknowledged it.
+fn check_records(records: &[(Seq, Vec<u8>)], model: &Model) -> Result<(), (&'static str, String)> {
     let mut seen = BTreeSet::new();
     let mut ids = BTreeSet::new();
     let mut last = Seq::from(0);
-    for (seq, bytes) in &records {
+    for (seq, bytes) in records {
         if *seq <= last {
             return Err(("I3", format!("record {seq} after record {last}")));
         }
@@ -579,15 +632,17 @@ fn verify_with(
             return Err(("I1", format!("acknowledged append {seq} lost")));
         }
     }
-    if !again {
-        drop(outbox);
-        return Ok((records.len() as u64, report.torn_tail.is_some()));
-    }
-    // I5: a second recovery finds the same records and nothing to repair.
+    Ok(())
+}
+
+/// I5: a second recovery finds the same `records` and nothing to repair. I9:
+/// once everything is acknowledged, every sealed segment goes.
+fn recover_again(
+    disk: &SimDisk,
+    options: &Options,
+    records: &[(Seq, Vec<u8>)],
+) -> Result<(), (&'static str, String)> {
     let seqs: Vec<Seq> = records.iter().map(|r| r.0).collect();
-    outbox
-        .close()
-        .map_err(|e| ("I5", format!("close after recovery failed: {e}")))?;
     let again =
         open(disk, options.clone()).map_err(|e| ("I5", format!("second recovery refused: {e}")))?;
     let second = again.recovery_report().clone();
@@ -599,7 +654,6 @@ fn verify_with(
     if seqs2 != seqs {
         return Err(("I5", "the second recovery found other records".to_string()));
     }
-    // I9: once everything is acknowledged, every sealed segment goes.
     again
         .ack_many(&seqs2)
         .map_err(|e| ("I9", format!("ack failed: {e}")))?;
@@ -615,8 +669,7 @@ fn verify_with(
     }
     again
         .close()
-        .map_err(|e| ("I9", format!("close failed: {e}")))?;
-    Ok((records.len() as u64, report.torn_tail.is_some()))
+        .map_err(|e| ("I9", format!("close failed: {e}")))
 }
 
 /// Claims every pending record, keeping (seq, payload).
@@ -827,37 +880,40 @@ pub fn fault_loop(seed: u64, workload: &Workload, bug: Option<Bug>) -> Result<Fi
                         at_op,
                     ));
                 }
-                // The fault clears and the process reopens the directory, as
-                // `Poisoned` tells it to, without a crash: recovery reads the page
-                // cache the failed sync left. Appends must work again and be
-                // durable: then the power goes, and everything acknowledged, before
-                // and after the reopen, must be there.
-                disk.clear_faults();
-                let outbox = open(&disk, options.clone()).map_err(|e| {
-                    violation("progress", format!("reopen after {fault:?}: {e}"), at_op)
-                })?;
-                for _ in 0..3 {
-                    let id = model.next_id;
-                    model.next_id += 1;
-                    model.attempted.insert(id);
-                    let p = payload(id, 40);
-                    let seq = outbox.append(&p).map_err(|e| {
-                        violation("progress", format!("append after {fault:?}: {e}"), at_op)
+                let records =
+                    reopen_after_fault(&disk, &options, &mut model).map_err(|(i, d)| {
+                        violation(i, format!("{fault:?} at op {at_op}: {d}"), at_op)
                     })?;
-                    if model.acked.insert(seq, (p, 0)).is_some() {
-                        return Err(violation("I3", format!("seq {seq} assigned twice"), at_op));
-                    }
-                }
-                let _ = outbox.close();
-                disk.crash(CrashModel::default());
-                let (records, _) = verify(&disk, &options, &model).map_err(|(i, d)| {
-                    violation(i, format!("after {fault:?} at op {at_op}: {d}"), at_op)
-                })?;
                 figures.records_checked += records;
             }
         }
     }
     Ok(figures)
+}
+
+/// After a fault: the fault clears and the process reopens the directory, as
+/// `Poisoned` tells it to, without a crash, so recovery reads the page cache the
+/// failed sync left. Appends must work again and be durable: then the power
+/// goes, and everything acknowledged, before and after the reopen, must be
+/// there. Returns the records checked.
+fn reopen_after_fault(
+    disk: &SimDisk,
+    options: &Options,
+    model: &mut Model,
+) -> Result<u64, (&'static str, String)> {
+    disk.clear_faults();
+    let outbox = open(disk, options.clone()).map_err(|e| ("progress", format!("reopen: {e}")))?;
+    for _ in 0..3 {
+        let (_, p) = model.new_payload(40);
+        let seq = outbox
+            .append(&p)
+            .map_err(|e| ("progress", format!("append after the reopen: {e}")))?;
+        model.record(seq, p, 0).map_err(|d| ("I3", d))?;
+    }
+    let _ = outbox.close();
+    disk.crash(CrashModel::default());
+    let (records, _) = verify(disk, options, model)?;
+    Ok(records)
 }
 
 /// Runs `workload` once with `rule` injected and returns the disk's log of
@@ -1022,8 +1078,38 @@ pub fn check_frame_bytes(data: &[u8]) {
 /// `None` if the open was refused.
 pub fn check_recovery_bytes(data: &[u8]) -> Option<u64> {
     let disk = SimDisk::new(0);
+    let (files, paths) = write_recovery_input(&disk, data);
+    let options = Options::default().segment_bytes(1024);
+    match open(&disk, options) {
+        Ok(outbox) => {
+            check_recovery_cuts(&disk, outbox.recovery_report(), &files, &paths);
+            let mut handed_out = 0;
+            while let Ok(records) = outbox.claim(64) {
+                if records.is_empty() {
+                    break;
+                }
+                handed_out += records.len() as u64;
+            }
+            let _ = outbox.close();
+            Some(handed_out)
+        }
+        Err(Error::Corrupt { .. } | Error::Io { .. }) => None,
+        Err(e) => panic!("unexpected error from recovery: {e}"),
+    }
+}
+
+/// One file of a `recovery` fuzz input, as written.
+struct InputFile {
+    path: PathBuf,
+    len: u64,
+}
+
+/// Writes the files of a `recovery` fuzz input into the outbox directory of
+/// `disk`, named as [`check_recovery_bytes`] says; returns their bytes and
+/// where each went.
+fn write_recovery_input<'a>(disk: &SimDisk, data: &'a [u8]) -> (Vec<&'a [u8]>, Vec<InputFile>) {
     let dir = dir();
-    let _ = crate::io::Storage::create_dir_all(&disk, &dir);
+    let _ = crate::io::Storage::create_dir_all(disk, &dir);
     let mut files: Vec<&[u8]> = Vec::new();
     let mut rest = data;
     while files.len() < 4 && rest.len() >= 2 {
@@ -1037,7 +1123,7 @@ pub fn check_recovery_bytes(data: &[u8]) -> Option<u64> {
     // The lowest name the next file may claim, and the one it gets otherwise
     // (room for a frame every 48 bytes of the file before it).
     let (mut lowest, mut next) = (1u64, 1u64);
-    for (k, bytes) in files.iter().enumerate() {
+    for bytes in &files {
         let claimed = bytes
             .get(16..24)
             .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
@@ -1046,67 +1132,60 @@ pub fn check_recovery_bytes(data: &[u8]) -> Option<u64> {
         lowest = id.0 + 1;
         next = id.0 + 1 + bytes.len() as u64 / 48;
         let path = dir.join(id.file_name());
-        if let Ok(f) = crate::io::Storage::create(&disk, &path) {
+        if let Ok(f) = crate::io::Storage::create(disk, &path) {
             let _ = crate::io::write_all_at(&*f, bytes, 0);
             let _ = f.sync_data();
         }
-        paths.push((path, bytes.len() as u64, k + 1 == files.len()));
+        paths.push(InputFile {
+            path,
+            len: bytes.len() as u64,
+        });
     }
-    let _ = crate::io::Storage::sync_dir(&disk, &dir);
-    let options = Options::default().segment_bytes(1024);
-    match open(&disk, options) {
-        Ok(outbox) => {
-            // Recovery may remove files (a newest file that holds nothing,
-            // leftovers below the log start), each one reported; it may cut a
-            // torn tail, reported, only from the newest file it keeps; and it
-            // seals that file, cutting its preallocated space. Every other file
-            // stays, at least as long as it was.
-            // (The newest file it keeps may be an empty segment, only zeros after
-            // its header, which becomes the active one again: then the file
-            // before it is the newest holding frames.)
-            let report = outbox.recovery_report();
-            let removed = |p: &Path| report.removed.iter().any(|r| r == p);
-            let kept: Vec<usize> = (0..paths.len())
-                .filter(|&k| !removed(&paths[k].0))
-                .collect();
-            let only_zeros =
-                |k: usize| files[k].get(64..).is_none_or(|b| b.iter().all(|&x| x == 0));
-            let may_cut = |k: usize| match kept.as_slice() {
-                [.., before, last] => k == *last || (k == *before && only_zeros(*last)),
-                [last] => k == *last,
-                [] => false,
-            };
-            if let Some(torn) = &report.torn_tail {
-                assert!(
-                    removed(&torn.path)
-                        || (0..paths.len()).any(|k| paths[k].0 == torn.path && may_cut(k)),
-                    "recovery cut {}, not the newest segment holding frames",
-                    torn.path.display()
-                );
-            }
-            for (k, (path, len, _)) in paths.iter().enumerate() {
-                if removed(path) || may_cut(k) {
-                    continue;
-                }
-                let now = crate::io::Storage::open(&disk, path).map(|f| f.len().unwrap_or(0));
-                assert!(
-                    now.is_ok_and(|now| now >= *len),
-                    "recovery cut or removed {} without saying so",
-                    path.display()
-                );
-            }
-            let mut handed_out = 0;
-            while let Ok(records) = outbox.claim(64) {
-                if records.is_empty() {
-                    break;
-                }
-                handed_out += records.len() as u64;
-            }
-            let _ = outbox.close();
-            Some(handed_out)
+    let _ = crate::io::Storage::sync_dir(disk, &dir);
+    (files, paths)
+}
+
+/// What recovery may have done to the files of a `recovery` fuzz input: remove
+/// files (a newest file that holds nothing, leftovers below the log start),
+/// each one reported; cut a torn tail, reported, only from the newest file it
+/// keeps; and seal that file, cutting its preallocated space. Every other file
+/// stays, at least as long as it was. (The newest file it keeps may be an empty
+/// segment, only zeros after its header, which becomes the active one again:
+/// then the file before it is the newest holding frames.)
+fn check_recovery_cuts(
+    disk: &SimDisk,
+    report: &RecoveryReport,
+    files: &[&[u8]],
+    paths: &[InputFile],
+) {
+    let removed = |p: &Path| report.removed.iter().any(|r| r == p);
+    let kept: Vec<usize> = (0..paths.len())
+        .filter(|&k| !removed(&paths[k].path))
+        .collect();
+    let only_zeros = |k: usize| files[k].get(64..).is_none_or(|b| b.iter().all(|&x| x == 0));
+    let may_cut = |k: usize| match kept.as_slice() {
+        [.., before, last] => k == *last || (k == *before && only_zeros(*last)),
+        [last] => k == *last,
+        [] => false,
+    };
+    if let Some(torn) = &report.torn_tail {
+        assert!(
+            removed(&torn.path)
+                || (0..paths.len()).any(|k| paths[k].path == torn.path && may_cut(k)),
+            "recovery cut {}, not the newest segment holding frames",
+            torn.path.display()
+        );
+    }
+    for (k, InputFile { path, len }) in paths.iter().enumerate() {
+        if removed(path) || may_cut(k) {
+            continue;
         }
-        Err(Error::Corrupt { .. } | Error::Io { .. }) => None,
-        Err(e) => panic!("unexpected error from recovery: {e}"),
+        let now = crate::io::Storage::open(disk, path).map(|f| f.len().unwrap_or(0));
+        assert!(
+            now.is_ok_and(|now| now >= *len),
+            "recovery cut or removed {} without saying so",
+            path.display()
+        );
     }
 }
 

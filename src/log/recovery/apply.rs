@@ -44,13 +44,8 @@ pub(crate) fn apply(
                 .map_err(|f| f.into_error())?
         }
     };
-    let removed: Vec<PathBuf> = plan
-        .leftovers
-        .iter()
-        .chain(&plan.remove)
-        .map(|&k| path(k))
-        .collect();
-    remove_all(storage, dir, removed.iter().cloned())?;
+    let dropped = plan.leftovers.iter().chain(&plan.remove);
+    remove_all(storage, dir, dropped.map(|&k| path(k)))?;
     report.removed = plan
         .remove_empty
         .iter()
@@ -58,9 +53,25 @@ pub(crate) fn apply(
         .chain(plan.remove.iter().filter(|_| plan.dropped.is_none()))
         .map(|&k| path(k))
         .collect();
+    let (segments, seal) = keep_segments(scans, opened, &plan)?;
     report.torn_tail = plan.torn;
     report.dropped = plan.dropped;
+    Ok(Recovered {
+        segments,
+        log_start: plan.log_start,
+        active,
+        seal,
+        report,
+    })
+}
 
+/// The segments `plan` keeps, cut where it says, and the seal their newest one
+/// lacks.
+fn keep_segments(
+    scans: Vec<SegmentScan>,
+    opened: Vec<Opened>,
+    plan: &Plan,
+) -> Result<(Vec<RecoveredSegment>, Option<PendingSeal>)> {
     let mut scans: Vec<Option<SegmentScan>> = scans.into_iter().map(Some).collect();
     let mut opened: Vec<Option<Opened>> = opened.into_iter().map(Some).collect();
     let mut segments = Vec::with_capacity(plan.keep.len());
@@ -70,10 +81,8 @@ pub(crate) fn apply(
         let (Some(scan), Some(file)) = (scans[keep.scan].take(), opened[keep.scan].take()) else {
             unreachable!("a plan keeps each segment once");
         };
-        let kept_log_start = plan
-            .seal
-            .as_ref()
-            .and_then(|target| scan.log_start_below(target.at));
+        let target = plan.seal.as_ref().filter(|_| Some(n) == newest);
+        let kept_log_start = target.and_then(|t| scan.log_start_below(t.at));
         let nonce = scan.header.map_or(0, |h| h.nonce);
         let mut frames = scan.frames;
         frames.truncate(keep.frames);
@@ -85,7 +94,7 @@ pub(crate) fn apply(
             segment.cut(cut).map_err(|f| f.into_error())?;
             map = remap(&segment, cut)?;
         }
-        if let (Some(target), true) = (&plan.seal, Some(n) == newest) {
+        if let Some(target) = target {
             // The seal cuts the file after itself: map only what comes before
             // it, so that no view ever covers bytes a cut takes away.
             if (*map).as_ref().len() as u64 > target.at {
@@ -106,13 +115,7 @@ pub(crate) fn apply(
             frames,
         });
     }
-    Ok(Recovered {
-        segments,
-        log_start: plan.log_start,
-        active,
-        seal,
-        report,
-    })
+    Ok((segments, seal))
 }
 
 /// Makes the empty newest segment the writer's active one again.
