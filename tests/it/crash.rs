@@ -212,24 +212,3 @@ fn negative_controls_every_known_bug_is_caught() {
         "the harness missed injected bugs: {missed:?}"
     );
 }
-
-/// Describes one crash point: `SEGWAL_REPLAY=seed,point,draw cargo test --test it
-/// replay_one_crash_point -- --ignored --nocapture` prints the operations before
-/// it, the files after the crash and what recovery made of them.
-#[test]
-#[ignore = "a tool for investigating a violation; needs SEGWAL_REPLAY"]
-fn replay_one_crash_point() {
-    let spec = std::env::var("SEGWAL_REPLAY").expect("SEGWAL_REPLAY=seed,point,draw");
-    let n: Vec<u64> = spec
-        .split(',')
-        .map(|v| v.trim().parse().expect("a number"))
-        .collect();
-    let &[seed, point, draw] = n.as_slice() else {
-        panic!("SEGWAL_REPLAY=seed,point,draw");
-    };
-    let steps = env("SEGWAL_CRASH_STEPS", 40) as usize;
-    let workload = Workload::random(seed, steps);
-    for line in harness::replay(seed, &workload, point, draw, None) {
-        println!("{line}");
-    }
-}

@@ -76,34 +76,3 @@ fn crash_ops_corpus_replays_clean() {
         }
     });
 }
-
-/// Writes the engine-made seeds of the `recovery` target (a tool, not a test):
-/// `cargo test --test it write_recovery_seeds -- --ignored`.
-#[test]
-#[ignore = "a tool: rewrites fuzz/corpus/recovery/seed-engine-*"]
-fn write_recovery_seeds() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/recovery");
-    for old in inputs("recovery") {
-        if old.to_string_lossy().contains("seed-engine-") {
-            std::fs::remove_file(old).expect("remove old seed");
-        }
-    }
-    for crash in [false, true] {
-        // The first four workloads whose log fits an input (four files at most)
-        // and opens with records in it.
-        let mut kept = 0;
-        for seed in 1.. {
-            let input = harness::recovery_seed(seed, crash);
-            if harness::check_recovery_bytes(&input).is_none_or(|n| n == 0) {
-                continue;
-            }
-            let kind = if crash { "crash" } else { "close" };
-            std::fs::write(dir.join(format!("seed-engine-{seed}-{kind}")), input)
-                .expect("write seed");
-            kept += 1;
-            if kept == 4 {
-                break;
-            }
-        }
-    }
-}
