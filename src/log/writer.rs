@@ -33,7 +33,8 @@ use crate::state::table::SegmentSlots;
 /// A wake is a system call on the writer's critical path between two
 /// `sync_data` calls, so many of them are handed over; but a hand-over costs a
 /// wake of its own and gives each producer one more hop, so few are not. The
-/// threshold is measured, not derived: docs/BENCHMARKS.md ("Waking producers").
+/// threshold is measured, not derived: docs/BENCHMARKS.md ("Waking producers
+/// off the writer's path").
 const NOTIFY_ABOVE: usize = 16;
 
 /// The payloads of one append request.
@@ -698,7 +699,7 @@ fn push_active(shared: &Shared, active: &Active) {
 /// at least `ZERO_AHEAD_MIN` and at most `ZERO_AHEAD_MAX` bytes. A block written
 /// once is overwritten in place afterwards, so the fdatasync of a later write
 /// into it need not also record that unwritten (preallocated) space became
-/// written (measured in docs/BENCHMARKS.md, "Zeros ahead"). The bounds keep the
+/// written (measured in docs/BENCHMARKS.md, "Zeros written ahead"). The bounds keep the
 /// occasional fdatasync that carries the zeros short. Recovery reads zeros after
 /// the frames as the clean end of the data, written or not.
 const ZERO_AHEAD_MIN: u64 = 256 << 10;
