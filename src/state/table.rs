@@ -516,7 +516,6 @@ impl Table {
 
     /// The oldest sealed segments whatever they hold: what the negative control
     /// `DeleteLiveSegment` deletes.
-    #[cfg(feature = "testing")]
     pub(crate) fn sealed_front(&self) -> Option<(usize, Seq)> {
         self.front_while(|s| s.map.is_some())
     }
