@@ -37,12 +37,15 @@ fn payload(n: usize) -> String {
     format!("golden record {n:04}: {}", "x".repeat(n % 50))
 }
 
-/// Small segments, so that a few dozen records make several of them; some
-/// acknowledged, so that segments are deleted behind a `LogStart` frame.
+/// Small segments (four blocks: the header's and three of write batches), so
+/// that a few dozen records make several of them; some acknowledged, so that
+/// segments are deleted behind a `LogStart` frame; batches of several records
+/// and single appends.
 fn write_log(dir: &Path) -> segwal::Result<()> {
-    let outbox = Outbox::open(dir, Options::default().segment_bytes(2048))?;
-    for n in 0..40 {
-        outbox.append(payload(n).as_bytes())?;
+    let outbox = Outbox::open(dir, Options::default().segment_bytes(4 * 4096))?;
+    for first in (0..40).step_by(10) {
+        let batch: Vec<String> = (first..first + 10).map(payload).collect();
+        outbox.append_batch(&batch)?;
     }
     for record in outbox.claim(32)? {
         outbox.ack(record.seq())?;
@@ -50,7 +53,7 @@ fn write_log(dir: &Path) -> segwal::Result<()> {
     outbox.sync()?;
     let batch: Vec<String> = (40..52).map(payload).collect();
     outbox.append_batch(&batch)?;
-    for n in 52..70 {
+    for n in 52..58 {
         outbox.append(payload(n).as_bytes())?;
     }
     outbox.close()

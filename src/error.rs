@@ -93,6 +93,19 @@ pub enum Error {
         /// The sequence number.
         seq: Seq,
     },
+    /// A segment was written in a format version this build does not read.
+    ///
+    /// Nothing was changed on disk. The way forward is in the message: drain the
+    /// outbox with a segwal release that reads version `found`, then open the
+    /// empty directory with this one.
+    UnsupportedFormat {
+        /// The segment file.
+        path: PathBuf,
+        /// The version its header names.
+        found: u16,
+        /// The version this build reads and writes.
+        supported: u16,
+    },
     /// An option is out of its documented range.
     InvalidOption {
         /// The option's name.
@@ -156,6 +169,17 @@ impl fmt::Display for Error {
             Error::Full => f.write_str("writer queue is full"),
             Error::UnknownSeq { seq } => write!(f, "no record with seq {seq} was ever appended"),
             Error::NotClaimed { seq } => write!(f, "record {seq} is not claimed"),
+            Error::UnsupportedFormat {
+                path,
+                found,
+                supported,
+            } => write!(
+                f,
+                "segment {} is in format version {found}; this build reads version {supported} \
+                 only: drain the outbox with a segwal release that reads version {found}, then \
+                 open the empty directory with this one",
+                path.display()
+            ),
             Error::InvalidOption { name, reason } => write!(f, "invalid option {name}: {reason}"),
         }
     }
@@ -197,6 +221,19 @@ pub enum Corruption {
         expected: Seq,
         /// From the header.
         found: Seq,
+    },
+    /// The segment header names another outbox than the newest segment's: a
+    /// file of another outbox's directory, not this one's.
+    ForeignOutbox {
+        /// The outbox identity of the newest segment.
+        expected: u128,
+        /// The identity this header names.
+        found: u128,
+    },
+    /// The segment header names a block size this build does not write.
+    BadBlockSize {
+        /// The block size found.
+        found: u32,
     },
     /// A frame does not start with the frame magic.
     BadFrameMagic,
@@ -303,6 +340,13 @@ impl fmt::Display for Corruption {
                 f,
                 "header says first seq {found}, file name says {expected}"
             ),
+            Corruption::ForeignOutbox { expected, found } => write!(
+                f,
+                "segment of outbox {found:032x}, not of this directory's outbox {expected:032x}"
+            ),
+            Corruption::BadBlockSize { found } => {
+                write!(f, "segment header names a block size of {found} bytes")
+            }
             Corruption::BadFrameMagic => f.write_str("expected frame magic"),
             Corruption::ChecksumMismatch { stored, computed } => write!(
                 f,

@@ -11,7 +11,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::format::frame::frame_len;
-use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::segment::FRAMES_AT;
 use crate::format::seq::Seq;
 use crate::io::reader::{self, Record};
 use crate::io::{LockError, StdStorage, Storage};
@@ -147,8 +147,8 @@ impl Outbox {
         let mut table = Table::new();
         for seg in recovered.segments {
             let s = seg.segment;
-            let frames_at = SEGMENT_HEADER_LEN as u32;
-            table.push_segment(SegmentSlots::new(s.id, s.path, s.file, frames_at));
+            let frames_at = FRAMES_AT as u32;
+            table.push_segment(SegmentSlots::new(s.id, s.path, s.file, seg.salt, frames_at));
             table.push_frames(s.id, s.id.first_seq(), &seg.frames);
             table.seal_last(s.id, seg.map);
         }

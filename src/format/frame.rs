@@ -8,6 +8,7 @@
 
 use super::field;
 use crate::error::Corruption;
+use crate::format::segment::BLOCK;
 use crate::format::seq::{SEQ_MAX, SegmentId, Seq};
 
 /// Magic bytes that start every frame. Never all zero, so that a zero-filled tail
@@ -16,13 +17,19 @@ pub(crate) const FRAME_MAGIC: [u8; 4] = [0xC5, b'W', b'F', b'R'];
 
 const MAGIC_AT: usize = 0;
 const CRC_AT: usize = MAGIC_AT + 4;
-/// The checksum covers every byte from here to the end of the payload.
+/// The frame checksum covers every byte from here to the end of the payload.
 const CHECKED_FROM: usize = CRC_AT + 4;
-const LEN_AT: usize = CHECKED_FROM;
+const HEADER_CRC_AT: usize = CHECKED_FROM;
+/// The header checksum covers every byte from here to the end of the fixed
+/// header: a candidate frame is refused in constant time, whatever length it
+/// claims (recovery's look past damage stays linear in the bytes it scans).
+const HEADER_CHECKED_FROM: usize = HEADER_CRC_AT + 4;
+const LEN_AT: usize = HEADER_CHECKED_FROM;
 const KIND_AT: usize = LEN_AT + 4;
 const FLAGS_AT: usize = KIND_AT + 1;
 const EXT_LEN_AT: usize = FLAGS_AT + 1;
-const SEQ_AT: usize = EXT_LEN_AT + 2;
+const RESERVED_AT: usize = EXT_LEN_AT + 2;
+const SEQ_AT: usize = RESERVED_AT + 4;
 const GROUP_AT: usize = SEQ_AT + 8;
 const TIME_AT: usize = GROUP_AT + 8;
 /// Length of the fixed frame header.
@@ -32,12 +39,17 @@ pub(crate) const FRAME_HEADER_LEN: usize = TIME_AT + 8;
 /// and on decode, before anything is sliced.
 pub(crate) const RECORD_BYTES_LIMIT: usize = 1 << 30;
 
-/// The seed of a segment's frame checksums: its first sequence number folded to
-/// 32 bits. A frame checks only in the segment it was written for, so a stale
-/// frame (old disk blocks in a file's unwritten tail) never passes as a frame of
-/// another segment.
-pub(crate) fn salt(segment: SegmentId) -> u32 {
-    (segment.0 ^ (segment.0 >> 32)) as u32
+/// The seed of a segment's frame checksums, from its secret nonce and its
+/// first sequence number: the CRC-32 of both (little-endian u64s). A frame
+/// checks only in the segment it was written for, so a stale frame (old disk
+/// blocks in a file's unwritten tail) never passes as a frame of another
+/// segment; and since the nonce is never in a payload, a producer cannot forge
+/// a frame that checks (docs/FORMAT.md, "What the checksum covers").
+pub(crate) fn salt(segment: SegmentId, nonce: u64) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&nonce.to_le_bytes());
+    hasher.update(&segment.0.to_le_bytes());
+    hasher.finalize()
 }
 
 fn checksum(salt: u32, bytes: &[u8]) -> u32 {
@@ -152,18 +164,22 @@ pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8], sa
     let start = out.len();
     let flags = if header.batch_end { FLAG_BATCH_END } else { 0 };
     out.extend_from_slice(&FRAME_MAGIC);
-    out.extend_from_slice(&[0; 4]); // checksum, filled below
+    out.extend_from_slice(&[0; 8]); // the two checksums, filled below
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.push(header.kind.to_byte());
     out.push(flags);
     out.extend_from_slice(&0u16.to_le_bytes()); // no optional fields
+    out.extend_from_slice(&0u32.to_le_bytes()); // reserved
     out.extend_from_slice(&header.seq.get().to_le_bytes());
     out.extend_from_slice(&header.group.get().to_le_bytes());
     out.extend_from_slice(&header.timestamp_us.to_le_bytes());
     debug_assert_eq!(out.len() - start, FRAME_HEADER_LEN);
+    let header_crc = checksum(salt, &out[start + HEADER_CHECKED_FROM..]);
+    out[start + HEADER_CRC_AT..start + HEADER_CHECKED_FROM]
+        .copy_from_slice(&header_crc.to_le_bytes());
     out.extend_from_slice(payload);
     let crc = checksum(salt, &out[start + CHECKED_FROM..]);
-    out[start + CRC_AT..start + CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+    out[start + CRC_AT..start + CHECKED_FROM].copy_from_slice(&crc.to_le_bytes());
     if cfg!(debug_assertions) {
         // Check a frame right after it is encoded, as it will be checked when read.
         match decode(&out[start..], salt) {
@@ -198,6 +214,16 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
     if field::<4>(header, MAGIC_AT) != FRAME_MAGIC {
         return Err(Corruption::BadFrameMagic);
     }
+    // The header first, in constant time: nothing it claims is believed before.
+    let stored_header_crc = u32::from_le_bytes(field(header, HEADER_CRC_AT));
+    let (_, header_checked) = header.split_at(HEADER_CHECKED_FROM);
+    let computed = checksum(salt, header_checked);
+    if computed != stored_header_crc {
+        return Err(Corruption::ChecksumMismatch {
+            stored: stored_header_crc,
+            computed,
+        });
+    }
     let stored_crc = u32::from_le_bytes(field(header, CRC_AT));
     let payload_len = u32::from_le_bytes(field(header, LEN_AT)) as usize;
     if payload_len > RECORD_BYTES_LIMIT {
@@ -222,9 +248,20 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
             computed,
         });
     }
-    let header = checked_header(header, ext_len)?;
+    let header = checked_header(header)?;
     let (_, rest) = whole.split_at(FRAME_HEADER_LEN);
     let (ext, payload) = rest.split_at(ext_len);
+    // Optional fields belong to records; the must-understand ones are checked
+    // here, so that no reader hands out a record whose promise it ignores.
+    if !ext.is_empty() {
+        if header.kind != FrameKind::Record {
+            return Err(Corruption::Unsupported {
+                what: "optional field area of length",
+                value: ext_len as u64,
+            });
+        }
+        super::ext::decode(ext)?;
+    }
     Ok(Frame {
         header,
         ext,
@@ -235,10 +272,7 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
 
 /// The fields of a frame header whose checksum matched: from here on, anything
 /// unexpected was written by a format this build does not know, never torn.
-fn checked_header(
-    header: &[u8; FRAME_HEADER_LEN],
-    ext_len: usize,
-) -> Result<FrameHeader, Corruption> {
+fn checked_header(header: &[u8; FRAME_HEADER_LEN]) -> Result<FrameHeader, Corruption> {
     let [kind_byte] = field(header, KIND_AT);
     let Some(kind) = FrameKind::from_byte(kind_byte) else {
         return Err(Corruption::Unsupported {
@@ -253,10 +287,11 @@ fn checked_header(
             value: u64::from(flags),
         });
     }
-    if ext_len != 0 && kind != FrameKind::Skippable(kind_byte) {
+    let reserved = u32::from_le_bytes(field(header, RESERVED_AT));
+    if reserved != 0 {
         return Err(Corruption::Unsupported {
-            what: "optional field area of length",
-            value: ext_len as u64,
+            what: "frame reserved field",
+            value: u64::from(reserved),
         });
     }
     let seq = Seq::from(u64::from_le_bytes(field(header, SEQ_AT)));
@@ -297,30 +332,25 @@ pub(crate) fn timestamp_us(header: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.try_into().ok()?))
 }
 
-/// Offset of the first position in `from..until` where a valid frame decodes,
-/// with that frame (which may extend past `until`). Used by recovery to look
-/// past damage.
-pub(crate) fn find_valid_frame(
+/// The first valid frame that starts on a block boundary at or after `from`,
+/// with its offset. Used by recovery to look past damage for a later sync
+/// group, which always starts on a fresh block (docs/FORMAT.md, "Blocks"). A
+/// candidate costs its 48-byte header unless that header's own checksum holds,
+/// so the search is linear in the bytes it passes, whatever they hold.
+pub(crate) fn find_frame_on_block(
     buf: &[u8],
     from: usize,
-    until: usize,
     salt: u32,
 ) -> Option<(usize, Frame<'_>)> {
-    let until = until.min(buf.len());
-    let mut at = from;
-    while at < until && at + FRAME_HEADER_LEN <= buf.len() {
-        // The magic's first byte, then the rest of it.
-        at += buf
-            .get(at..until)?
-            .iter()
-            .position(|&b| b == FRAME_MAGIC[0])?;
+    let mut at = from.next_multiple_of(BLOCK);
+    while at < buf.len() {
         let rest = buf.get(at..)?;
         if rest.starts_with(&FRAME_MAGIC)
             && let Ok(frame) = decode(rest, salt)
         {
             return Some((at, frame));
         }
-        at += 1;
+        at += BLOCK;
     }
     None
 }
@@ -409,6 +439,14 @@ mod tests {
         let mut buf = Vec::new();
         encode(&mut buf, &header(2), b"x", SALT);
         buf[LEN_AT..LEN_AT + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        // Caught by the header's own checksum first...
+        assert!(matches!(
+            decode(&buf, SALT),
+            Err(Corruption::ChecksumMismatch { .. })
+        ));
+        // ... and by its limit when that checksum is made to hold.
+        let header_crc = checksum(SALT, &buf[HEADER_CHECKED_FROM..FRAME_HEADER_LEN]);
+        buf[HEADER_CRC_AT..HEADER_CHECKED_FROM].copy_from_slice(&header_crc.to_le_bytes());
         assert!(matches!(
             decode(&buf, SALT),
             Err(Corruption::LengthOutOfRange { .. })
@@ -418,29 +456,41 @@ mod tests {
     #[test]
     fn a_frame_checks_only_in_its_own_segment() {
         let mut buf = Vec::new();
-        encode(&mut buf, &header(5), b"stale", salt(SegmentId(1)));
-        assert!(decode(&buf, salt(SegmentId(1))).is_ok());
-        assert!(matches!(
-            decode(&buf, salt(SegmentId(7))),
-            Err(Corruption::ChecksumMismatch { .. })
-        ));
+        encode(&mut buf, &header(5), b"stale", salt(SegmentId(1), 9));
+        assert!(decode(&buf, salt(SegmentId(1), 9)).is_ok());
+        for other in [salt(SegmentId(7), 9), salt(SegmentId(1), 10)] {
+            assert!(matches!(
+                decode(&buf, other),
+                Err(Corruption::ChecksumMismatch { .. })
+            ));
+        }
     }
 
     #[test]
-    fn find_valid_frame_skips_garbage_and_false_magic() {
+    fn frames_are_looked_for_on_block_boundaries_only() {
         let mut buf = vec![0u8; 10];
+        // A frame off a boundary is not a candidate, even a valid one.
+        encode(&mut buf, &header(12), b"off", SALT);
+        buf.resize(BLOCK, 0);
         buf.extend_from_slice(&FRAME_MAGIC);
-        buf.extend_from_slice(&[0xFF; 50]);
-        let at = buf.len();
-        encode(&mut buf, &header(12), b"real", SALT);
-        let (found_at, frame) = find_valid_frame(&buf, 0, buf.len(), SALT).expect("frame found");
-        assert_eq!(found_at, at);
+        buf.resize(2 * BLOCK, 0xFF);
+        encode(&mut buf, &header(13), b"real", SALT);
+        let (found_at, frame) = find_frame_on_block(&buf, 0, SALT).expect("frame found");
+        assert_eq!(found_at, 2 * BLOCK);
         assert_eq!(frame.payload, b"real");
-        assert!(find_valid_frame(&buf, at + 1, buf.len(), SALT).is_none());
-        // Only starts before `until` count; the frame found may run past it.
-        assert!(find_valid_frame(&buf, 0, at, SALT).is_none());
-        let (found_at, _) =
-            find_valid_frame(&buf, 0, at + 1, SALT).expect("frame starts before until");
-        assert_eq!(found_at, at);
+        assert!(find_frame_on_block(&buf, 2 * BLOCK + 1, SALT).is_none());
+    }
+
+    #[test]
+    fn a_header_that_fails_its_own_checksum_is_refused_before_its_length() {
+        let mut buf = Vec::new();
+        encode(&mut buf, &header(3), &[9; 100], SALT);
+        // A length pointing far past the buffer, with the header checksum
+        // broken by it: refused as a checksum error, not a truncation.
+        buf[LEN_AT..LEN_AT + 4].copy_from_slice(&(1u32 << 29).to_le_bytes());
+        assert!(matches!(
+            decode(&buf, SALT),
+            Err(Corruption::ChecksumMismatch { .. })
+        ));
     }
 }

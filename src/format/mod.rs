@@ -8,6 +8,7 @@
 //! May not touch: files, the clock, threads, or anything else outside its input
 //! slices. Decoding never panics and allocates only what checked lengths bound.
 
+pub(crate) mod ext;
 pub(crate) mod frame;
 pub(crate) mod seal;
 pub(crate) mod segment;

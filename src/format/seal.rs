@@ -1,5 +1,5 @@
 //! The seal index: the payload of a segment's seal frame, which lists where every
-//! frame of the segment starts, so that opening an outbox need not read every
+//! frame of the segment lies, so that opening an outbox need not read every
 //! byte of every sealed segment.
 //!
 //! Pure functions over byte slices, like the frame codec. The byte layout is
@@ -11,7 +11,7 @@
 
 use crate::error::Corruption;
 use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan, frame_len};
-use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::segment::{FRAMES_AT, align_up};
 use crate::format::seq::Seq;
 
 /// Offset in the payload of the number of frames indexed (u32).
@@ -23,16 +23,18 @@ const INTERNAL_AT: usize = COUNT_AT + 4;
 const LOG_START_AT: usize = INTERNAL_AT + 4;
 /// Offset of the segment header's nonce (u64): the index belongs to that header.
 const NONCE_AT: usize = LOG_START_AT + 8;
-/// Offset of the frame offsets (u32 each), then the internal frames' positions
-/// in that list (u32 each).
-const OFFSETS_AT: usize = NONCE_AT + 8;
+/// Offset of the frames: offset and length (u32 each) of every frame, then the
+/// internal frames' positions in that list (u32 each).
+const FRAMES_LIST_AT: usize = NONCE_AT + 8;
+/// Bytes of one frame in the list.
+const FRAME_ENTRY_LEN: usize = 8;
 /// The trailer after the lists: the seal frame's whole length (u32), so that
 /// recovery finds the seal from the end of the file.
 const TRAILER_LEN: usize = 4;
 /// Payload length of an index of nothing.
-const EMPTY_INDEX_LEN: usize = OFFSETS_AT + TRAILER_LEN;
+const EMPTY_INDEX_LEN: usize = FRAMES_LIST_AT + TRAILER_LEN;
 
-/// The most frames one index lists (64 MiB of offsets). A segment with more is
+/// The most frames one index lists (128 MiB of entries). A segment with more is
 /// sealed without an index and read whole at recovery.
 pub(crate) const INDEX_FRAMES_MAX: usize = 1 << 24;
 
@@ -47,12 +49,13 @@ pub(crate) struct SealIndex {
     pub nonce: u64,
 }
 
-/// The frames of a segment as a seal index lists them: each frame's offset, and
-/// which of them are internal. Kept by the writer for its active segment (four
-/// bytes a frame), and rebuilt by recovery for a segment it seals.
+/// The frames of a segment as a seal index lists them: each frame's offset and
+/// length, and which of them are internal. Kept by the writer for its active
+/// segment (eight bytes a frame), and rebuilt by recovery for a segment it
+/// seals.
 #[derive(Debug, Default)]
 pub(crate) struct IndexBuilder {
-    offsets: Vec<u32>,
+    frames: Vec<(u32, u32)>,
     internal: Vec<u32>,
     log_start: Option<Seq>,
     /// More frames than an index lists: the seal will carry none.
@@ -60,29 +63,29 @@ pub(crate) struct IndexBuilder {
 }
 
 impl IndexBuilder {
-    /// The index of `frames`, whose `LogStart`
-    /// frames record at most `log_start`.
+    /// The index of `frames`, whose `LogStart` frames record at most
+    /// `log_start`.
     pub(crate) fn of(frames: &[FrameSpan], log_start: Option<Seq>) -> IndexBuilder {
         let mut b = IndexBuilder::default();
         for f in frames {
-            b.push(f.offset, f.is_record);
+            b.push(*f);
         }
         b.log_start = log_start;
         b
     }
 
-    /// Adds the next frame of the segment, at `offset`.
-    pub(crate) fn push(&mut self, offset: u32, is_record: bool) {
-        if self.overflow || self.offsets.len() == INDEX_FRAMES_MAX {
+    /// Adds the next frame of the segment.
+    pub(crate) fn push(&mut self, frame: FrameSpan) {
+        if self.overflow || self.frames.len() == INDEX_FRAMES_MAX {
             self.overflow = true;
-            self.offsets = Vec::new();
+            self.frames = Vec::new();
             self.internal = Vec::new();
             return;
         }
-        if !is_record {
-            self.internal.push(self.offsets.len() as u32);
+        if !frame.is_record {
+            self.internal.push(self.frames.len() as u32);
         }
-        self.offsets.push(offset);
+        self.frames.push((frame.offset, frame.len));
     }
 
     /// Records a `LogStart` frame's value.
@@ -96,28 +99,23 @@ impl IndexBuilder {
         if self.overflow {
             return Vec::new();
         }
-        encode(&self.offsets, &self.internal, self.log_start, nonce)
+        let len = EMPTY_INDEX_LEN + FRAME_ENTRY_LEN * self.frames.len() + 4 * self.internal.len();
+        let mut out = Vec::with_capacity(len);
+        out.extend_from_slice(&(self.frames.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.internal.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.log_start.map_or(0, Seq::get).to_le_bytes());
+        out.extend_from_slice(&nonce.to_le_bytes());
+        for (offset, len) in &self.frames {
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+        }
+        for i in &self.internal {
+            out.extend_from_slice(&i.to_le_bytes());
+        }
+        out.extend_from_slice(&(frame_len(len) as u32).to_le_bytes());
+        debug_assert_eq!(out.len(), len);
+        out
     }
-}
-
-/// Encodes an index of frames at `offsets`, those at positions `internal` being
-/// internal frames.
-fn encode(offsets: &[u32], internal: &[u32], log_start: Option<Seq>, nonce: u64) -> Vec<u8> {
-    let len = EMPTY_INDEX_LEN + 4 * (offsets.len() + internal.len());
-    let mut out = Vec::with_capacity(len);
-    out.extend_from_slice(&(offsets.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(internal.len() as u32).to_le_bytes());
-    out.extend_from_slice(&log_start.map_or(0, Seq::get).to_le_bytes());
-    out.extend_from_slice(&nonce.to_le_bytes());
-    for o in offsets {
-        out.extend_from_slice(&o.to_le_bytes());
-    }
-    for i in internal {
-        out.extend_from_slice(&i.to_le_bytes());
-    }
-    out.extend_from_slice(&(frame_len(len) as u32).to_le_bytes());
-    debug_assert_eq!(out.len(), len);
-    out
 }
 
 /// The seal frame's length as its trailer records it: the last four bytes of a
@@ -133,68 +131,73 @@ fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?))
 }
 
+/// Whether a frame may start at `next` after one that ends at `end`: right
+/// after it (the same sync group), or on the next block boundary (a new one).
+fn may_follow(end: u64, next: u64) -> bool {
+    next == end || next == align_up(end)
+}
+
 /// Decodes a seal payload whose seal frame starts at `seal_at`. Checks that the
-/// listed frames tile the segment exactly, from the end of its header to the
-/// seal, each at least a frame header long.
+/// listed frames cover the segment from its first frame's block to the seal,
+/// each at least a frame header long, with gaps only up to a block boundary.
 pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corruption> {
     let bad = |what| Corruption::BadSealIndex { what };
-    let count = u32_at(payload, COUNT_AT).ok_or(bad("payload too short"))? as usize;
-    let internal = u32_at(payload, INTERNAL_AT).ok_or(bad("payload too short"))? as usize;
+    let short = || bad("payload too short");
+    let count = u32_at(payload, COUNT_AT).ok_or_else(short)? as usize;
+    let internal = u32_at(payload, INTERNAL_AT).ok_or_else(short)? as usize;
     let u64_at = |at: usize| {
         payload
             .get(at..at + 8)
             .and_then(|b| b.try_into().ok())
             .map(u64::from_le_bytes)
-            .ok_or(bad("payload too short"))
+            .ok_or_else(short)
     };
     let log_start = u64_at(LOG_START_AT)?;
     let nonce = u64_at(NONCE_AT)?;
     if count > INDEX_FRAMES_MAX || internal > count {
         return Err(bad("frame count out of range"));
     }
-    let want = EMPTY_INDEX_LEN + 4 * (count + internal);
+    let want = EMPTY_INDEX_LEN + FRAME_ENTRY_LEN * count + 4 * internal;
     if payload.len() != want {
         return Err(bad("payload length does not match the counts"));
     }
-    let trailer = u32_at(payload, want - TRAILER_LEN).ok_or(bad("payload too short"))?;
+    let trailer = u32_at(payload, want - TRAILER_LEN).ok_or_else(short)?;
     if trailer as usize != frame_len(want) {
         return Err(bad("trailer does not match the seal's length"));
     }
-    let internal_at = OFFSETS_AT + 4 * count;
     let mut frames = Vec::with_capacity(count);
-    let mut expected = SEGMENT_HEADER_LEN as u64;
+    let mut end = FRAMES_AT as u64;
     for i in 0..count {
-        let at = u64::from(u32_at(payload, OFFSETS_AT + 4 * i).ok_or(bad("payload too short"))?);
-        if at != expected && i == 0 {
-            return Err(bad("first frame not right after the segment header"));
+        let entry = FRAMES_LIST_AT + FRAME_ENTRY_LEN * i;
+        let at = u32_at(payload, entry).ok_or_else(short)?;
+        let len = u32_at(payload, entry + 4).ok_or_else(short)?;
+        if i == 0 && u64::from(at) != FRAMES_AT as u64 {
+            return Err(bad("first frame not at the block after the header"));
         }
-        if at < expected {
-            return Err(bad("frame offsets overlap"));
+        if !may_follow(end, u64::from(at)) {
+            return Err(bad("a gap or an overlap between frames"));
         }
-        if let Some(prev) = frames.last_mut() {
-            let prev: &mut FrameSpan = prev;
-            prev.len = (at - u64::from(prev.offset)) as u32;
+        if (len as usize) < FRAME_HEADER_LEN {
+            return Err(bad("a frame shorter than a frame header"));
         }
+        end = u64::from(at) + u64::from(len);
         frames.push(FrameSpan {
-            offset: at as u32,
-            len: 0,
+            offset: at,
+            len,
             is_record: true,
         });
-        expected = at + FRAME_HEADER_LEN as u64;
     }
-    if seal_at < expected {
-        return Err(bad("a frame overlaps the seal"));
+    let seal_ok = match frames.last() {
+        Some(_) => may_follow(end, seal_at),
+        None => seal_at == FRAMES_AT as u64,
+    };
+    if !seal_ok {
+        return Err(bad("the seal is not where the frames end"));
     }
-    match frames.last_mut() {
-        Some(last) => last.len = (seal_at - u64::from(last.offset)) as u32,
-        None if seal_at != SEGMENT_HEADER_LEN as u64 => {
-            return Err(bad("no frames, yet the seal is not after the header"));
-        }
-        None => {}
-    }
+    let internal_at = FRAMES_LIST_AT + FRAME_ENTRY_LEN * count;
     let mut prev = None;
     for k in 0..internal {
-        let i = u32_at(payload, internal_at + 4 * k).ok_or(bad("payload too short"))? as usize;
+        let i = u32_at(payload, internal_at + 4 * k).ok_or_else(short)? as usize;
         if prev.is_some_and(|p| i <= p) {
             return Err(bad("internal frames out of order"));
         }
@@ -219,8 +222,10 @@ pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corrupti
 mod tests {
     use super::*;
 
+    /// Three frames from 4096: two of one sync group, then a new group on the
+    /// next block; the seal on the block after.
     fn frames() -> Vec<FrameSpan> {
-        [(64, 140, true), (204, 48, false), (252, 41, true)]
+        [(4096, 140, true), (4236, 60, false), (8192, 64, true)]
             .map(|(offset, len, is_record)| FrameSpan {
                 offset,
                 len,
@@ -229,6 +234,8 @@ mod tests {
             .to_vec()
     }
 
+    const SEAL_AT: u64 = 12288;
+
     fn encode(frames: &[FrameSpan], log_start: Option<Seq>) -> Vec<u8> {
         IndexBuilder::of(frames, log_start).encode(77)
     }
@@ -236,45 +243,51 @@ mod tests {
     #[test]
     fn an_index_round_trips() {
         let payload = encode(&frames(), Some(Seq::from(9)));
-        let index = decode(&payload, 293).expect("decodes");
+        let index = decode(&payload, SEAL_AT).expect("decodes");
         assert_eq!(index.frames, frames());
         assert_eq!(index.log_start, Some(Seq::from(9)));
         assert_eq!(index.nonce, 77);
-        let mut file = vec![0u8; 293];
+        let mut file = vec![0u8; SEAL_AT as usize];
         file.extend_from_slice(&[0; FRAME_HEADER_LEN]);
         file.extend_from_slice(&payload);
         assert_eq!(trailer(&file), Some(frame_len(payload.len())));
     }
 
     #[test]
-    fn an_index_that_does_not_tile_the_segment_is_refused() {
+    fn an_index_that_does_not_cover_the_segment_is_refused() {
         let payload = encode(&frames(), None);
-        // The seal must start where the last frame ends, a header's length on.
-        assert!(decode(&payload, 292).is_ok());
-        assert!(decode(&payload, 291).is_err());
+        // The seal starts where the last frame ends, or on the next block.
+        assert!(decode(&payload, 8256).is_ok());
+        assert!(decode(&payload, SEAL_AT).is_ok());
+        assert!(decode(&payload, 8257).is_err());
+        assert!(decode(&payload, 8255).is_err());
         let mut overlapping = frames();
-        overlapping[1].offset = 100;
-        assert!(decode(&encode(&overlapping, None), 293).is_err());
+        overlapping[1].offset = 4100;
+        assert!(decode(&encode(&overlapping, None), SEAL_AT).is_err());
         let mut late = frames();
-        late[0].offset = 65;
-        assert!(decode(&encode(&late, None), 293).is_err());
-        assert!(decode(&encode(&[], None), 64).is_ok());
-        assert!(decode(&encode(&[], None), 65).is_err());
+        late[0].offset = 4097;
+        assert!(decode(&encode(&late, None), SEAL_AT).is_err());
+        let mut gap = frames();
+        gap[2].offset = 8200;
+        assert!(decode(&encode(&gap, None), SEAL_AT).is_err());
+        assert!(decode(&encode(&[], None), 4096).is_ok());
+        assert!(decode(&encode(&[], None), 4097).is_err());
     }
 
     #[test]
     fn every_truncation_and_byte_flip_is_an_error_or_a_consistent_index() {
         let payload = encode(&frames(), Some(Seq::from(3)));
         for cut in 0..payload.len() {
-            assert!(decode(&payload[..cut], 293).is_err(), "cut at {cut}");
+            assert!(decode(&payload[..cut], SEAL_AT).is_err(), "cut at {cut}");
         }
         for at in 0..payload.len() {
             let mut p = payload.clone();
             p[at] ^= 0x10;
-            if let Ok(index) = decode(&p, 293) {
-                // Never a panic; a different but well-formed index tiles the file.
-                let end = index.frames.last().map_or(64, |f| f.offset + f.len);
-                assert_eq!(end, 293);
+            if let Ok(index) = decode(&p, SEAL_AT) {
+                // Never a panic; a different but well-formed index ends where
+                // the seal may follow.
+                let end = index.frames.last().map_or(4096, |f| f.end());
+                assert!(may_follow(end, SEAL_AT), "{end}");
             }
         }
     }

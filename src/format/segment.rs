@@ -12,7 +12,20 @@ use crate::format::seq::Seq;
 /// Magic bytes at the start of every segment file.
 pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"SEGWAL\x1a\n";
 /// The format version this build writes, and the only one it reads.
-pub(crate) const FORMAT_VERSION: u16 = 1;
+pub(crate) const FORMAT_VERSION: u16 = 2;
+
+/// The block: the unit in which a drive may rewrite, and a power cut garble,
+/// what it holds. No byte that was fsynced ever shares an aligned block with a
+/// later write: the header has block 0 to itself, and every sync group starts
+/// on a fresh block (docs/FORMAT.md, "Blocks").
+pub(crate) const BLOCK: usize = 4096;
+/// Where the first frame of a segment starts: the block after the header's.
+pub(crate) const FRAMES_AT: usize = BLOCK;
+
+/// `offset` rounded up to a block boundary.
+pub(crate) const fn align_up(offset: u64) -> u64 {
+    offset.next_multiple_of(BLOCK as u64)
+}
 
 const MAGIC_AT: usize = 0;
 const VERSION_AT: usize = MAGIC_AT + 8;
@@ -23,12 +36,18 @@ const PREV_SEQ_AT: usize = FIRST_SEQ_AT + 8;
 const LOG_START_AT: usize = PREV_SEQ_AT + 8;
 const CREATED_AT: usize = LOG_START_AT + 8;
 const NONCE_AT: usize = CREATED_AT + 8;
-const RESERVED_AT: usize = NONCE_AT + 8;
-const CRC_AT: usize = 60;
-/// Length of the segment header; frames start right after it.
+const BLOCK_SIZE_AT: usize = NONCE_AT + 8;
+const RESERVED_A_AT: usize = BLOCK_SIZE_AT + 4;
+const OUTBOX_ID_AT: usize = RESERVED_A_AT + 4;
+const RESERVED_B_AT: usize = OUTBOX_ID_AT + 16;
+const CRC_AT: usize = 124;
+/// Length of the segment header; the rest of its block is zeros.
 pub(crate) const SEGMENT_HEADER_LEN: usize = CRC_AT + 4;
+/// The header length of format version 1, whose CRC sat at its last four
+/// bytes too: read only to name the version of a file this build refuses.
+const V1_HEADER_LEN: usize = 64;
 
-const _: () = assert!(RESERVED_AT <= CRC_AT);
+const _: () = assert!(RESERVED_B_AT <= CRC_AT && SEGMENT_HEADER_LEN <= BLOCK);
 
 /// The decoded segment header.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -43,11 +62,14 @@ pub(crate) struct SegmentHeader {
     pub log_start: Seq,
     /// Wall clock at creation, milliseconds since the Unix epoch.
     pub created_unix_ms: u64,
-    /// A random number drawn when the segment was created, repeated in its seal
-    /// index: an index that names it was written by segwal for this segment,
-    /// not appended by a producer inside a record's payload. 0 in a segment
-    /// whose index must not be trusted.
+    /// A random number drawn when the segment was created, never 0: the secret
+    /// key of its frames' checksums (`frame::salt`), so that no frame validates
+    /// unless segwal wrote it for this segment, whatever a producer's payload
+    /// holds.
     pub nonce: u64,
+    /// The identity of the outbox, drawn when its first segment was created and
+    /// repeated in every segment since.
+    pub outbox_id: u128,
 }
 
 impl SegmentHeader {
@@ -61,40 +83,56 @@ impl SegmentHeader {
         out[PREV_SEQ_AT..LOG_START_AT].copy_from_slice(&self.prev_seq.get().to_le_bytes());
         out[LOG_START_AT..CREATED_AT].copy_from_slice(&self.log_start.get().to_le_bytes());
         out[CREATED_AT..NONCE_AT].copy_from_slice(&self.created_unix_ms.to_le_bytes());
-        out[NONCE_AT..RESERVED_AT].copy_from_slice(&self.nonce.to_le_bytes());
+        out[NONCE_AT..BLOCK_SIZE_AT].copy_from_slice(&self.nonce.to_le_bytes());
+        out[BLOCK_SIZE_AT..RESERVED_A_AT].copy_from_slice(&(BLOCK as u32).to_le_bytes());
+        out[OUTBOX_ID_AT..RESERVED_B_AT].copy_from_slice(&self.outbox_id.to_le_bytes());
         let crc = crc32fast::hash(&out[..CRC_AT]);
         out[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         out
     }
 
+    /// The header's whole block, as written to a new segment: the header, then
+    /// zeros.
+    pub(crate) fn encode_block(&self) -> Vec<u8> {
+        let mut block = self.encode().to_vec();
+        block.resize(BLOCK, 0);
+        block
+    }
+
     /// Decodes and checks the header at the start of `file`. Never panics.
+    ///
+    /// The checks run in an order a rule of recovery depends on: magic, then
+    /// the checksum (at the end of the length the header names, 64 or 128
+    /// bytes), then the version and the rest. A header whose checksum holds was
+    /// written whole, so another version in it is refused by number
+    /// (`UnsupportedVersion`), never taken for a torn header.
     pub(crate) fn decode(file: &[u8]) -> Result<SegmentHeader, Corruption> {
-        let Some(Ok(h)) = file
-            .get(..SEGMENT_HEADER_LEN)
-            .map(<&[u8; SEGMENT_HEADER_LEN]>::try_from)
-        else {
+        if file.get(..MAGIC_AT + 8).is_some_and(|m| m != SEGMENT_MAGIC) {
+            return Err(Corruption::BadSegmentMagic);
+        }
+        let header_len = file
+            .get(HEADER_LEN_AT..FLAGS_AT)
+            .map_or(SEGMENT_HEADER_LEN, |b| {
+                usize::from(u16::from_le_bytes(field(b, 0)))
+            });
+        // Only the two lengths a version ever wrote; anything else is damage.
+        let header_len = if header_len == V1_HEADER_LEN {
+            V1_HEADER_LEN
+        } else {
+            SEGMENT_HEADER_LEN
+        };
+        let Some(h) = file.get(..header_len) else {
             return Err(Corruption::ShortSegmentHeader {
                 len: file.len() as u64,
             });
         };
-        // From here every index is a constant within the fixed-size header.
-        if field::<8>(h, MAGIC_AT) != SEGMENT_MAGIC {
-            return Err(Corruption::BadSegmentMagic);
-        }
-        let crc = u32::from_le_bytes(field(h, CRC_AT));
-        if crc32fast::hash(h.get(..CRC_AT).unwrap_or_default()) != crc {
+        let (checked, crc) = h.split_at(header_len - 4);
+        if crc32fast::hash(checked) != u32::from_le_bytes(field(crc, 0)) {
             return Err(Corruption::BadSegmentHeader);
         }
         let version = u16::from_le_bytes(field(h, VERSION_AT));
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION || header_len != SEGMENT_HEADER_LEN {
             return Err(Corruption::UnsupportedVersion { found: version });
-        }
-        let header_len = u16::from_le_bytes(field(h, HEADER_LEN_AT));
-        if usize::from(header_len) != SEGMENT_HEADER_LEN {
-            return Err(Corruption::Unsupported {
-                what: "segment header length",
-                value: u64::from(header_len),
-            });
         }
         let flags = u32::from_le_bytes(field(h, FLAGS_AT));
         if flags != 0 {
@@ -103,6 +141,10 @@ impl SegmentHeader {
                 value: u64::from(flags),
             });
         }
+        let block = u32::from_le_bytes(field(h, BLOCK_SIZE_AT));
+        if block as usize != BLOCK {
+            return Err(Corruption::BadBlockSize { found: block });
+        }
         let u64_at = |at| u64::from_le_bytes(field(h, at));
         Ok(SegmentHeader {
             first_seq: Seq::from(u64_at(FIRST_SEQ_AT)),
@@ -110,6 +152,7 @@ impl SegmentHeader {
             log_start: Seq::from(u64_at(LOG_START_AT)),
             created_unix_ms: u64_at(CREATED_AT),
             nonce: u64_at(NONCE_AT),
+            outbox_id: u128::from_le_bytes(field(h, OUTBOX_ID_AT)),
         })
     }
 }
@@ -129,6 +172,7 @@ mod tests {
             log_start: Seq::from(7),
             created_unix_ms: 1_764_000_000_000,
             nonce: 0x0123_4567_89ab_cdef,
+            outbox_id: 0xfeed_beef_0000_1111_2222_3333_4444_5555,
         }
     }
 
@@ -152,7 +196,15 @@ mod tests {
     fn foreign_and_short_files_are_named_as_such() {
         assert_eq!(
             SegmentHeader::decode(b"{\"json\": true}"),
-            Err(Corruption::ShortSegmentHeader { len: 14 })
+            Err(Corruption::BadSegmentMagic)
+        );
+        assert_eq!(
+            SegmentHeader::decode(b"SEG"),
+            Err(Corruption::ShortSegmentHeader { len: 3 })
+        );
+        assert_eq!(
+            SegmentHeader::decode(&SEGMENT_MAGIC),
+            Err(Corruption::ShortSegmentHeader { len: 8 })
         );
         assert_eq!(
             SegmentHeader::decode(&[b'x'; 100]),
@@ -163,12 +215,37 @@ mod tests {
     #[test]
     fn a_newer_version_is_refused_by_number() {
         let mut bytes = sample().encode();
-        bytes[VERSION_AT] = 2;
+        bytes[VERSION_AT] = 3;
         let crc = crc32fast::hash(&bytes[..CRC_AT]);
         bytes[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
             SegmentHeader::decode(&bytes),
-            Err(Corruption::UnsupportedVersion { found: 2 })
+            Err(Corruption::UnsupportedVersion { found: 3 })
         );
+    }
+
+    #[test]
+    fn a_version_1_header_is_named_as_such() {
+        // Version 1: 64 bytes, its CRC at 60, 4 reserved bytes before it.
+        let mut v1 = [0u8; 128];
+        v1[..8].copy_from_slice(&SEGMENT_MAGIC);
+        v1[VERSION_AT..VERSION_AT + 2].copy_from_slice(&1u16.to_le_bytes());
+        v1[HEADER_LEN_AT..HEADER_LEN_AT + 2].copy_from_slice(&64u16.to_le_bytes());
+        let crc = crc32fast::hash(&v1[..60]);
+        v1[60..64].copy_from_slice(&crc.to_le_bytes());
+        // A first frame follows in a real file.
+        v1[64..68].copy_from_slice(&[0xC5, b'W', b'F', b'R']);
+        assert_eq!(
+            SegmentHeader::decode(&v1),
+            Err(Corruption::UnsupportedVersion { found: 1 })
+        );
+    }
+
+    #[test]
+    fn the_header_block_is_the_header_then_zeros() {
+        let block = sample().encode_block();
+        assert_eq!(block.len(), BLOCK);
+        assert_eq!(SegmentHeader::decode(&block), Ok(sample()));
+        assert!(block[SEGMENT_HEADER_LEN..].iter().all(|&b| b == 0));
     }
 }

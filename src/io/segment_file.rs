@@ -18,7 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::Error;
 use crate::format::frame::{self, FrameHeader, FrameKind};
-use crate::format::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
+use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader};
 use crate::format::seq::{SegmentId, Seq};
 use crate::io::{Storage, StorageFile, write_all_at};
 
@@ -58,16 +58,28 @@ impl Failed {
 /// directory entry.
 pub(crate) struct FreshSegment {
     pub segment: SegmentFile,
-    /// Where the first frame goes: right after the header.
+    /// Where the first frame goes: the block after the header's.
     pub len: u64,
-    /// The header's nonce, repeated in the segment's seal index.
+    /// The header's nonce, repeated in the segment's seal index and keying its
+    /// frames' checksums.
     pub nonce: u64,
+    /// The outbox's identity, repeated in every segment.
+    pub outbox_id: u128,
+}
+
+impl FreshSegment {
+    /// The seed of this segment's frame checksums.
+    pub(crate) fn salt(&self) -> u32 {
+        frame::salt(self.segment.id, self.nonce)
+    }
 }
 
 /// A seal still to be written into a segment recovery kept (it lacked one): the
 /// writer writes it before anything else.
 pub(crate) struct PendingSeal {
     pub segment: SegmentFile,
+    /// The seed of the segment's frame checksums.
+    pub salt: u32,
     /// Where the seal frame goes: just after the last frame kept.
     pub at: u64,
     /// The seal frame's sequence number.
@@ -82,9 +94,12 @@ impl SegmentFile {
         dir.join(id.file_name())
     }
 
-    /// Creates the segment whose first frame will be `first`, preallocated to
-    /// `preallocate` bytes where the file system can, and makes it durable: the
-    /// header is written and fsynced, then the directory is fsynced.
+    /// Creates the segment whose first frame will be `first`, of the outbox
+    /// `outbox_id`, preallocated to `preallocate` bytes where the file system
+    /// can, and makes it durable: the header's block is written and fsynced,
+    /// then the directory is fsynced. No frame is written to the file before
+    /// both returned, so a file whose header block is damaged and which holds
+    /// nothing after it is a creation that a crash interrupted.
     ///
     /// On failure the file is cut back to nothing (best
     /// effort), so that it holds no header a power cut could take back: the
@@ -95,6 +110,7 @@ impl SegmentFile {
         first: Seq,
         prev_seq: Seq,
         log_start: Seq,
+        outbox_id: u128,
         preallocate: u64,
     ) -> Result<FreshSegment, Failed> {
         let id = SegmentId(first.get());
@@ -114,9 +130,10 @@ impl SegmentFile {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             nonce: storage.random_u64(),
+            outbox_id,
         };
         let segment = SegmentFile { id, path, file };
-        let made_durable = write_all_at(&*segment.file, &header.encode(), 0)
+        let made_durable = write_all_at(&*segment.file, &header.encode_block(), 0)
             .map_err(|e| Failed::new("write segment header", &segment.path, e))
             .and_then(|()| {
                 segment
@@ -135,15 +152,18 @@ impl SegmentFile {
         }
         Ok(FreshSegment {
             segment,
-            len: SEGMENT_HEADER_LEN as u64,
+            len: FRAMES_AT as u64,
             nonce: header.nonce,
+            outbox_id,
         })
     }
 
-    /// Writes the seal frame `seq` carrying `index` at `at`, cuts the file just
-    /// after it (a sealed segment ends with its seal: its preallocated space goes)
-    /// and fsyncs. On failure the caller cuts back to `at`.
-    pub(crate) fn seal(&self, at: u64, seq: Seq, index: &[u8]) -> Result<(), Failed> {
+    /// Writes the seal frame `seq` carrying `index` at `at` (a block boundary:
+    /// every frame before it is durable), checksummed with `salt`, cuts the file
+    /// just after it (a sealed segment ends with its seal: its preallocated
+    /// space goes) and fsyncs. On failure the caller cuts back to `at`.
+    pub(crate) fn seal(&self, at: u64, seq: Seq, index: &[u8], salt: u32) -> Result<(), Failed> {
+        debug_assert_eq!(at % BLOCK as u64, 0, "a seal starts a block");
         let mut buf = Vec::with_capacity(frame::frame_len(index.len()));
         frame::encode(
             &mut buf,
@@ -155,7 +175,7 @@ impl SegmentFile {
                 timestamp_us: now_us(),
             },
             index,
-            frame::salt(self.id),
+            salt,
         );
         let fail = |op| move |e| Failed::new(op, &self.path, e);
         write_all_at(&*self.file, &buf, at).map_err(fail("write seal"))?;

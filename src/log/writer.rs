@@ -19,7 +19,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use crate::error::{Error, Result};
 use crate::format::frame::{self, FrameHeader, FrameKind, FrameSpan};
 use crate::format::seal::IndexBuilder;
-use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::segment::{BLOCK, FRAMES_AT, align_up};
 use crate::format::seq::Seq;
 use crate::io;
 use crate::io::segment_file::{FreshSegment, PendingSeal, SegmentFile, now_us};
@@ -95,6 +95,13 @@ struct Active {
     records: u64,
     /// Its header's nonce, repeated in its seal index.
     nonce: u64,
+    /// The seed of its frames' checksums.
+    salt: u32,
+    /// The bytes of the current sync group in the block the group's writes
+    /// have reached but not filled: the next write of the group starts at that
+    /// block's boundary and writes them again, so that every write covers whole
+    /// blocks of unsynced bytes only (docs/FORMAT.md, "Blocks").
+    tail: Vec<u8>,
     /// Every frame written to it: its seal index to be.
     index: IndexBuilder,
 }
@@ -104,6 +111,7 @@ impl Active {
     fn new(fresh: FreshSegment) -> Active {
         // Its preallocated space, which zeros may be written into.
         let room = fresh.segment.file.len().unwrap_or(fresh.len);
+        let salt = fresh.salt();
         Active {
             seg: fresh.segment,
             len: fresh.len,
@@ -114,6 +122,8 @@ impl Active {
             created: Instant::now(),
             records: 0,
             nonce: fresh.nonce,
+            salt,
+            tail: Vec::new(),
             index: IndexBuilder::default(),
         }
     }
@@ -137,10 +147,14 @@ pub(crate) struct Writer {
     /// Sequence number of the last frame written to disk.
     last_written: Seq,
     log_start: Seq,
+    /// The outbox's identity, named in every segment it creates.
+    outbox_id: u128,
     /// Encoding buffer, reused across batches.
     buf: Vec<u8>,
     /// Frames written since the last sync.
     unsynced: Vec<FrameSpan>,
+    /// Frames encoded into `buf` and not yet written.
+    staged: Vec<FrameSpan>,
     /// Sequence number of the first of them: the current sync group.
     group: Option<Seq>,
     unsynced_since: Option<Instant>,
@@ -162,13 +176,14 @@ impl Writer {
         seal: Option<PendingSeal>,
     ) -> Result<Writer> {
         if let Some(seal) = seal {
-            if let Err(failed) = seal.segment.seal(seal.at, seal.seq, &seal.index) {
+            if let Err(failed) = seal.segment.seal(seal.at, seal.seq, &seal.index, seal.salt) {
                 // As in `poison`: leave nothing the disk may not have.
                 seal.segment.cut_back(seal.at);
                 return Err(failed.into_error());
             }
             Counters::add(&shared.counters.fsyncs, 1);
         }
+        let outbox_id = active.outbox_id;
         let active = Active::new(active);
         push_active(&shared, &active);
         let next_seq = active.seg.id.first_seq();
@@ -179,8 +194,10 @@ impl Writer {
             next_seq,
             last_written: Seq::from(next_seq.get() - 1),
             log_start,
+            outbox_id,
             buf: Vec::with_capacity(1 << 16),
             unsynced: Vec::new(),
+            staged: Vec::new(),
             group: None,
             unsynced_since: None,
             batch: Vec::new(),
@@ -410,9 +427,9 @@ impl Writer {
         if over && self.active.records > 0 {
             self.rotate()?;
         }
-        self.buf.clear();
+        self.begin_write();
         let timestamp_us = now_us();
-        let salt = frame::salt(self.active.seg.id);
+        let salt = self.active.salt;
         let mut offset = self.active.len;
         let mut left: usize = batch.iter().map(Request::records).sum();
         let records = left as u64;
@@ -442,8 +459,7 @@ impl Writer {
                     len: frame::frame_len(payload.len()) as u32,
                     is_record: true,
                 };
-                self.unsynced.push(span);
-                self.active.index.push(span.offset, true);
+                self.staged.push(span);
                 offset = span.end();
                 self.next_seq = seq.next();
             }
@@ -459,12 +475,31 @@ impl Writer {
     /// Writes `buf` at the end of the active segment, and zeros ahead of it when
     /// it reached space not written before (see [`ZERO_AHEAD_MIN`]).
     fn write_buf(&mut self) -> Result<()> {
-        if let Err(e) = io::write_all_at(&*self.active.seg.file, &self.buf, self.active.len) {
-            return Err(self.poison("write", &self.active.seg.path.clone(), e));
+        let start = self.active.len - self.active.tail.len() as u64;
+        if let Err(e) = io::write_all_at(&*self.active.seg.file, &self.buf, start) {
+            self.staged.clear();
+            return Err(self.write_failed(e));
+        }
+        for span in self.staged.drain(..) {
+            self.unsynced.push(span);
+            self.active.index.push(span);
         }
         let batch = self.buf.len() as u64;
-        self.active.len += batch;
+        self.active.len = start + batch;
         let end = self.active.len;
+        let partial = (end % BLOCK as u64) as usize;
+        self.active.tail.clear();
+        // The buffer starts on the block boundary (after the tail it carried),
+        // so it holds the whole partial block; save under the negative control
+        // that starts a sync group inside a block, where the tail stays empty.
+        if let Some(tail) = self
+            .buf
+            .len()
+            .checked_sub(partial)
+            .and_then(|k| self.buf.get(k..))
+        {
+            self.active.tail.extend_from_slice(tail);
+        }
         if end > self.active.zeroed {
             let ahead =
                 (end + (4 * batch).clamp(ZERO_AHEAD_MIN, ZERO_AHEAD_MAX)).min(self.active.room);
@@ -492,7 +527,32 @@ impl Writer {
         Ok(())
     }
 
+    /// Starts the buffer of a write: the current sync group's bytes in its
+    /// unfilled block first, if any (the write starts at that block's boundary).
+    fn begin_write(&mut self) {
+        self.buf.clear();
+        self.buf.extend_from_slice(&self.active.tail);
+    }
+
+    /// A write failed: the outbox is poisoned. Appends of the current sync
+    /// group answered Ok under `Durability::Buffered` are written but not yet
+    /// fsynced: they are made durable first (their first fsync, not a retry), so
+    /// that a failed write, a full disk for one, never takes back a record that
+    /// was answered Ok. Only if that fsync fails too can they be lost
+    /// (docs/GUARANTEES.md).
+    fn write_failed(&mut self, e: std::io::Error) -> Error {
+        if self.group.is_some()
+            && !self.unsynced.is_empty()
+            && let Err(fsync_error) = self.sync()
+        {
+            return fsync_error;
+        }
+        self.poison("write", &self.active.seg.path.clone(), e)
+    }
+
     /// Makes every written frame durable and publishes it to the state table.
+    /// The next write starts on a fresh block, so that no later write touches a
+    /// block holding the bytes this fsync made durable.
     fn sync(&mut self) -> Result<()> {
         if let Some(e) = self.shared.poison.get() {
             return Err(e.clone());
@@ -504,6 +564,11 @@ impl Writer {
             return Err(self.poison("fsync", &self.active.seg.path.clone(), e));
         }
         Counters::add(&self.shared.counters.fsyncs, 1);
+        self.active.tail.clear();
+        // The negative control goes on in the middle of the block instead.
+        if !crate::injected!(self.shared.options, UnalignedSyncGroups) {
+            self.active.len = align_up(self.active.len);
+        }
         self.active.synced_len = self.active.len;
         self.shared
             .table
@@ -557,6 +622,7 @@ impl Writer {
             first,
             seal_seq,
             self.log_start,
+            self.outbox_id,
             shared.options.segment_bytes,
         );
         let next = match next {
@@ -570,7 +636,11 @@ impl Writer {
         // poisons with the seal cut off again: a reopen in this process must not
         // read from the page cache a seal the disk may not have.
         self.active.len += frame::frame_len(index.len()) as u64;
-        if let Err(f) = self.active.seg.seal(records_end, seal_seq, &index) {
+        if let Err(f) = self
+            .active
+            .seg
+            .seal(records_end, seal_seq, &index, self.active.salt)
+        {
             return Err(self.poison(f.op, &f.path, f.source));
         }
         Counters::add(&self.shared.counters.fsyncs, 1);
@@ -631,7 +701,7 @@ impl Writer {
     /// Writes a `LogStart` frame recording `new_start` as a batch of its own, and
     /// makes it durable.
     fn write_log_start(&mut self, new_start: Seq) -> Result<()> {
-        self.buf.clear();
+        self.begin_write();
         let seq = self.next_seq;
         let group = *self.group.get_or_insert(seq);
         frame::encode(
@@ -644,15 +714,14 @@ impl Writer {
                 timestamp_us: now_us(),
             },
             &new_start.get().to_le_bytes(),
-            frame::salt(self.active.seg.id),
+            self.active.salt,
         );
         let span = FrameSpan {
             offset: offset32(self.active.len),
-            len: self.buf.len() as u32,
+            len: (self.buf.len() - self.active.tail.len()) as u32,
             is_record: false,
         };
-        self.unsynced.push(span);
-        self.active.index.push(span.offset, false);
+        self.staged.push(span);
         self.active.index.log_start(new_start);
         self.next_seq = seq.next();
         self.write_buf()?;
@@ -690,7 +759,8 @@ fn push_active(shared: &Shared, active: &Active) {
         active.seg.id,
         active.seg.path.clone(),
         active.seg.file.clone(),
-        SEGMENT_HEADER_LEN as u32,
+        active.salt,
+        FRAMES_AT as u32,
     ));
 }
 

@@ -34,6 +34,9 @@ pub enum Bug {
     SkipReadCrc,
     /// Delete a sealed segment that still holds a pending record.
     DeleteLiveSegment,
+    /// Start a sync group right where the previous one ended, inside the block
+    /// that holds its fsynced bytes (format version 1's layout).
+    UnalignedSyncGroups,
 }
 
 impl Options {

@@ -37,6 +37,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan};
+use crate::format::segment::{BLOCK, align_up};
 use crate::format::seq::{SegmentId, Seq};
 use crate::io::{Mapped, StorageFile};
 
@@ -54,12 +55,19 @@ pub(crate) struct SegmentSlots {
     pub id: SegmentId,
     pub path: Arc<Path>,
     pub file: Arc<dyn StorageFile>,
+    /// The seed of its frames' checksums.
+    pub salt: u32,
     /// Set once the segment is sealed: the writer will never write it again.
     pub map: Option<Mapped>,
     /// Byte offset of each frame; index = seq - first seq.
     offsets: Vec<u32>,
     /// Byte offset just past the last frame.
     end: u32,
+    /// The frames not followed right away by the next one (the last frame of
+    /// a sync group, whose successor starts the next block): (slot, end of the
+    /// frame), by slot. One per sync group at most; every other frame ends
+    /// where the next begins.
+    gaps: Vec<(u32, u32)>,
     claimed: Vec<u64>,
     done: Vec<u64>,
     claimed_count: u32,
@@ -72,15 +80,18 @@ impl SegmentSlots {
         id: SegmentId,
         path: Arc<Path>,
         file: Arc<dyn StorageFile>,
+        salt: u32,
         frames_at: u32,
     ) -> Self {
         SegmentSlots {
             id,
             path,
             file,
+            salt,
             map: None,
             offsets: Vec::new(),
             end: frames_at,
+            gaps: Vec::new(),
             claimed: Vec::new(),
             done: Vec::new(),
             claimed_count: 0,
@@ -108,7 +119,15 @@ impl SegmentSlots {
     /// Byte range of slot `i`'s frame.
     fn frame_range(&self, i: usize) -> (u32, u32) {
         let start = self.offsets[i];
-        let end = self.offsets.get(i + 1).copied().unwrap_or(self.end);
+        let end = match self.offsets.get(i + 1) {
+            // Only a frame followed by one on a block boundary may have a gap.
+            Some(&next) if (next as usize).is_multiple_of(BLOCK) => self
+                .gaps
+                .binary_search_by_key(&(i as u32), |g| g.0)
+                .map_or(next, |k| self.gaps[k].1),
+            Some(&next) => next,
+            None => self.end,
+        };
         (start, end - start)
     }
 
@@ -133,8 +152,8 @@ impl SegmentSlots {
 
     /// Memory this segment's slots hold: the structure and its three arrays.
     fn heap_bytes(&self) -> u64 {
-        let arrays =
-            self.offsets.capacity() * 4 + (self.claimed.capacity() + self.done.capacity()) * 8;
+        let arrays = self.offsets.capacity() * 4
+            + (self.claimed.capacity() + self.done.capacity() + self.gaps.capacity()) * 8;
         (std::mem::size_of::<SegmentSlots>() + arrays) as u64
     }
 
@@ -252,6 +271,7 @@ impl Table {
         last.map = Some(map);
         // A sealed segment never grows again: give back what doubling reserved.
         last.offsets.shrink_to_fit();
+        last.gaps.shrink_to_fit();
         last.claimed.shrink_to_fit();
         last.done.shrink_to_fit();
     }
@@ -282,8 +302,18 @@ impl Table {
             is_record,
         } in frames
         {
-            assert_eq!(offset, seg.end, "frames pushed with a gap");
             let i = seg.offsets.len();
+            if offset != seg.end {
+                // A new sync group, on the next block boundary.
+                assert_eq!(
+                    u64::from(offset),
+                    align_up(u64::from(seg.end)),
+                    "frames pushed with a gap that is not to a block boundary"
+                );
+                if let Some(prev) = i.checked_sub(1) {
+                    seg.gaps.push((prev as u32, seg.end));
+                }
+            }
             seg.offsets.push(offset);
             seg.end = offset + len;
             if i.is_multiple_of(64) {
@@ -363,7 +393,7 @@ impl Table {
                     let seq = Seq::from(seg.first() + i as u64);
                     run.get_or_insert_with(|| ClaimRun {
                         path: seg.path.clone(),
-                        salt: crate::format::frame::salt(seg.id),
+                        salt: seg.salt,
                         source: seg.source(),
                         frames: Vec::new(),
                     })
@@ -652,7 +682,7 @@ mod tests {
         let path: Arc<Path> = dir.path().join("f").into();
         let file = StdStorage.create(&path).expect("create");
         let mut t = Table::new();
-        t.push_segment(SegmentSlots::new(SegmentId(1), path, file, 64));
+        t.push_segment(SegmentSlots::new(SegmentId(1), path, file, 0, 64));
         let frame = FRAME_HEADER_LEN as u32 + 10;
         let frames: Vec<FrameSpan> = (0..n)
             .map(|i| FrameSpan {
@@ -748,7 +778,7 @@ mod tests {
         t.seal_last(SegmentId(1), Arc::new(Vec::new()));
         let path: Arc<Path> = d.path().join("g").into();
         let file = StdStorage.create(&path).expect("create");
-        t.push_segment(SegmentSlots::new(SegmentId(4), path, file, 64));
+        t.push_segment(SegmentSlots::new(SegmentId(4), path, file, 0, 64));
         assert_eq!(t.reclaimable(), Some((1, Seq::from(4))));
         t.remove_front(1);
         // Seqs of deleted segments were acknowledged: acking them again is fine.
@@ -765,7 +795,7 @@ mod tests {
         t.seal_last(SegmentId(1), Arc::new(Vec::new()));
         let path: Arc<Path> = d.path().join("g").into();
         let file = StdStorage.create(&path).expect("create");
-        t.push_segment(SegmentSlots::new(SegmentId(10), path, file, 64));
+        t.push_segment(SegmentSlots::new(SegmentId(10), path, file, 0, 64));
         let frame = FRAME_HEADER_LEN as u32 + 10;
         t.push_frames(
             SegmentId(10),

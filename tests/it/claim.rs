@@ -160,8 +160,10 @@ fn one_corrupt_record_fails_one_claim_and_does_not_wedge_the_queue() {
     // Damage the payload of the first record of the first (sealed, mapped)
     // segment behind the outbox's back: at rest, after recovery checked it.
     let first = crate::segment_files(&dir)[0].clone();
-    let frame_at = 64;
-    crate::flip_byte(&first, (frame_at + 40 + 10) as u64);
+    // Its frame starts the block after the header's; its payload, the frame's
+    // 48-byte header on.
+    let frame_at = 4096;
+    crate::flip_byte(&first, (frame_at + 48 + 10) as u64);
 
     match outbox.claim(10) {
         Err(Error::Corrupt {

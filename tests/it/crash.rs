@@ -167,6 +167,7 @@ fn negative_controls_every_known_bug_is_caught() {
         (Bug::AckBeforeFsync, crash(Bug::AckBeforeFsync)),
         (Bug::NoDirSyncAfterCreate, crash(Bug::NoDirSyncAfterCreate)),
         (Bug::DeleteLiveSegment, crash(Bug::DeleteLiveSegment)),
+        (Bug::UnalignedSyncGroups, crash(Bug::UnalignedSyncGroups)),
         (
             Bug::TruncateMidLogCorruption,
             caught(|seed| {

@@ -69,9 +69,54 @@ fn check_version(version: &str, check: OpenCheck) {
 }
 
 #[test]
-fn format_version_1_directories_still_open_with_every_record() {
-    check_version("v1", OpenCheck::SealIndex);
-    check_version("v1", OpenCheck::EveryFrame);
+fn format_version_2_directories_open_with_every_record() {
+    check_version("v2", OpenCheck::SealIndex);
+    check_version("v2", OpenCheck::EveryFrame);
+}
+
+/// Format version 1 is refused, by number and with the way forward, and
+/// nothing in the directory changes: the records are still there for a release
+/// that reads version 1 to drain.
+#[test]
+fn format_version_1_directories_are_refused_and_left_as_they_are() {
+    let copy = copy_of("v1");
+    let before: Vec<Vec<u8>> = segments_of(copy.path());
+    match Outbox::open(copy.path(), Options::default()) {
+        Err(e @ segwal::Error::UnsupportedFormat { .. }) => {
+            let segwal::Error::UnsupportedFormat {
+                found, supported, ..
+            } = &e
+            else {
+                unreachable!()
+            };
+            assert_eq!((*found, *supported), (1, 2));
+            let message = e.to_string();
+            assert!(
+                message.contains("version 1") && message.contains("drain"),
+                "{message}"
+            );
+        }
+        Err(e) => panic!("expected UnsupportedFormat, got {e}"),
+        Ok(_) => panic!("a version 1 directory opened"),
+    }
+    assert_eq!(
+        segments_of(copy.path()),
+        before,
+        "a refused open changed a file"
+    );
+}
+
+fn segments_of(dir: &Path) -> Vec<Vec<u8>> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|p| std::fs::read(p).expect("read"))
+        .collect()
 }
 
 #[test]
@@ -79,13 +124,17 @@ fn the_golden_files_are_as_they_were_made() {
     // Guards against a test or a tool rewriting them: the CRC-32 of each file
     // as the tool left it.
     let files = [
-        ("00000000000000000029.seg", 0xce1d_32dd),
-        ("00000000000000000044.seg", 0x5c9a_55e9),
-        ("00000000000000000069.seg", 0x6e86_c5c6),
-        ("records.txt", 0x1d64_04d7),
+        ("v1", "00000000000000000029.seg", 0xce1d_32dd),
+        ("v1", "00000000000000000044.seg", 0x5c9a_55e9),
+        ("v1", "00000000000000000069.seg", 0x6e86_c5c6),
+        ("v1", "records.txt", 0x1d64_04d7),
+        ("v2", "00000000000000000032.seg", 0x9600_c0e7),
+        ("v2", "00000000000000000056.seg", 0xdf15_2990),
+        ("v2", "00000000000000000060.seg", 0xeaf9_7463),
+        ("v2", "records.txt", 0x8426_4915),
     ];
-    for (name, crc) in files {
-        let bytes = std::fs::read(golden("v1").join(name)).expect("golden file");
-        assert_eq!(crc32fast::hash(&bytes), crc, "v1/{name} changed");
+    for (version, name, crc) in files {
+        let bytes = std::fs::read(golden(version).join(name)).expect("golden file");
+        assert_eq!(crc32fast::hash(&bytes), crc, "{version}/{name} changed");
     }
 }

@@ -27,7 +27,9 @@ pub fn tmp() -> (tempfile::TempDir, PathBuf) {
 
 /// Options with small segments, so tests rotate often.
 pub fn small_segments() -> Options {
-    Options::default().segment_bytes(4096)
+    // Sixteen blocks: a header block and, appended one at a time, fifteen
+    // records (each write batch starts a block of its own).
+    Options::default().segment_bytes(16 * 4096)
 }
 
 /// Claims everything pending, in one list.

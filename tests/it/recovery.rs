@@ -11,13 +11,27 @@ use segwal::{Corruption, Error, OpenCheck, Options, Outbox, RecoveryMode, Seq};
 
 use crate::{drain, drain_ack, flip_byte, segment_files, small_segments, tmp};
 
-const SEGMENT_HEADER: u64 = 64;
-const FRAME_HEADER: u64 = 40;
+/// The block (docs/FORMAT.md, "Blocks"): the header has the first to itself,
+/// and every write batch appended alone starts one of its own.
+const BLOCK: u64 = 4096;
+const FRAME_HEADER: u64 = 48;
+/// The frame of a 100-byte record.
+const RECORD: u64 = FRAME_HEADER + 100;
+
+/// Offset of the `i`-th record (from 0) of records appended one at a time.
+fn single_at(i: u64) -> u64 {
+    BLOCK + i * BLOCK
+}
+
+/// Where the data of `n` records appended one at a time ends.
+fn singles_end(n: u64) -> u64 {
+    single_at(n - 1) + RECORD
+}
 
 /// Length of the seal frame of a segment of `frames` frames, `internal` of them
 /// internal: a frame header and its index (docs/FORMAT.md, "The seal index").
 fn seal_len(frames: u64, internal: u64) -> u64 {
-    FRAME_HEADER + 28 + 4 * (frames + internal)
+    FRAME_HEADER + 28 + 8 * frames + 4 * internal
 }
 
 /// Appends `n` records of `len` bytes, one write batch each; returns their seqs.
@@ -57,7 +71,7 @@ fn one_segment(n: usize) -> (tempfile::TempDir, PathBuf, Vec<Seq>) {
 fn a_partial_last_frame_is_truncated_and_everything_before_it_kept() {
     let (_t, dir, seqs) = one_segment(10);
     let seg = last_segment(&dir);
-    let full = len(&seg);
+    let full = singles_end(10);
     for cut in [1, FRAME_HEADER / 2, FRAME_HEADER + 50] {
         let f = OpenOptions::new().write(true).open(&seg).expect("open");
         f.set_len(full - cut).expect("cut");
@@ -69,7 +83,7 @@ fn a_partial_last_frame_is_truncated_and_everything_before_it_kept() {
             .clone()
             .expect("torn tail reported");
         assert_eq!(torn.path, seg);
-        assert_eq!(torn.offset, full - 140);
+        assert_eq!(torn.offset, single_at(9));
         assert_eq!(recovered_seqs(&outbox), seqs[..9].to_vec());
         outbox.close().expect("close");
         // Put the file back for the next shape: the truncated record is gone
@@ -86,13 +100,14 @@ fn a_zero_tail_is_preallocated_space_not_a_torn_write() {
     let (_t, dir, seqs) = one_segment(10);
     let seg = last_segment(&dir);
     let full = len(&seg);
-    // A closed outbox leaves the file at its data's length.
-    assert_eq!(full, SEGMENT_HEADER + 10 * 140);
+    // A closed outbox leaves the file at its data's length, to a block.
+    assert_eq!(full, single_at(10));
     extend(&seg, &vec![0u8; 1 << 20]);
     let outbox = Outbox::open(&dir, Options::default()).expect("open");
     assert!(outbox.recovery_report().torn_tail.is_none());
     assert_eq!(recovered_seqs(&outbox), seqs);
-    // The segment is sealed right after its last frame, the zeros dropped.
+    // The segment is sealed on the block after its last frame, the zeros
+    // dropped.
     assert_eq!(len(&seg), full + seal_len(10, 0));
     let more = fill(&outbox, 3, 10);
     assert!(more[0] > seqs[9]);
@@ -110,12 +125,13 @@ fn the_active_segment_is_preallocated_and_a_close_gives_the_space_back() {
     fill(&outbox, 3, 100);
     let seg = last_segment(&dir);
     assert_eq!(len(&seg), 1 << 20, "the active segment is preallocated");
-    assert_eq!(outbox.stats().disk_bytes, SEGMENT_HEADER + 3 * 140);
+    assert_eq!(outbox.stats().disk_bytes, singles_end(3));
     outbox.close().expect("close");
-    assert_eq!(len(&seg), SEGMENT_HEADER + 3 * 140);
-    // A reopen seals it, right after its last frame, and preallocates the next.
+    assert_eq!(len(&seg), single_at(3));
+    // A reopen seals it, on the block after its last frame, and preallocates
+    // the next.
     let outbox = Outbox::open(&dir, options).expect("reopen");
-    assert_eq!(len(&seg), SEGMENT_HEADER + 3 * 140 + seal_len(3, 0));
+    assert_eq!(len(&seg), single_at(3) + seal_len(3, 0));
     assert_eq!(len(&last_segment(&dir)), 1 << 20);
     outbox.close().expect("close");
 }
@@ -130,11 +146,10 @@ fn an_open_write_batch_before_a_zero_tail_is_torn() {
         .expect("batch");
     outbox.close().expect("close");
     let seg = last_segment(&dir);
-    let full = len(&seg);
     // The batch's last frame, the one marked as its end, never reached the disk;
     // the space after the others reads as zeros.
     let file = OpenOptions::new().write(true).open(&seg).expect("open");
-    file.set_len(full - 140).expect("cut");
+    file.set_len(single_at(2) + 2 * RECORD).expect("cut");
     drop(file);
     extend(&seg, &vec![0u8; 4096]);
     let outbox = Outbox::open(&dir, Options::default()).expect("open");
@@ -143,7 +158,7 @@ fn an_open_write_batch_before_a_zero_tail_is_torn() {
         .torn_tail
         .clone()
         .expect("the open batch is a torn tail");
-    assert_eq!(torn.offset, SEGMENT_HEADER + 2 * 140);
+    assert_eq!(torn.offset, single_at(2));
     assert!(matches!(torn.cause, Corruption::IncompleteBatch));
     assert_eq!(recovered_seqs(&outbox), singles);
     outbox.close().expect("close");
@@ -196,7 +211,7 @@ fn damage_inside_the_last_batch_truncates_the_whole_batch() {
         .expect("batch");
     outbox.close().expect("close");
     let seg = last_segment(&dir);
-    let batch_at = SEGMENT_HEADER + 5 * 140;
+    let batch_at = single_at(5);
     flip_byte(&seg, batch_at + FRAME_HEADER + 3);
     let outbox = Outbox::open(&dir, Options::default()).expect("open");
     let torn = outbox.recovery_report().torn_tail.clone().expect("torn");
@@ -214,7 +229,7 @@ fn a_damaged_frame_followed_by_a_later_batch_is_corruption_not_a_torn_tail() {
     let (_t, dir, _seqs) = one_segment(10);
     let seg = last_segment(&dir);
     let full = len(&seg);
-    let at = SEGMENT_HEADER + 4 * 140;
+    let at = single_at(4);
     flip_byte(&seg, at + FRAME_HEADER + 20);
     match Outbox::open(&dir, Options::default()) {
         Err(Error::Corrupt {
@@ -242,20 +257,21 @@ fn a_damaged_frame_followed_by_a_later_batch_is_corruption_not_a_torn_tail() {
 fn a_valid_frame_beyond_unwritten_space_still_proves_damage_is_not_torn() {
     let (_t, dir, seqs) = one_segment(10);
     let seg = last_segment(&dir);
-    let last_at = SEGMENT_HEADER + 9 * 140;
+    let last_at = single_at(9);
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .open(&seg)
         .expect("open");
-    let mut last = vec![0u8; 140];
+    let mut last = vec![0u8; RECORD as usize];
     file.read_exact_at(&mut last, last_at)
         .expect("read the last frame");
     // Frames 1..=9, the ninth damaged (alone, a torn tail), then 4 MiB of space
     // never written, then the tenth frame, of a later write batch.
     file.set_len(last_at).expect("cut");
     drop(file);
-    flip_byte(&seg, last_at - 140 + FRAME_HEADER + 20);
+    let ninth_at = single_at(8);
+    flip_byte(&seg, ninth_at + FRAME_HEADER + 20);
     let far = 4 << 20;
     let file = OpenOptions::new().write(true).open(&seg).expect("open");
     file.set_len(8 << 20).expect("grow");
@@ -266,7 +282,7 @@ fn a_valid_frame_beyond_unwritten_space_still_proves_damage_is_not_torn() {
             path, offset, kind, ..
         }) => {
             assert_eq!(path, seg);
-            assert_eq!(offset, last_at - 140);
+            assert_eq!(offset, ninth_at);
             assert_eq!(
                 kind,
                 Corruption::DamageBeforeValidFrame {
@@ -279,7 +295,8 @@ fn a_valid_frame_beyond_unwritten_space_still_proves_damage_is_not_torn() {
     }
     assert_eq!(len(&seg), 8 << 20, "a refused open changed the file");
     // Without the far frame the same damage is a torn tail.
-    file.write_all_at(&[0; 140], far).expect("zero far");
+    file.write_all_at(&[0; RECORD as usize], far)
+        .expect("zero far");
     file.sync_all().expect("sync");
     let outbox = Outbox::open(&dir, Options::default()).expect("open");
     let torn = outbox
@@ -287,7 +304,7 @@ fn a_valid_frame_beyond_unwritten_space_still_proves_damage_is_not_torn() {
         .torn_tail
         .clone()
         .expect("torn tail");
-    assert_eq!(torn.offset, last_at - 140);
+    assert_eq!(torn.offset, ninth_at);
     assert_eq!(recovered_seqs(&outbox), seqs[..8]);
     outbox.close().expect("close");
 }
@@ -296,15 +313,15 @@ fn a_valid_frame_beyond_unwritten_space_still_proves_damage_is_not_torn() {
 fn a_flipped_length_bit_is_not_mistaken_for_a_torn_tail() {
     let (_t, dir, _seqs) = one_segment(10);
     let seg = last_segment(&dir);
-    // The length field of frame 3 (bytes 8..12 of the frame): make it swallow the
-    // frames after it, as if the file ended inside it.
-    let at = SEGMENT_HEADER + 2 * 140;
+    // The length field of frame 3 (bytes 12..16 of the frame): make it swallow
+    // the frames after it, as if the file ended inside it.
+    let at = single_at(2);
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .open(&seg)
         .expect("open");
-    file.write_all_at(&50_000u32.to_le_bytes(), at + 8)
+    file.write_all_at(&50_000u32.to_le_bytes(), at + 12)
         .expect("write");
     drop(file);
     match Outbox::open(&dir, Options::default()) {
@@ -313,7 +330,7 @@ fn a_flipped_length_bit_is_not_mistaken_for_a_torn_tail() {
         }
         other => panic!("expected Corrupt, got {other:?}"),
     }
-    assert_eq!(len(&seg), SEGMENT_HEADER + 10 * 140);
+    assert_eq!(len(&seg), single_at(10));
 }
 
 #[test]
@@ -324,7 +341,7 @@ fn a_flipped_byte_in_a_sealed_segment_is_corruption_naming_file_and_offset() {
     outbox.close().expect("close");
     let files = segment_files(&dir);
     let sealed = &files[1];
-    let at = SEGMENT_HEADER + 140 * 2;
+    let at = single_at(2);
     flip_byte(sealed, at + FRAME_HEADER + 50);
     let every_frame = || small_segments().open_check(OpenCheck::EveryFrame);
     match Outbox::open(&dir, every_frame()) {
@@ -367,7 +384,7 @@ fn through_the_seal_index_a_damaged_record_is_refused_when_claimed() {
         .parse()
         .expect("numeric");
     let damaged = Seq::from(first_of_second + 2);
-    let at = SEGMENT_HEADER + 140 * 2;
+    let at = single_at(2);
     flip_byte(sealed, at + FRAME_HEADER + 50);
     // The open reads the seal's index, not the record.
     let outbox = Outbox::open(&dir, small_segments()).expect("open through the index");
@@ -483,7 +500,7 @@ fn lossy_recovery_drops_from_the_first_damage_and_says_exactly_what() {
     let seqs = fill(&outbox, 60, 100);
     outbox.close().expect("close");
     let files = segment_files(&dir);
-    let at = SEGMENT_HEADER + 140 * 3;
+    let at = single_at(3);
     flip_byte(&files[1], at + FRAME_HEADER + 1);
     let every_frame = || small_segments().open_check(OpenCheck::EveryFrame);
     assert!(Outbox::open(&dir, every_frame()).is_err(), "strict refuses");
@@ -498,12 +515,15 @@ fn lossy_recovery_drops_from_the_first_damage_and_says_exactly_what() {
         .expect("numeric");
     let first = Seq::from(first_of_second + 3);
     assert_eq!(dropped.first, first);
-    assert_eq!(dropped.last, Some(*seqs.last().expect("seqs")));
+    // At least every number appended after the damage (more may be counted:
+    // recovery burns as many as frames could fit in the bytes it drops).
+    let last = dropped.last.expect("frames followed the damage");
+    assert!(last >= *seqs.last().expect("seqs"), "{last}");
     assert_eq!(dropped.deleted_segments, files[2..].to_vec());
     let kept: Vec<Seq> = seqs.iter().copied().filter(|&s| s < first).collect();
     assert_eq!(recovered_seqs(&outbox), kept);
     let next = outbox.append(b"after").expect("append");
-    assert!(next > *seqs.last().expect("seqs"), "dropped numbers reused");
+    assert!(next > last, "dropped numbers reused");
     outbox.close().expect("close");
 
     // The repaired log opens strictly again.
@@ -610,25 +630,34 @@ fn a_file_named_like_a_segment_with_a_bad_name_is_refused() {
 }
 
 /// A seal frame as a producer could forge it inside a record's payload: kind 3,
-/// `seq`, and an index of one frame at offset 64 naming `nonce`, checksummed with
-/// the salt of segment `first_seq` (docs/FORMAT.md, "Frames", "The seal index").
-fn forged_seal(first_seq: u64, seq: u64, nonce: u64) -> Vec<u8> {
+/// `seq`, and an index of one frame at 4096 of `frame_len` bytes naming
+/// `nonce`, checksummed as segment `first_seq` under `nonce` would be
+/// (docs/FORMAT.md, "Frames", "The seal index").
+fn forged_seal(first_seq: u64, seq: u64, nonce: u64, frame_len: u32) -> Vec<u8> {
     let mut payload = Vec::new();
     payload.extend_from_slice(&1u32.to_le_bytes()); // frames
     payload.extend_from_slice(&0u32.to_le_bytes()); // internal frames
     payload.extend_from_slice(&0u64.to_le_bytes()); // log start
     payload.extend_from_slice(&nonce.to_le_bytes());
-    payload.extend_from_slice(&64u32.to_le_bytes()); // the one frame's offset
-    let frame_len = FRAME_HEADER as usize + payload.len() + 4;
-    payload.extend_from_slice(&(frame_len as u32).to_le_bytes()); // trailer
-    let mut frame = vec![0xC5, b'W', b'F', b'R', 0, 0, 0, 0];
+    payload.extend_from_slice(&4096u32.to_le_bytes()); // the one frame's offset
+    payload.extend_from_slice(&frame_len.to_le_bytes()); // and length
+    let seal_len = FRAME_HEADER as usize + payload.len() + 4;
+    payload.extend_from_slice(&(seal_len as u32).to_le_bytes()); // trailer
+    let mut frame = vec![0xC5, b'W', b'F', b'R', 0, 0, 0, 0, 0, 0, 0, 0];
     frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     frame.extend_from_slice(&[3, 1, 0, 0]); // seal, batch end, no ext
+    frame.extend_from_slice(&0u32.to_le_bytes()); // reserved
     frame.extend_from_slice(&seq.to_le_bytes());
     frame.extend_from_slice(&seq.to_le_bytes()); // group
     frame.extend_from_slice(&0u64.to_le_bytes()); // timestamp
+    let mut salt = crc32fast::Hasher::new();
+    salt.update(&nonce.to_le_bytes());
+    salt.update(&first_seq.to_le_bytes());
+    let salt = salt.finalize();
+    let mut header_crc = crc32fast::Hasher::new_with_initial(salt);
+    header_crc.update(&frame[12..48]);
+    frame[8..12].copy_from_slice(&header_crc.finalize().to_le_bytes());
     frame.extend_from_slice(&payload);
-    let salt = (first_seq ^ (first_seq >> 32)) as u32;
     let mut crc = crc32fast::Hasher::new_with_initial(salt);
     crc.update(&frame[8..]);
     frame[4..8].copy_from_slice(&crc.finalize().to_le_bytes());
@@ -638,12 +667,12 @@ fn forged_seal(first_seq: u64, seq: u64, nonce: u64) -> Vec<u8> {
 /// Writes an empty segment `first` after `prev` next to `like`, with `like`'s
 /// header otherwise (docs/FORMAT.md, "Segment header").
 fn empty_segment_after(like: &Path, first: u64, prev: u64) -> PathBuf {
-    let mut header = std::fs::read(like).expect("read")[..64].to_vec();
+    let mut header = std::fs::read(like).expect("read")[..BLOCK as usize].to_vec();
     header[16..24].copy_from_slice(&first.to_le_bytes());
     header[24..32].copy_from_slice(&prev.to_le_bytes());
     header[48..56].copy_from_slice(&0x5eed_u64.to_le_bytes());
-    let crc = crc32fast::hash(&header[..60]);
-    header[60..64].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(&header[..124]);
+    header[124..128].copy_from_slice(&crc.to_le_bytes());
     let path = like.with_file_name(format!("{first:020}.seg"));
     std::fs::write(&path, &header).expect("write");
     path
@@ -652,7 +681,8 @@ fn empty_segment_after(like: &Path, first: u64, prev: u64) -> PathBuf {
 #[test]
 fn a_seal_forged_inside_a_payload_is_never_trusted() {
     // A producer appends, as its last record before a close, bytes that form a
-    // seal of this segment. Closed, the file ends with them.
+    // seal of this segment, sized so that the record ends on a block boundary.
+    // Closed, the file ends with them.
     for nonce_known in [false, true] {
         let (_t, dir) = tmp();
         let outbox = Outbox::open(&dir, Options::default()).expect("open");
@@ -668,11 +698,18 @@ fn a_seal_forged_inside_a_payload_is_never_trusted() {
         } else {
             0x1234
         };
-        let payload = forged_seal(first, forged_seq + 1, nonce);
+        let record_at = single_at(5);
+        let mut seal = forged_seal(first, forged_seq + 1, nonce, 0);
+        let seal_at = record_at + BLOCK - seal.len() as u64;
+        seal = forged_seal(first, forged_seq + 1, nonce, (seal_at - BLOCK) as u32);
+        let mut payload = vec![0x5a; (BLOCK - FRAME_HEADER) as usize - seal.len()];
+        payload.extend_from_slice(&seal);
         seqs.push(outbox.append(&payload).expect("append"));
         assert_eq!(seqs[5].get(), forged_seq);
         outbox.close().expect("close");
-        assert!(std::fs::read(&seg).expect("read").ends_with(&payload));
+        let bytes = std::fs::read(&seg).expect("read");
+        assert!(bytes.ends_with(&seal), "the file ends with the forged seal");
+        assert_eq!(bytes.len() as u64, record_at + BLOCK);
         if !nonce_known {
             // As after a crash between recovery's cut and its seal: the file is
             // no longer the newest, and the next one names the forged seal.

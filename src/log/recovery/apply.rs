@@ -13,8 +13,9 @@ use super::report::RecoveryReport;
 use super::scan::{Opened, SegmentScan};
 use super::{Recovered, RecoveredSegment};
 use crate::error::{Error, Result};
+use crate::format::frame;
 use crate::format::seal::IndexBuilder;
-use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::segment::FRAMES_AT;
 use crate::io::Storage;
 use crate::io::segment_file::{FreshSegment, PendingSeal, SegmentFile};
 
@@ -40,8 +41,20 @@ pub(crate) fn apply(
             reuse(storage, dir, &scans[scan], &opened[scan], preallocate)?
         }
         ActivePlan::Create { first, prev } => {
-            SegmentFile::create(storage, dir, first, prev, plan.log_start, preallocate)
-                .map_err(|f| f.into_error())?
+            // A new outbox draws its identity with its first segment.
+            let outbox_id = plan.outbox_id.unwrap_or_else(|| {
+                u128::from(storage.random_u64()) << 64 | u128::from(storage.random_u64())
+            });
+            SegmentFile::create(
+                storage,
+                dir,
+                first,
+                prev,
+                plan.log_start,
+                outbox_id,
+                preallocate,
+            )
+            .map_err(|f| f.into_error())?
         }
     };
     let dropped = plan.leftovers.iter().chain(&plan.remove);
@@ -103,6 +116,7 @@ fn keep_segments(
             }
             let index = IndexBuilder::of(&frames, kept_log_start);
             seal = Some(PendingSeal {
+                salt: frame::salt(segment.id, nonce),
                 segment: segment.clone(),
                 at: target.at,
                 seq: target.seq,
@@ -110,6 +124,7 @@ fn keep_segments(
             });
         }
         segments.push(RecoveredSegment {
+            salt: frame::salt(segment.id, nonce),
             segment,
             map,
             frames,
@@ -138,8 +153,9 @@ fn reuse(
     // preallocated zeros.
     Ok(FreshSegment {
         segment: opened.segment.clone(),
-        len: SEGMENT_HEADER_LEN as u64,
+        len: FRAMES_AT as u64,
         nonce: scan.header.map_or(0, |h| h.nonce),
+        outbox_id: scan.header.map_or(0, |h| h.outbox_id),
     })
 }
 

@@ -39,6 +39,8 @@ use crate::options::{OpenCheck, Options, RecoveryMode};
 /// lacks its seal, by the writer before anything else).
 pub(crate) struct RecoveredSegment {
     pub segment: SegmentFile,
+    /// The seed of its frames' checksums.
+    pub salt: u32,
     /// The file up to its last frame (at least).
     pub map: Mapped,
     pub frames: Vec<FrameSpan>,

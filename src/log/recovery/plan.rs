@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use super::report::{Dropped, TornTail};
 use super::scan::{Damage, SealAt, SegmentScan};
 use crate::error::{Corruption, Error, Result};
-use crate::format::segment::SEGMENT_HEADER_LEN;
+use crate::format::segment::{FORMAT_VERSION, FRAMES_AT, align_up};
 use crate::format::seq::Seq;
 use crate::options::RecoveryMode;
 
@@ -35,6 +35,9 @@ pub(crate) struct Plan {
     pub dropped: Option<Dropped>,
     /// Records the kept segments hold.
     pub records: u64,
+    /// The outbox's identity, as its segments name it (`None` for a directory
+    /// without a segment header: a new outbox).
+    pub outbox_id: Option<u128>,
 }
 
 /// A segment recovery keeps.
@@ -115,7 +118,7 @@ impl<'a> View<'a> {
     fn end(&self) -> u64 {
         self.scan.frames[..self.kept]
             .last()
-            .map_or(SEGMENT_HEADER_LEN as u64, |f| f.end())
+            .map_or(FRAMES_AT as u64, |f| f.end())
     }
 
     /// A whole header and nothing after it.
@@ -167,6 +170,7 @@ struct Deciding<'a> {
 /// Decides what recovery does with the segments `scans` (in log order: sorted
 /// by name) under `mode`, or why the outbox must not open.
 pub(crate) fn plan(scans: &[SegmentScan], mode: RecoveryMode) -> Result<Plan> {
+    let outbox_id = check_versions_and_owner(scans)?;
     let log_start = recorded_log_start(scans);
     let leftovers = scans
         .iter()
@@ -212,7 +216,48 @@ pub(crate) fn plan(scans: &[SegmentScan], mode: RecoveryMode) -> Result<Plan> {
         }
         drop_from(&mut d, k, damage, max_seen);
     }
-    Ok(finish(d, scans, leftovers, log_start, max_seen))
+    let mut plan = finish(d, scans, leftovers, log_start, max_seen);
+    plan.outbox_id = outbox_id;
+    Ok(plan)
+}
+
+/// Refuses a directory holding a segment of another format version (whole
+/// headers only: a checksum that holds says the version is what was written),
+/// or of another outbox; returns the outbox's identity.
+fn check_versions_and_owner(scans: &[SegmentScan]) -> Result<Option<u128>> {
+    for s in scans {
+        if let Some(Damage {
+            cause: Corruption::UnsupportedVersion { found },
+            ..
+        }) = &s.damage
+        {
+            return Err(Error::UnsupportedFormat {
+                path: s.path.clone(),
+                found: *found,
+                supported: FORMAT_VERSION,
+            });
+        }
+    }
+    let id = scans
+        .iter()
+        .rev()
+        .find_map(|s| s.header.map(|h| h.outbox_id));
+    if let Some(expected) = id
+        && let Some(foreign) = scans
+            .iter()
+            .find(|s| s.header.is_some_and(|h| h.outbox_id != expected))
+    {
+        return Err(Error::Corrupt {
+            path: foreign.path.clone(),
+            offset: 0,
+            seq: None,
+            kind: Corruption::ForeignOutbox {
+                expected,
+                found: foreign.header.map_or(0, |h| h.outbox_id),
+            },
+        });
+    }
+    Ok(id)
 }
 
 /// The log start: the highest recorded anywhere, in a header or a `LogStart`
@@ -235,7 +280,7 @@ fn max_seen(scans: &[SegmentScan], live: &[View<'_>]) -> Seq {
         .flat_map(|s| {
             [
                 s.seq_at(s.kept),
-                s.damage.as_ref().and_then(|d| d.max_seen),
+                s.damage.as_ref().and_then(|d| d.max_seen.max(d.could_hold)),
                 s.scan.header.map(|h| h.prev_seq),
             ]
         })
@@ -295,7 +340,7 @@ fn settle_newest(d: &mut Deciding<'_>) {
         let holds_nothing = kept == 0
             && damage.max_seen.is_none()
             && after_unsealed.is_some_and(|prev_last| prev_seq > prev_last);
-        if cut < SEGMENT_HEADER_LEN as u64 || holds_nothing {
+        if cut < FRAMES_AT as u64 || holds_nothing {
             // No valid frame follows the damaged header: the file holds nothing.
             // (Recovery itself may have created a newer, empty segment before a
             // crash stopped it from removing this one.) Likewise a whole header
@@ -437,7 +482,8 @@ fn finish(
         .last()
         .filter(|s| s.seal.is_none())
         .map(|s| SealPlan {
-            at: s.end(),
+            // A seal starts a block: the frames before it are durable.
+            at: align_up(s.end()),
             seq: active_prev,
         });
     let log_start = match (d.live.first(), &d.reuse, &active) {
@@ -475,6 +521,7 @@ fn finish(
         torn: d.torn,
         dropped: d.dropped,
         records,
+        outbox_id: None,
     }
 }
 

@@ -9,10 +9,10 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Corruption, Error, Result};
-use crate::format::frame::{self, FrameKind, FrameSpan};
+use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind, FrameSpan};
 use crate::format::seal;
-use crate::format::segment::{SEGMENT_HEADER_LEN, SegmentHeader};
-use crate::format::seq::{SegmentId, Seq};
+use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader};
+use crate::format::seq::{SEQ_MAX, SegmentId, Seq};
 use crate::io::segment_file::SegmentFile;
 use crate::io::{Mapped, Storage};
 use crate::options::OpenCheck;
@@ -62,6 +62,9 @@ pub(crate) struct Damage {
     pub evidence: Option<Evidence>,
     /// Highest sequence number in any valid frame after the damage.
     pub max_seen: Option<Seq>,
+    /// The highest number the bytes after the damage could hold, whether or
+    /// not their frames can be found: none up to it is assigned again.
+    pub could_hold: Option<Seq>,
 }
 
 impl Damage {
@@ -82,6 +85,7 @@ impl Damage {
             tearable,
             evidence: None,
             max_seen: None,
+            could_hold: None,
         }
     }
 
@@ -192,33 +196,42 @@ pub(crate) fn scan(
     if check == OpenCheck::SealIndex && scan_by_index(buf, id, &mut scan) {
         return scan;
     }
-    if let Some(mut d) = scan_frames(buf, id, regions, &mut scan) {
-        look_past(buf, id, &mut d);
-        scan.damage = Some(d);
-    }
+    scan.damage = match scan_header(buf, id, &mut scan) {
+        Some(d) => Some(d),
+        None => scan_frames(buf, id, regions, &mut scan).map(|mut d| {
+            let salt = scan.header.map_or(0, |h| frame::salt(id, h.nonce));
+            look_past(buf, salt, regions, &mut d);
+            d
+        }),
+    };
     scan
 }
 
-/// Looks past the damage `d` for valid frames: one of a later sync group proves
-/// the damaged one was fsynced, so it cannot be torn; and every number a valid
-/// frame carries counts as seen. Every byte is read here, holes or not: this
-/// runs only after damage, and a hole wrongly reported must not hide the frame
-/// that proves it.
-fn look_past(buf: &[u8], id: SegmentId, d: &mut Damage) {
-    let salt = frame::salt(id);
+/// Looks past the damage `d` for a frame of a later sync group, which would
+/// prove the damaged bytes were fsynced, so not torn. A later sync group always
+/// starts on a fresh block, so only block boundaries are candidates, and a
+/// candidate costs its header unless that header's own keyed checksum holds: the
+/// search is linear in the bytes past the damage, whatever a payload holds.
+/// Every byte is read here, holes or not: this runs only after damage, and a
+/// hole wrongly reported must not hide the frame that proves it.
+///
+/// Numbers past the damage count as seen, so that none is assigned again: every
+/// number a valid frame found here carries, and as many numbers after the
+/// expected one as frames could fit in the bytes up to the last one that is not
+/// zero (a frame is at least a header long), since frames of the damaged write
+/// batch that did land cannot all be found once its start is gone.
+fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
     let mut at = (d.offset as usize).saturating_add(1);
-    while let Some((found_at, f)) = frame::find_valid_frame(buf, at, buf.len(), salt) {
+    while let Some((found_at, f)) = frame::find_frame_on_block(buf, at, salt) {
         let h = f.header;
         at = found_at + f.len.max(1);
-        // A header is fsynced before any frame is written, so a valid frame after
-        // a damaged header proves the header was once whole. After a damaged
-        // frame, only a frame numbered after it counts: one numbered before it
+        // Only a frame numbered after the damage counts: one numbered before it
         // cannot have been written there, and is treated as garbage.
-        if d.offset != 0 && h.seq <= d.expected {
+        if h.seq <= d.expected {
             continue;
         }
         d.max_seen = d.max_seen.max(Some(h.seq));
-        if (d.offset == 0 || h.group > d.expected) && d.evidence.is_none() {
+        if h.group > d.expected && d.evidence.is_none() {
             d.tearable = false;
             d.evidence = Some(Evidence {
                 offset: found_at as u64,
@@ -226,6 +239,33 @@ fn look_past(buf: &[u8], id: SegmentId, d: &mut Damage) {
             });
         }
     }
+    let data_end = data_end(regions, buf, d.offset as usize);
+    let room = data_end.saturating_sub(d.offset as usize) / FRAME_HEADER_LEN;
+    if room > 0 {
+        let bound = Seq::from(
+            d.expected
+                .get()
+                .saturating_add(room as u64 - 1)
+                .min(SEQ_MAX - 1),
+        );
+        d.could_hold = Some(bound);
+    }
+}
+
+/// The end of the last byte from `from` on that is not zero (`from` if none).
+fn data_end(regions: DataRegions<'_>, buf: &[u8], from: usize) -> usize {
+    let mut end = from;
+    let mut at = from;
+    while let Some((start, stop)) = data_region(regions, buf, at) {
+        if let Some(last) = buf
+            .get(start..stop)
+            .and_then(|r| r.iter().rposition(|&b| b != 0))
+        {
+            end = start + last + 1;
+        }
+        at = stop;
+    }
+    end
 }
 
 /// Reads a sealed segment through the index in its seal frame, the last frame of
@@ -249,7 +289,8 @@ fn scan_by_index(buf: &[u8], id: SegmentId, scan: &mut SegmentScan) -> bool {
     let Some(at) = buf.len().checked_sub(seal_len) else {
         return false;
     };
-    let Ok(f) = frame::decode(buf.get(at..).unwrap_or_default(), frame::salt(id)) else {
+    let salt = frame::salt(id, header.nonce);
+    let Ok(f) = frame::decode(buf.get(at..).unwrap_or_default(), salt) else {
         return false;
     };
     if f.header.kind != FrameKind::Seal || f.len != seal_len {
@@ -294,6 +335,15 @@ fn scan_by_index(buf: &[u8], id: SegmentId, scan: &mut SegmentScan) -> bool {
 
 /// Checks the header of a segment named `id`: fills `scan.header`, or returns
 /// the damage.
+///
+/// A new segment's header block is written and fsynced, then its directory,
+/// before any frame is written to the file, and every write of frames starts
+/// on a block boundary with a frame. So a damaged header with no frame magic
+/// on any block boundary after its block (zeros, or the garbage a file system
+/// can show in space it allocated but never wrote) is a creation a crash
+/// interrupted, torn; a damaged header followed by a frame was fsynced once,
+/// and is corruption. A whole header of another version or with unknown flags,
+/// its checksum valid, was written on purpose: never torn.
 fn scan_header(buf: &[u8], id: SegmentId, scan: &mut SegmentScan) -> Option<Damage> {
     let first = id.first_seq();
     match SegmentHeader::decode(buf) {
@@ -312,17 +362,17 @@ fn scan_header(buf: &[u8], id: SegmentId, scan: &mut SegmentScan) -> Option<Dama
             None
         }
         Err(cause) => {
-            // The header is written and fsynced before any frame: a damaged header
-            // is torn only if nothing valid follows it (checked by `look_past`).
-            // A whole header from another version or with unknown flags, its
-            // checksum valid, was written on purpose: never removed as torn.
-            let tearable = matches!(
+            let garbled = matches!(
                 cause,
                 Corruption::ShortSegmentHeader { .. }
                     | Corruption::BadSegmentMagic
                     | Corruption::BadSegmentHeader
             );
-            Some(Damage::at(0, first, cause, 0, tearable))
+            let frame_after = (FRAMES_AT..buf.len()).step_by(BLOCK).any(|at| {
+                buf.get(at..)
+                    .is_some_and(|b| b.starts_with(&frame::FRAME_MAGIC))
+            });
+            Some(Damage::at(0, first, cause, 0, garbled && !frame_after))
         }
     }
 }
@@ -345,17 +395,27 @@ fn scan_frames(
     regions: DataRegions<'_>,
     scan: &mut SegmentScan,
 ) -> Option<Damage> {
-    if let Some(d) = scan_header(buf, id, scan) {
-        return Some(d);
-    }
-    let salt = frame::salt(id);
+    let salt = frame::salt(id, scan.header?.nonce);
     let mut walk = Walk {
-        offset: SEGMENT_HEADER_LEN,
+        offset: FRAMES_AT,
         expected: id.first_seq(),
-        batch_start: SEGMENT_HEADER_LEN,
+        batch_start: FRAMES_AT,
         prev: None,
     };
     while walk.offset < buf.len() {
+        // After the end of a write batch, zeros to the block boundary are the
+        // padding before a new sync group, which starts on a fresh block.
+        if walk.prev.is_some_and(|p| !p.1) && !walk.offset.is_multiple_of(BLOCK) {
+            let boundary = walk.offset.next_multiple_of(BLOCK);
+            let gap = buf
+                .get(walk.offset..boundary.min(buf.len()))
+                .unwrap_or_default();
+            if all_zero(gap) || padding_before(buf, boundary, walk.expected, salt) {
+                walk.offset = boundary;
+                walk.batch_start = boundary;
+                continue;
+            }
+        }
         let rest = buf.get(walk.offset..).unwrap_or_default();
         let f = match frame::decode(rest, salt) {
             Ok(f) => f,
@@ -401,6 +461,17 @@ fn scan_frames(
         ));
     }
     None
+}
+
+/// Whether the bytes before `boundary` are padding whatever they hold: the
+/// frame numbered `expected` starts a new sync group right there. (Bytes of a
+/// torn write batch that continued the group inside the block cannot be taken
+/// for padding: the frame after them would be numbered past `expected`.) A bit
+/// flipped in padding changes no record, and is not damage.
+fn padding_before(buf: &[u8], boundary: usize, expected: Seq, salt: u32) -> bool {
+    buf.get(boundary..)
+        .and_then(|rest| frame::decode(rest, salt).ok())
+        .is_some_and(|f| f.header.seq == expected && f.header.group == expected)
 }
 
 /// Checks that the valid frame `f`, at `walk.offset`, fits the log so far, and

@@ -8,12 +8,13 @@ use std::path::PathBuf;
 use super::*;
 use crate::format::frame::{self, FrameHeader, FrameKind, FrameSpan};
 use crate::format::seal::IndexBuilder;
-use crate::format::segment::SegmentHeader;
+use crate::format::segment::{FRAMES_AT, SegmentHeader, align_up};
 use crate::format::seq::SegmentId;
 use crate::log::recovery::scan::{self, SegmentScan};
 use crate::options::OpenCheck;
 
 const NONCE: u64 = 0x5eed;
+const OUTBOX: u128 = 0x0b0;
 
 /// A segment file being built: header, then frames in write batches.
 struct Seg {
@@ -34,10 +35,11 @@ impl Seg {
             log_start: Seq::from(log_start),
             created_unix_ms: 0,
             nonce: NONCE,
+            outbox_id: OUTBOX,
         };
         Seg {
             id: SegmentId(first),
-            bytes: header.encode().to_vec(),
+            bytes: header.encode_block(),
             next: first,
             index: IndexBuilder::default(),
             at: BTreeMap::new(),
@@ -57,47 +59,83 @@ impl Seg {
                 timestamp_us: 1,
             },
             payload,
-            frame::salt(self.id),
+            frame::salt(self.id, NONCE),
         );
-        self.index.push(offset as u32, kind == FrameKind::Record);
+        self.index.push(FrameSpan {
+            offset: offset as u32,
+            len: (self.bytes.len() - offset) as u32,
+            is_record: kind == FrameKind::Record,
+        });
         self.at.insert(seq, offset);
         self.next += 1;
         seq
     }
 
-    /// A write batch of `n` records of 20 bytes, a sync group of its own.
-    fn batch(mut self, n: usize) -> Seg {
-        let group = self.next;
+    /// Zeros to the next block boundary: a new sync group starts there.
+    fn align(mut self) -> Seg {
+        let len = self
+            .bytes
+            .len()
+            .next_multiple_of(crate::format::segment::BLOCK);
+        self.bytes.resize(len, 0);
+        self
+    }
+
+    /// A write batch of `n` records of 20 bytes, a sync group of its own on a
+    /// fresh block.
+    fn batch(self, n: usize) -> Seg {
+        let mut seg = self.align();
+        let group = seg.next;
+        for k in 0..n {
+            seg.frame(FrameKind::Record, &[7; 20], group, k + 1 == n);
+        }
+        seg
+    }
+
+    /// A write batch continuing the sync group of the one before it
+    /// (`Durability::Buffered`): right after it, in the same block.
+    fn continue_group(mut self, n: usize) -> Seg {
+        let group = self.last_group();
         for k in 0..n {
             self.frame(FrameKind::Record, &[7; 20], group, k + 1 == n);
         }
         self
     }
 
+    /// The sync group of the last frame written.
+    fn last_group(&self) -> u64 {
+        let at = self.at.values().last().copied().unwrap_or(0);
+        frame::decode(&self.bytes[at..], frame::salt(self.id, NONCE))
+            .map_or(self.next, |f| f.header.group.get())
+    }
+
     /// A write batch whose last frame lacks the batch-end flag: the file ends
     /// inside it.
-    fn open_batch(mut self, n: usize) -> Seg {
-        let group = self.next;
+    fn open_batch(self, n: usize) -> Seg {
+        let mut seg = self.align();
+        let group = seg.next;
         for _ in 0..n {
-            self.frame(FrameKind::Record, &[7; 20], group, false);
+            seg.frame(FrameKind::Record, &[7; 20], group, false);
         }
-        self
+        seg
     }
 
     /// A `LogStart` frame recording `value`, as the writer writes it.
-    fn log_start(mut self, value: u64) -> Seg {
-        let group = self.next;
-        self.frame(FrameKind::LogStart, &value.to_le_bytes(), group, true);
-        self.index.log_start(Seq::from(value));
-        self
+    fn log_start(self, value: u64) -> Seg {
+        let mut seg = self.align();
+        let group = seg.next;
+        seg.frame(FrameKind::LogStart, &value.to_le_bytes(), group, true);
+        seg.index.log_start(Seq::from(value));
+        seg
     }
 
     /// A seal frame numbered `seq`, carrying the segment's index.
-    fn seal_as(mut self, seq: u64) -> Seg {
-        let index = self.index.encode(NONCE);
-        self.next = seq;
-        self.frame(FrameKind::Seal, &index, seq, true);
-        self
+    fn seal_as(self, seq: u64) -> Seg {
+        let mut seg = self.align();
+        let index = seg.index.encode(NONCE);
+        seg.next = seq;
+        seg.frame(FrameKind::Seal, &index, seq, true);
+        seg
     }
 
     fn seal(self) -> Seg {
@@ -145,8 +183,9 @@ impl Seg {
 
 /// The record frame's payload offset within a frame: past its header.
 const PAYLOAD: usize = frame::FRAME_HEADER_LEN;
-/// Offset of the length field within a frame header (magic, then CRC).
-const LEN_FIELD: usize = 8;
+/// Offset of the length field within a frame header (magic, then the two
+/// checksums).
+const LEN_FIELD: usize = 12;
 
 /// Scans `files` as recovery does: the newest whole, the others through their
 /// seal index where it checks.
@@ -197,6 +236,7 @@ fn crash_while_writing_a_batch_before_its_fdatasync_returned() {
     // Batch 4..=6 reached the disk in part: its second sector never did.
     let seg = Seg::new(1, 0, 1).batch(3).batch(3);
     let torn_at = seg.offset_of(4) as u64;
+    assert_eq!(torn_at % 4096, 0, "a sync group starts a block");
     let garbled = seg.offset_of(5);
     let plan = decide(&[seg.garble(garbled, 30).file()]).expect("a torn tail opens");
     assert_eq!(kept(&plan), vec![(0, 3, Some(torn_at))]);
@@ -266,7 +306,7 @@ fn the_file_grew_but_its_data_did_not_land() {
     let seg = Seg::new(1, 0, 1).batch(3);
     let end = seg.bytes.len() as u64;
     let mut bytes = seg.bytes;
-    bytes.extend_from_slice(&other.bytes[SEGMENT_HEADER_LEN..]);
+    bytes.extend_from_slice(&other.bytes[FRAMES_AT..]);
     let plan = decide(&[(SegmentId(1), bytes)]).expect("torn");
     assert_eq!(kept(&plan), vec![(0, 3, Some(end))]);
 }
@@ -289,7 +329,7 @@ fn bit_rot_in_a_batch_that_was_fsynced() {
     let seg = Seg::new(1, 0, 1).batch(2).batch(2);
     let at = seg.offset_of(4);
     let plan = decide(&[seg.flip(at + PAYLOAD, 0).file()]).expect("cut");
-    assert_eq!(kept(&plan), vec![(0, 2, Some(seg_offset(1, 2, 3)))]);
+    assert_eq!(kept(&plan), vec![(0, 2, Some(seg_offset(2, 2, 3)))]);
 
     // In a sealed segment, read whole: corruption, whatever follows.
     let old = Seg::new(1, 0, 1).batch(2).seal();
@@ -330,9 +370,9 @@ fn a_preallocated_tail() {
     let plan = decide(&[Seg::new(1, 0, 1).batch(3).zeros(1 << 16).file()]).expect("clean");
     assert_eq!(kept(&plan), vec![(0, 3, None)]);
     assert_eq!(plan.torn, None);
-    // The seal goes right after the last frame, not after the zeros.
+    // The seal goes on the block after the last frame, not after the zeros.
     let end = Seg::new(1, 0, 1).batch(3).bytes.len() as u64;
-    assert_eq!(plan.seal.as_ref().map(|s| s.at), Some(end));
+    assert_eq!(plan.seal.as_ref().map(|s| s.at), Some(align_up(end)));
 
     // Zeros after a frame whose batch is still open: that batch is torn.
     let seg = Seg::new(1, 0, 1).batch(2).open_batch(2);
@@ -344,9 +384,10 @@ fn a_preallocated_tail() {
         Some(Corruption::IncompleteBatch)
     );
 
-    // Zeros torn into garbage sectors after the last batch: cut there.
+    // Zeros torn into garbage sectors after the last batch: cut on the block
+    // after it (the zeros before that block are the padding of its group).
     let seg = Seg::new(1, 0, 1).batch(3);
-    let end = seg.bytes.len() as u64;
+    let end = align_up(seg.bytes.len() as u64);
     let plan = decide(&[seg.zeros(4096).garbage(512).zeros(4096).file()]).expect("torn");
     assert_eq!(kept(&plan), vec![(0, 3, Some(end))]);
 }
@@ -354,9 +395,8 @@ fn a_preallocated_tail() {
 #[test]
 fn crash_between_writing_a_seal_and_its_fdatasync() {
     // The successor is durable and empty; the seal is torn.
-    let old = Seg::new(1, 0, 1).batch(3);
-    let seal_at = old.bytes.len();
-    let old = old.seal_as(4);
+    let old = Seg::new(1, 0, 1).batch(3).seal_as(4);
+    let seal_at = old.offset_of(4);
     let len = old.bytes.len();
     let files = [
         old.garble(seal_at + 10, len - seal_at - 10).file(),
@@ -410,13 +450,13 @@ fn a_seal_index_that_checks() {
     assert_eq!(plan.records, 3);
 
     // An index whose nonce is not the header's (a producer's bytes shaped like
-    // one) is not trusted: the segment is read whole, and a seal that does not
-    // describe it is damage.
+    // one) is not trusted: the segment is read whole, and under another nonce
+    // not one of its frames checks.
     let mut forged = files[0].1.clone();
     let nonce_at = 48;
     forged[nonce_at] ^= 1;
-    let crc = crc32fast::hash(&forged[..60]);
-    forged[60..64].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(&forged[..124]);
+    forged[124..128].copy_from_slice(&crc.to_le_bytes());
     let scan = scan::scan(
         SegmentId(1),
         PathBuf::from("forged"),
@@ -424,16 +464,15 @@ fn a_seal_index_that_checks() {
         OpenCheck::SealIndex,
         &|_| Ok(None),
     );
-    assert!(matches!(
-        scan.damage.map(|d| d.cause),
-        Some(Corruption::BadSealIndex { .. })
-    ));
+    let damage = scan.damage.expect("damage");
+    assert_eq!(damage.offset, FRAMES_AT as u64);
+    assert!(matches!(damage.cause, Corruption::ChecksumMismatch { .. }));
 }
 
 #[test]
 fn crash_during_segment_creation() {
     let prev = Seg::new(1, 0, 1).batch(3);
-    let end = prev.bytes.len() as u64;
+    let end = align_up(prev.bytes.len() as u64);
     for newest in [
         Vec::new(),
         vec![0; 4096],
@@ -574,7 +613,7 @@ fn apply_in_memory(
         let frames: Vec<FrameSpan> = scan.frames[..last.frames].to_vec();
         let index = IndexBuilder::of(&frames, scan.log_start_below(seal.at)).encode(NONCE);
         if let Some(f) = out.get_mut(&id(k)) {
-            f.truncate(seal.at as usize);
+            f.resize(seal.at as usize, 0);
             frame::encode(
                 f,
                 &FrameHeader {
@@ -585,7 +624,7 @@ fn apply_in_memory(
                     timestamp_us: 1,
                 },
                 &index,
-                frame::salt(id(k)),
+                frame::salt(id(k), NONCE),
             );
         }
     }
@@ -679,9 +718,84 @@ fn lossy_recovery_drops_from_the_first_damage() {
     let plan = plan(&scans, RecoveryMode::Lossy).expect("lossy opens");
     let dropped = plan.dropped.as_ref().expect("reported");
     assert_eq!(dropped.first, Seq::from(3));
-    assert_eq!(dropped.last, Some(Seq::from(8)));
+    // At least every number a frame after the damage carried.
+    let last = dropped.last.expect("frames followed the damage");
+    assert!(last >= Seq::from(8), "{last}");
     assert_eq!(dropped.offset, at as u64);
     assert_eq!(plan.remove, vec![1]);
     assert_eq!(kept(&plan), vec![(0, 2, Some(at as u64))]);
-    assert!(create(&plan).0 > Seq::from(8));
+    assert!(create(&plan).0 > last);
+}
+
+#[test]
+fn a_block_garbled_under_an_unsynced_write_holds_no_fsynced_byte() {
+    // Group 1 was fsynced; group 2 starts the next block, and a power cut
+    // garbled that whole block. Group 1 is untouched, and kept whole.
+    let seg = Seg::new(1, 0, 1).batch(3).batch(2);
+    let g2 = seg.offset_of(4);
+    assert_eq!(g2 % 4096, 0);
+    let plan = decide(&[seg.zeros(4096).garble(g2, 4096).file()]).expect("torn");
+    assert_eq!(kept(&plan), vec![(0, 3, Some(g2 as u64))]);
+    assert_eq!(plan.records, 3);
+}
+
+#[test]
+fn a_torn_batch_of_a_buffered_sync_group_is_cut_inside_its_block() {
+    // Under `Durability::Buffered` batches of one sync group follow each other
+    // in a block; none of them was fsynced, so the cut may fall inside it.
+    let seg = Seg::new(1, 0, 1).batch(2).continue_group(2);
+    let at = seg.offset_of(3);
+    assert_ne!(at % 4096, 0);
+    let plan = decide(&[seg.garble(at, 10).file()]).expect("torn");
+    assert_eq!(kept(&plan), vec![(0, 2, Some(at as u64))]);
+    // Whole, the continued group reads as one.
+    let plan = decide(&[Seg::new(1, 0, 1).batch(2).continue_group(2).file()]).expect("open");
+    assert_eq!(kept(&plan), vec![(0, 4, None)]);
+}
+
+#[test]
+fn a_payload_cannot_forge_a_frame() {
+    // A producer's payload holds a well-formed frame (and a seal, and a log
+    // start) for every salt it could know: the segment's first seq with nonce
+    // 0, the version 1 salt, its neighbours. After a torn write, none of them
+    // is taken as a later batch, and no number it carries is believed.
+    // Inside the payload, a frame header takes 48 bytes: payload byte 4048
+    // + k * 4096 lies on a block boundary of the file.
+    let on_block = |k: usize| 4096 - frame::FRAME_HEADER_LEN + k * 4096;
+    let mut forged = Vec::new();
+    let mut k = 0;
+    for nonce in [0, 1, NONCE ^ 1] {
+        let salt = frame::salt(SegmentId(1), nonce);
+        for kind in [FrameKind::Record, FrameKind::Seal, FrameKind::LogStart] {
+            forged.resize(on_block(k), 0);
+            k += 1;
+            frame::encode(
+                &mut forged,
+                &FrameHeader {
+                    kind,
+                    batch_end: true,
+                    seq: Seq::from((1 << 62) - 1),
+                    group: Seq::from((1 << 62) - 1),
+                    timestamp_us: 1,
+                },
+                &(1u64 << 61).to_le_bytes(),
+                salt,
+            );
+        }
+    }
+    // Then a stretch dense with magic bytes.
+    forged.resize(on_block(k) + 4096, 0xC5);
+    let mut seg = Seg::new(1, 0, 1).batch(1).align();
+    let group = seg.next;
+    seg.frame(FrameKind::Record, &forged, group, true);
+    let at = seg.offset_of(2);
+    assert_eq!((at + frame::FRAME_HEADER_LEN + on_block(0)) % 4096, 0);
+    let files = [seg.garble(at, 8).file()];
+    let plan = decide(&files).expect("a torn tail, not corruption");
+    assert_eq!(kept(&plan), vec![(0, 1, Some(at as u64))]);
+    let (first, _) = create(&plan);
+    assert!(
+        first < Seq::from(1 << 40),
+        "a forged number was believed: {first}"
+    );
 }
