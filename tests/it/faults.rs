@@ -470,3 +470,38 @@ fn every_producer_of_a_shared_batch_gets_the_fsync_error() {
     assert_eq!(outbox.stats().queued_bytes, 0);
     assert!(matches!(outbox.close(), Err(Error::Poisoned { .. })));
 }
+
+/// Regression: under `Durability::Buffered`, appends answered Ok but not yet
+/// fsynced were cut back off the file when a later write failed (a full disk),
+/// and after a reopen their numbers went to other records.
+#[test]
+fn under_buffered_a_failed_write_never_takes_back_an_answered_append() {
+    let (_t, dir) = tmp();
+    let options = Options::default()
+        .durability(segwal::Durability::Buffered)
+        .buffered_sync_interval(std::time::Duration::from_secs(3600));
+    let (outbox, faults) = faulty(&dir, options);
+    let answered: Vec<Seq> = (0..5)
+        .map(|i| outbox.append(&payload(0, i)).expect("append"))
+        .collect();
+    faults.fail_write.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        outbox.append(b"no space"),
+        Err(Error::Poisoned { .. })
+    ));
+    faults.fail_write.store(false, Ordering::SeqCst);
+    // Made durable before the outbox gave up: claimable now, and after a reopen.
+    let claimed: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+    assert_eq!(claimed, answered);
+    let _ = outbox.close();
+    assert_eq!(
+        faults.writes_after_fault.load(Ordering::SeqCst),
+        0,
+        "the segment was written after its write failed"
+    );
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    let recovered: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+    assert_eq!(recovered, answered, "an answered append was taken back");
+    let next = outbox.append(b"after").expect("append");
+    assert!(next > answered[4], "a number answered Ok was given again");
+}
