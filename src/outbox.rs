@@ -1,6 +1,6 @@
 //! [`Outbox`]: the public handle, and how it opens and closes a directory.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -41,6 +41,9 @@ struct Handle {
     tx: RwLock<Option<Sender<Request>>>,
     writer: Mutex<Option<JoinHandle<Result<()>>>>,
     report: RecoveryReport,
+    /// Held for the whole of a `close`: a second `close` returns only once the
+    /// first has joined the writer and released the directory lock.
+    closing: Mutex<()>,
 }
 
 /// What an operator needs to see whether the relay keeps up. From
@@ -125,19 +128,7 @@ impl Outbox {
     fn open_on(dir: &Path, options: Options, storage: Arc<dyn Storage>) -> Result<Outbox> {
         options.validate()?;
         let dir = dir.to_path_buf();
-        let created = storage
-            .create_dir_all(&dir)
-            .map_err(|e| Error::io("create directory", &dir, e))?;
-        if created {
-            // The new directory's own entry must be durable in its parent.
-            let parent = dir
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            storage
-                .sync_dir(parent)
-                .map_err(|e| Error::io("sync parent directory", parent, e))?;
-        }
+        create_durably(&*storage, &dir)?;
         let lock = match storage.lock(&dir) {
             Ok(guard) => guard,
             Err(LockError::Held { pid }) => return Err(Error::Locked { dir, pid }),
@@ -185,6 +176,7 @@ impl Outbox {
                 tx: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(thread)),
                 report: recovered.report,
+                closing: Mutex::new(()),
             }),
         })
     }
@@ -471,6 +463,41 @@ impl Outbox {
     }
 }
 
+/// Creates `dir` and its missing ancestors, and makes every new entry durable:
+/// each created directory's parent is fsynced, deepest first. The parent of
+/// `dir` is fsynced on every open, created or not: an open cannot prove that
+/// the one that created the directory lived to fsync it.
+fn create_durably(storage: &dyn Storage, dir: &Path) -> Result<()> {
+    let parent_of = |d: &Path| {
+        d.parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf()
+    };
+    let mut missing = Vec::new();
+    let mut at = dir.to_path_buf();
+    while !at.as_os_str().is_empty() && storage.list(&at).is_err() {
+        let parent = parent_of(&at);
+        missing.push(at);
+        if parent == Path::new(".") || parent.parent().is_none() {
+            break;
+        }
+        at = parent;
+    }
+    storage
+        .create_dir_all(dir)
+        .map_err(|e| Error::io("create directory", dir, e))?;
+    let mut parents: Vec<PathBuf> = missing.iter().map(|d| parent_of(d)).collect();
+    parents.push(parent_of(dir));
+    parents.dedup();
+    for parent in parents {
+        storage
+            .sync_dir(&parent)
+            .map_err(|e| Error::io("sync parent directory", &parent, e))?;
+    }
+    Ok(())
+}
+
 /// `a / b`, or 0 when `b` is 0.
 fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
@@ -479,6 +506,7 @@ fn ratio(a: u64, b: u64) -> f64 {
 impl Handle {
     fn close(&self) -> Result<()> {
         let shared = &self.shared;
+        let _closing = self.closing.lock();
         if shared.closed.swap(true, Ordering::AcqRel) {
             return Err(Error::Closed);
         }

@@ -1,10 +1,11 @@
 //! [`StdStorage`]: the real file system, through `std::fs` and `memmap2`.
 
+use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Seek, Write};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -70,6 +71,18 @@ impl Storage for StdStorage {
     }
 
     fn lock(&self, dir: &Path) -> Result<LockGuard, LockError> {
+        // Within one process, the directory itself is the key: `flock` on a
+        // network file system may be emulated with process-wide POSIX locks,
+        // which would let a second open in this process through.
+        let key = fs::metadata(dir)
+            .map(|m| (m.dev(), m.ino()))
+            .map_err(LockError::Io)?;
+        let mut held = HELD.lock();
+        if held.contains(&key) {
+            return Err(LockError::Held {
+                pid: Some(std::process::id()),
+            });
+        }
         let path = dir.join(LOCK_FILE);
         let mut file = OpenOptions::new()
             .read(true)
@@ -98,19 +111,28 @@ impl Storage for StdStorage {
             writeln!(file, "{}", std::process::id())
         };
         record().map_err(LockError::Io)?;
-        Ok(Box::new(HeldLock(file)))
+        held.insert(key);
+        Ok(Box::new(HeldLock { file, key }))
     }
 }
+
+/// The directories (device, inode) locked by this process.
+static HELD: parking_lot::Mutex<BTreeSet<(u64, u64)>> = parking_lot::Mutex::new(BTreeSet::new());
 
 /// A held `flock`. Dropping it unlocks explicitly rather than relying on the
 /// close: a child process forked meanwhile (between its fork and its exec) shares
 /// the open file description, and would otherwise keep the directory locked.
 #[derive(Debug)]
-struct HeldLock(File);
+struct HeldLock {
+    file: File,
+    /// The directory's (device, inode).
+    key: (u64, u64),
+}
 
 impl Drop for HeldLock {
     fn drop(&mut self) {
-        let _ = self.0.unlock();
+        let _ = self.file.unlock();
+        HELD.lock().remove(&self.key);
     }
 }
 

@@ -32,6 +32,8 @@ struct Faults {
     hold_syncs: Mutex<bool>,
     held: Condvar,
     syncs_waiting: AtomicUsize,
+    /// Every directory fsynced, in order.
+    dirs_synced: Mutex<Vec<PathBuf>>,
 }
 
 impl Faults {
@@ -91,6 +93,11 @@ impl Storage for FaultyStorage {
             self.faults.fired.store(true, Ordering::SeqCst);
             return Err(injected(io::ErrorKind::Other, "directory fsync"));
         }
+        self.faults
+            .dirs_synced
+            .lock()
+            .expect("lock")
+            .push(dir.to_path_buf());
         self.inner.sync_dir(dir)
     }
     fn lock(&self, dir: &Path) -> Result<LockGuard, LockError> {
@@ -504,4 +511,28 @@ fn under_buffered_a_failed_write_never_takes_back_an_answered_append() {
     assert_eq!(recovered, answered, "an answered append was taken back");
     let next = outbox.append(b"after").expect("append");
     assert!(next > answered[4], "a number answered Ok was given again");
+}
+
+/// Regression: only the immediate parent was fsynced, and only by the open that
+/// created the directory; a power cut could take back the other new entries.
+#[test]
+fn every_directory_an_open_creates_is_made_durable_in_its_parent() {
+    let (_t, root) = tmp();
+    let dir = root.join("a").join("b").join("outbox");
+    let (outbox, faults) = faulty(&dir, Options::default());
+    outbox.close().expect("close");
+    let synced = faults.dirs_synced.lock().expect("lock").clone();
+    for parent in [root.clone(), root.join("a"), root.join("a").join("b")] {
+        assert!(
+            synced.contains(&parent),
+            "{} not fsynced: {synced:?}",
+            parent.display()
+        );
+    }
+    // A later open, which created nothing, fsyncs the parent again: it cannot
+    // prove the open that created the directory lived to do it.
+    let (outbox, faults) = faulty(&dir, Options::default());
+    outbox.close().expect("close");
+    let synced = faults.dirs_synced.lock().expect("lock").clone();
+    assert!(synced.contains(&root.join("a").join("b")), "{synced:?}");
 }

@@ -85,3 +85,61 @@ fn child_process_holding_the_lock() {
     let _ = std::io::stdin().read_line(&mut line);
     outbox.close().expect("child close");
 }
+
+/// Regression: a second `close` returned `Closed` before the first had joined
+/// the writer and released the lock, so an immediate reopen got `Locked`.
+#[test]
+fn close_returns_only_once_the_directory_is_free() {
+    let (_t, dir) = tmp();
+    let buffered = || {
+        Options::default()
+            .durability(segwal::Durability::Buffered)
+            .buffered_sync_interval(std::time::Duration::from_secs(3600))
+    };
+    for round in 0..30 {
+        let outbox = Outbox::open(&dir, buffered()).expect("open");
+        // Work for the closing writer: a final fsync of many records.
+        for i in 0..2000u32 {
+            outbox.append(&[i as u8; 64]).expect("append");
+        }
+        let closers: Vec<_> = (0..2)
+            .map(|_| {
+                let outbox = outbox.clone();
+                let dir = dir.clone();
+                std::thread::spawn(move || {
+                    let closed = outbox.close();
+                    drop(outbox);
+                    // The close that did not do the work reopens at once: the
+                    // directory must be free by the time it returned.
+                    let reopened = matches!(closed, Err(Error::Closed))
+                        .then(|| Outbox::open(&dir, Options::default()).map(|o| o.close()));
+                    (closed.is_ok(), reopened)
+                })
+            })
+            .collect();
+        drop(outbox);
+        let mut oks = 0;
+        for closer in closers {
+            let (ok, reopened) = closer.join().expect("closer");
+            oks += usize::from(ok);
+            if let Some(Err(e)) = reopened {
+                panic!("round {round}: reopen after close failed: {e}");
+            }
+        }
+        assert_eq!(oks, 1, "round {round}: exactly one close does the work");
+    }
+}
+
+/// Within one process the lock is the directory itself: a deleted `LOCK` file
+/// does not let a second outbox in.
+#[test]
+fn a_deleted_lock_file_does_not_let_a_second_open_in_within_the_process() {
+    let (_t, dir) = tmp();
+    let first = Outbox::open(&dir, Options::default()).expect("open");
+    std::fs::remove_file(dir.join("LOCK")).expect("rm LOCK");
+    assert!(matches!(
+        Outbox::open(&dir, Options::default()),
+        Err(Error::Locked { .. })
+    ));
+    first.close().expect("close");
+}
