@@ -141,7 +141,7 @@ impl Outbox {
             let frames_at = FRAMES_AT as u32;
             table.push_segment(SegmentSlots::new(s.id, s.path, s.file, seg.salt, frames_at));
             table.push_frames(s.id, s.id.first_seq(), &seg.frames);
-            table.seal_last(s.id, seg.map);
+            table.seal_last(s.id);
         }
         if cfg!(debug_assertions) {
             table.check_invariants();
@@ -351,10 +351,14 @@ impl Outbox {
             Err(failure) => {
                 let shared = &self.handle.shared;
                 let mut table = shared.table.lock();
+                // Every other record goes back to pending. The one that failed
+                // is set aside if its bytes are bad or gone; if the read
+                // failed, it stays claimed (held back until the next open), so
+                // that a failing range of the disk cannot wedge the queue.
                 let others = runs
                     .iter()
                     .flat_map(|r| r.frames.iter().map(|f| f.seq))
-                    .filter(|&s| !failure.corrupt || s != failure.seq);
+                    .filter(|&s| s != failure.seq);
                 table.release_all(others);
                 let reclaim = failure.corrupt && table.set_aside(failure.seq);
                 drop(table);
@@ -423,7 +427,7 @@ impl Outbox {
         let age = |first: &Option<SlotRef>| {
             first
                 .as_ref()
-                .and_then(|slot| reader::frame_time(&slot.source, slot.offset))
+                .and_then(|slot| reader::frame_time(&*slot.file, slot.offset))
                 .map(|t| now.duration_since(t).unwrap_or(Duration::ZERO))
         };
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);

@@ -23,9 +23,6 @@ use std::sync::Arc;
 
 pub use std_fs::StdStorage;
 
-/// A read-only view of a whole file, as `map` returns it.
-pub type Mapped = Arc<dyn AsRef<[u8]> + Send + Sync>;
-
 /// A held directory lock; dropping it releases the lock.
 pub type LockGuard = Box<dyn Any + Send + Sync>;
 
@@ -112,9 +109,6 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     }
     /// The file's current length in bytes.
     fn len(&self) -> io::Result<u64>;
-    /// A read-only view of the file's first `len` bytes. segwal maps only files it
-    /// will never write or truncate again while the view lives.
-    fn map(&self, len: u64) -> io::Result<Mapped>;
 }
 
 /// Writes all of `buf` at `offset`, looping over short writes.

@@ -7,20 +7,29 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{Corruption, Error};
 use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind};
+use crate::format::segment::BLOCK;
 use crate::format::seq::Seq;
-use crate::io::{self, Mapped};
-use crate::state::table::{ClaimRun, ClaimedFrame, Source};
+use crate::io::{self, StorageFile};
+use crate::state::table::{ClaimRun, ClaimedFrame};
+
+/// The bytes of one read, shared by the records cut from it.
+type Bytes = Arc<Vec<u8>>;
+
+/// The most bytes one read of a claim covers; frames of one run further apart
+/// are read separately.
+const READ_BYTES_MAX: u32 = 8 << 20;
 
 /// A claimed record: its sequence number and its payload.
 ///
 /// The payload is checked against its frame's CRC before the record is handed
-/// out. Payloads of sealed segments are not copied: a record borrows the
-/// segment's memory map, which stays valid while any record of it lives, even
-/// after the segment file is deleted.
+/// out. Records read together share one buffer, read from the segment file with
+/// positioned reads (never through a memory map, where a read error would be a
+/// `SIGBUS` rather than an error), which stays valid while any record of it
+/// lives, even after the segment file is deleted.
 #[derive(Clone)]
 pub struct Record {
     seq: Seq,
-    bytes: Mapped,
+    bytes: Bytes,
     start: usize,
     len: usize,
     timestamp_us: u64,
@@ -59,7 +68,11 @@ impl fmt::Debug for Record {
 pub(crate) struct ReadFailure {
     pub seq: Seq,
     pub error: Error,
-    /// The frame failed its check: set it aside rather than hand it out again.
+    /// The frame failed its check, or its bytes are gone (the file is shorter
+    /// than its frames): set it aside rather than hand it out again. Otherwise
+    /// the read failed: the record is held back (still claimed) until the next
+    /// open, so that a failing range of the disk cannot wedge the queue and a
+    /// passing failure loses nothing.
     pub corrupt: bool,
 }
 
@@ -71,54 +84,90 @@ pub(crate) fn read_runs(
     skip_crc: bool,
 ) -> Result<(), ReadFailure> {
     for run in runs {
-        match &run.source {
-            Source::Map(map) => {
-                for &f in &run.frames {
-                    out.push(check(run, map, f.offset as usize, f, skip_crc)?);
+        // One read per stretch of frames at most a block apart (the padding
+        // between sync groups is read with them), up to `READ_BYTES_MAX`; one
+        // read per frame once a stretch ran past the end of the file, so that
+        // the record whose bytes are gone is the one named.
+        let mut i = 0;
+        let mut one_by_one = false;
+        while i < run.frames.len() {
+            let start = run.frames[i].offset;
+            let mut j = i;
+            let mut end = start + run.frames[i].len;
+            while let Some(next) = run.frames.get(j + 1).filter(|_| !one_by_one) {
+                let next_end = next.offset + next.len;
+                if next.offset > end + BLOCK as u32 || next_end - start > READ_BYTES_MAX {
+                    break;
                 }
+                j += 1;
+                end = next_end;
             }
-            Source::File(file) => {
-                // One read per stretch of adjacent frames.
-                let mut i = 0;
-                while i < run.frames.len() {
-                    let start = run.frames[i].offset;
-                    let mut j = i;
-                    let mut end = start + run.frames[i].len;
-                    while j + 1 < run.frames.len() && run.frames[j + 1].offset == end {
-                        j += 1;
-                        end += run.frames[j].len;
-                    }
-                    let mut buf = vec![0u8; (end - start) as usize];
-                    if let Err(e) = io::read_exact_at(&**file, &mut buf, u64::from(start)) {
-                        return Err(ReadFailure {
-                            seq: run.frames[i].seq,
-                            error: Error::io("read segment", &*run.path, e),
-                            corrupt: false,
-                        });
-                    }
-                    let bytes: Mapped = Arc::new(buf);
-                    for &f in &run.frames[i..=j] {
-                        let at = (f.offset - start) as usize;
-                        out.push(check(run, &bytes, at, f, skip_crc)?);
-                    }
-                    i = j + 1;
+            let bytes = match read(run, &*run.file, start, end) {
+                Ok(bytes) => bytes,
+                Err((_, true)) if j > i => {
+                    one_by_one = true;
+                    continue;
                 }
+                Err((error, corrupt)) => {
+                    return Err(ReadFailure {
+                        seq: run.frames[i].seq,
+                        error,
+                        corrupt,
+                    });
+                }
+            };
+            for &f in &run.frames[i..=j] {
+                let at = (f.offset - start) as usize;
+                out.push(check(run, &bytes, at, f, skip_crc)?);
             }
+            i = j + 1;
         }
     }
     Ok(())
 }
 
+/// Reads bytes `start..end` of a run's segment. A file that ends before them is
+/// corruption (its frames' bytes are gone); a failed read is an I/O error.
+fn read(
+    run: &ClaimRun,
+    file: &dyn StorageFile,
+    start: u32,
+    end: u32,
+) -> Result<Bytes, (Error, bool)> {
+    let mut buf = vec![0u8; (end - start) as usize];
+    match io::read_exact_at(file, &mut buf, u64::from(start)) {
+        Ok(()) => Ok(Arc::new(buf)),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            let available = file
+                .len()
+                .map_or(0, |len| len.saturating_sub(u64::from(start)));
+            Err((
+                Error::Corrupt {
+                    path: run.path.to_path_buf(),
+                    offset: u64::from(start),
+                    seq: run.frames.first().map(|f| f.seq),
+                    kind: Corruption::Truncated {
+                        needed: u64::from(end - start),
+                        available,
+                    },
+                },
+                true,
+            ))
+        }
+        Err(e) => Err((Error::io("read segment", &*run.path, e), false)),
+    }
+}
+
 /// Decodes the frame at `at` in `bytes` and checks it is record `seq`.
 fn check(
     run: &ClaimRun,
-    bytes: &Mapped,
+    bytes: &Bytes,
     at: usize,
     frame: ClaimedFrame,
     skip_crc: bool,
 ) -> Result<Record, ReadFailure> {
     let ClaimedFrame { seq, offset, len } = frame;
-    let all: &[u8] = (**bytes).as_ref();
+    let all: &[u8] = bytes;
     let fail = |kind| ReadFailure {
         seq,
         error: Error::Corrupt {
@@ -155,21 +204,17 @@ fn check(
     Ok(Record {
         seq,
         bytes: bytes.clone(),
-        start: at + FRAME_HEADER_LEN,
+        // The payload follows the header and the optional fields.
+        start: at + (f.len - f.payload.len()),
         len: f.payload.len(),
         timestamp_us: f.header.timestamp_us,
     })
 }
 
 /// The append time of the frame at `offset`, for statistics; `None` if unreadable.
-pub(crate) fn frame_time(source: &Source, offset: u32) -> Option<SystemTime> {
+pub(crate) fn frame_time(file: &dyn StorageFile, offset: u32) -> Option<SystemTime> {
     let mut header = [0u8; FRAME_HEADER_LEN];
-    match source {
-        Source::Map(map) => {
-            let all: &[u8] = (**map).as_ref();
-            header.copy_from_slice(all.get(offset as usize..offset as usize + FRAME_HEADER_LEN)?);
-        }
-        Source::File(file) => io::read_exact_at(&**file, &mut header, u64::from(offset)).ok()?,
-    }
-    frame::timestamp_us(&header).map(|us| UNIX_EPOCH + Duration::from_micros(us))
+    io::read_exact_at(file, &mut header, u64::from(offset)).ok()?;
+    let us = frame::timestamp_us(&header)?;
+    Some(UNIX_EPOCH + Duration::from_micros(us))
 }

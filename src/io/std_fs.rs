@@ -1,4 +1,4 @@
-//! [`StdStorage`]: the real file system, through `std::fs` and `memmap2`.
+//! [`StdStorage`]: the real file system, through `std::fs` and `libc`.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -9,7 +9,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{LockError, LockGuard, Mapped, Storage, StorageFile};
+use super::{LockError, LockGuard, Storage, StorageFile};
 
 /// The name of the lock file inside an outbox directory.
 const LOCK_FILE: &str = "LOCK";
@@ -221,26 +221,6 @@ impl StorageFile for StdFile {
 
     fn len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
-    }
-
-    fn map(&self, len: u64) -> io::Result<Mapped> {
-        if len == 0 {
-            return Ok(Arc::new(Vec::<u8>::new()));
-        }
-        let len = usize::try_from(len)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file too large to map"))?;
-        // SAFETY: the mapping is read-only and covers bytes segwal never changes
-        // while it lives: segwal maps a segment only once the segment is sealed or
-        // while recovery scans it, it holds the directory lock so no other outbox
-        // writes the directory, and it never truncates a file while a view of it
-        // is alive. Another program writing the file behind segwal's back is
-        // outside the contract (docs/FORMAT.md, "What we assume").
-        #[expect(
-            unsafe_code,
-            reason = "a memory map is what lets a claimed record borrow its bytes without a copy"
-        )]
-        let map = unsafe { memmap2::MmapOptions::new().len(len).map(&self.file)? };
-        Ok(Arc::new(map))
     }
 }
 

@@ -646,13 +646,7 @@ impl Writer {
         Counters::add(&self.shared.counters.fsyncs, 1);
         self.next_seq = first;
         self.last_written = seal_seq;
-        // The table maps the old segment up to its last record; the seal frame
-        // after it holds nothing to claim.
-        let map = match self.active.seg.file.map(records_end) {
-            Ok(map) => map,
-            Err(e) => return Err(self.poison("map", &self.active.seg.path.clone(), e)),
-        };
-        self.shared.table.lock().seal_last(self.active.seg.id, map);
+        self.shared.table.lock().seal_last(self.active.seg.id);
         let next = Active::new(next);
         push_active(&self.shared, &next);
         self.active = next;

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::io::{LockError, LockGuard, Mapped, Storage, StorageFile};
+use crate::io::{LockError, LockGuard, Storage, StorageFile};
 use crate::options::Options;
 
 /// Known bugs the crash-testing harness must catch (negative controls).
@@ -159,8 +159,5 @@ impl StorageFile for RetryingFile {
     }
     fn len(&self) -> io::Result<u64> {
         self.0.len()
-    }
-    fn map(&self, len: u64) -> io::Result<Mapped> {
-        self.0.map(len)
     }
 }

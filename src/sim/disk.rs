@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::io::{LockError, LockGuard, Mapped, Storage, StorageFile};
+use crate::io::{LockError, LockGuard, Storage, StorageFile};
 
 /// Sector size for torn writes.
 pub const SECTOR: usize = 512;
@@ -857,18 +857,6 @@ impl StorageFile for SimFile {
         let s = self.disk.state.lock();
         SimDisk::check_alive(&s, self.generation)?;
         Ok(s.inodes.get(&self.ino).map_or(0, |i| i.live.len() as u64))
-    }
-
-    fn map(&self, len: u64) -> io::Result<Mapped> {
-        let mut guard = self.disk.state.lock();
-        let s = &mut *guard;
-        SimDisk::check_alive(s, self.generation)?;
-        Self::read_fault(s)?;
-        let inode = s.inodes.get(&self.ino).ok_or_else(crashed_error)?;
-        let end = (len as usize).min(inode.live.len());
-        let mut copy = inode.live[..end].to_vec();
-        Self::rot(s, &mut copy);
-        Ok(Arc::new(copy))
     }
 }
 

@@ -39,16 +39,7 @@ use crate::error::{Error, Result};
 use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan};
 use crate::format::segment::{BLOCK, align_up};
 use crate::format::seq::{SegmentId, Seq};
-use crate::io::{Mapped, StorageFile};
-
-/// Where the bytes of a segment can be read.
-#[derive(Clone)]
-pub(crate) enum Source {
-    /// A sealed segment, mapped.
-    Map(Mapped),
-    /// The active segment, read with `read_at`.
-    File(Arc<dyn StorageFile>),
-}
+use crate::io::StorageFile;
 
 /// One segment's slots.
 pub(crate) struct SegmentSlots {
@@ -58,7 +49,7 @@ pub(crate) struct SegmentSlots {
     /// The seed of its frames' checksums.
     pub salt: u32,
     /// Set once the segment is sealed: the writer will never write it again.
-    pub map: Option<Mapped>,
+    pub sealed: bool,
     /// Byte offset of each frame; index = seq - first seq.
     offsets: Vec<u32>,
     /// Byte offset just past the last frame.
@@ -88,7 +79,7 @@ impl SegmentSlots {
             path,
             file,
             salt,
-            map: None,
+            sealed: false,
             offsets: Vec::new(),
             end: frames_at,
             gaps: Vec::new(),
@@ -113,7 +104,7 @@ impl SegmentSlots {
     }
 
     fn is_finished(&self) -> bool {
-        self.map.is_some() && u64::from(self.done_count) == self.len()
+        self.sealed && u64::from(self.done_count) == self.len()
     }
 
     /// Byte range of slot `i`'s frame.
@@ -129,13 +120,6 @@ impl SegmentSlots {
             None => self.end,
         };
         (start, end - start)
-    }
-
-    fn source(&self) -> Source {
-        match &self.map {
-            Some(map) => Source::Map(map.clone()),
-            None => Source::File(self.file.clone()),
-        }
     }
 
     fn bit(words: &[u64], i: usize) -> bool {
@@ -181,7 +165,7 @@ pub(crate) struct ClaimRun {
     pub path: Arc<Path>,
     /// The segment's checksum seed.
     pub salt: u32,
-    pub source: Source,
+    pub file: Arc<dyn StorageFile>,
     /// The claimed frames, in sequence order.
     pub frames: Vec<ClaimedFrame>,
 }
@@ -199,7 +183,7 @@ pub(crate) struct ClaimedFrame {
 /// Where a slot's frame can be read: for the age of the oldest record.
 pub(crate) struct SlotRef {
     pub seq: Seq,
-    pub source: Source,
+    pub file: Arc<dyn StorageFile>,
     /// Byte offset of the frame in its segment.
     pub offset: u32,
 }
@@ -256,7 +240,7 @@ impl Table {
     pub(crate) fn push_segment(&mut self, slots: SegmentSlots) {
         if let Some(last) = self.segments.back() {
             assert!(
-                last.map.is_some(),
+                last.sealed,
                 "a segment was added before the last one was sealed"
             );
             assert!(slots.first() >= last.end_seq(), "segments out of order");
@@ -264,11 +248,11 @@ impl Table {
         self.segments.push_back(slots);
     }
 
-    /// Seals the last segment: from now on its frames are read through `map`.
-    pub(crate) fn seal_last(&mut self, id: SegmentId, map: Mapped) {
+    /// Seals the last segment: the writer will never write it again.
+    pub(crate) fn seal_last(&mut self, id: SegmentId) {
         let last = self.segments.back_mut().expect("seal of an empty table");
         assert_eq!(last.id, id, "seal of a segment that is not the last one");
-        last.map = Some(map);
+        last.sealed = true;
         // A sealed segment never grows again: give back what doubling reserved.
         last.offsets.shrink_to_fit();
         last.gaps.shrink_to_fit();
@@ -394,7 +378,7 @@ impl Table {
                     run.get_or_insert_with(|| ClaimRun {
                         path: seg.path.clone(),
                         salt: seg.salt,
-                        source: seg.source(),
+                        file: seg.file.clone(),
                         frames: Vec::new(),
                     })
                     .frames
@@ -547,7 +531,7 @@ impl Table {
     /// The oldest sealed segments whatever they hold: what the negative control
     /// `DeleteLiveSegment` deletes.
     pub(crate) fn sealed_front(&self) -> Option<(usize, Seq)> {
-        self.front_while(|s| s.map.is_some())
+        self.front_while(|s| s.sealed)
     }
 
     /// The oldest segments that satisfy `take`, as long as one stays after them.
@@ -633,7 +617,7 @@ impl Table {
                     let i = w * 64 + bits.trailing_zeros() as usize;
                     return Some(SlotRef {
                         seq: Seq::from(seg.first() + i as u64),
-                        source: seg.source(),
+                        file: seg.file.clone(),
                         offset: seg.offsets[i],
                     });
                 }
@@ -648,10 +632,7 @@ impl Table {
         for (k, seg) in self.segments.iter().enumerate() {
             seg.check_invariants();
             if k + 1 < self.segments.len() {
-                assert!(
-                    seg.map.is_some(),
-                    "an unsealed segment that is not the last"
-                );
+                assert!(seg.sealed, "an unsealed segment that is not the last");
                 assert!(seg.end_seq() <= self.segments[k + 1].first());
             }
             claimed += u64::from(seg.claimed_count);
@@ -775,7 +756,7 @@ mod tests {
                 .expect("ack")
         );
         assert_eq!(t.reclaimable(), None, "unsealed");
-        t.seal_last(SegmentId(1), Arc::new(Vec::new()));
+        t.seal_last(SegmentId(1));
         let path: Arc<Path> = d.path().join("g").into();
         let file = StdStorage.create(&path).expect("create");
         t.push_segment(SegmentSlots::new(SegmentId(4), path, file, 0, 64));
@@ -792,7 +773,7 @@ mod tests {
         // cursor in the gap before the next segment, and every later claim found
         // nothing while records were pending.
         let (mut t, d) = table(3, None);
-        t.seal_last(SegmentId(1), Arc::new(Vec::new()));
+        t.seal_last(SegmentId(1));
         let path: Arc<Path> = d.path().join("g").into();
         let file = StdStorage.create(&path).expect("create");
         t.push_segment(SegmentSlots::new(SegmentId(10), path, file, 0, 64));

@@ -199,3 +199,49 @@ fn claiming_one_record_at_a_time_crosses_segment_boundaries() {
     }
     assert_eq!(claimed, appended);
 }
+
+/// Regression: sealed segments were read through a memory map, and a segment
+/// file cut short underneath a running outbox killed the process with SIGBUS at
+/// the next claim. Now the claim fails with `Corrupt` naming the file and
+/// offset, the record is set aside, and the others keep flowing.
+#[test]
+fn a_segment_cut_short_underneath_fails_one_claim_and_the_rest_flows() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    let seqs: Vec<Seq> = (0..40u8)
+        .map(|i| outbox.append(&[i; 100]).expect("append"))
+        .collect();
+    let first = crate::segment_files(&dir)[0].clone();
+    // Cut inside the fourth record's frame.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&first)
+        .expect("open");
+    file.set_len(4 * 4096 + 10).expect("cut");
+    drop(file);
+    let mut delivered = Vec::new();
+    let mut refused = Vec::new();
+    loop {
+        match outbox.claim(5) {
+            Ok(records) if records.is_empty() => break,
+            Ok(records) => {
+                for r in records {
+                    delivered.push(r.seq());
+                    outbox.ack(r.seq()).expect("ack");
+                }
+            }
+            Err(Error::Corrupt { path, offset, .. }) => {
+                assert_eq!(path, first);
+                refused.push(offset);
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    // Every record whose bytes are gone is refused, naming where; every other
+    // record is delivered, in order.
+    assert!(!refused.is_empty());
+    assert!(refused.iter().all(|&o| o >= 4 * 4096), "{refused:?}");
+    assert!(delivered.starts_with(&seqs[..3]), "{delivered:?}");
+    assert!(delivered.ends_with(&seqs[15..]), "the later segments flow");
+    assert_eq!(delivered.len() + refused.len(), seqs.len());
+}

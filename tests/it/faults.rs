@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use segwal::io::{LockError, LockGuard, Mapped, StdStorage, Storage, StorageFile};
+use segwal::io::{LockError, LockGuard, StdStorage, Storage, StorageFile};
 use segwal::{Error, Options, Outbox, Seq};
 
 use crate::{drain, payload, small_segments, tmp};
@@ -34,6 +34,8 @@ struct Faults {
     syncs_waiting: AtomicUsize,
     /// Every directory fsynced, in order.
     dirs_synced: Mutex<Vec<PathBuf>>,
+    /// Reads that touch these bytes fail with EIO (a bad range of the disk).
+    bad_range: Mutex<Option<std::ops::Range<u64>>>,
 }
 
 impl Faults {
@@ -107,6 +109,10 @@ impl Storage for FaultyStorage {
 
 impl StorageFile for FaultyFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let bad = self.faults.bad_range.lock().expect("lock").clone();
+        if bad.is_some_and(|r| offset < r.end && offset + buf.len() as u64 > r.start) {
+            return Err(io::Error::from_raw_os_error(5)); // EIO
+        }
         self.inner.read_at(buf, offset)
     }
     fn next_data(&self, offset: u64) -> io::Result<Option<std::ops::Range<u64>>> {
@@ -156,9 +162,6 @@ impl StorageFile for FaultyFile {
     }
     fn len(&self) -> io::Result<u64> {
         self.inner.len()
-    }
-    fn map(&self, len: u64) -> io::Result<Mapped> {
-        self.inner.map(len)
     }
 }
 
@@ -535,4 +538,58 @@ fn every_directory_an_open_creates_is_made_durable_in_its_parent() {
     outbox.close().expect("close");
     let synced = faults.dirs_synced.lock().expect("lock").clone();
     assert!(synced.contains(&root.join("a").join("b")), "{synced:?}");
+}
+
+/// A read error is an error value naming the file, never a signal that kills
+/// the process (records are read with positioned reads, not through a memory
+/// map); the record it hit is held back, the others keep flowing, and after a
+/// reopen it is delivered.
+#[test]
+fn a_read_error_fails_one_claim_holds_its_record_back_and_the_rest_flows() {
+    let (_t, dir) = tmp();
+    let options = Options::default().segment_bytes(16 * 4096);
+    let (outbox, faults) = faulty(&dir, options.clone());
+    let seqs: Vec<Seq> = (0..40)
+        .map(|i| outbox.append(&payload(0, i)).expect("append"))
+        .collect();
+    // The third record of the first (sealed) segment: its own block.
+    *faults.bad_range.lock().expect("lock") = Some(3 * 4096..3 * 4096 + 1);
+    let mut delivered = Vec::new();
+    let mut failures = 0;
+    loop {
+        match outbox.claim(1) {
+            Ok(records) if records.is_empty() => break,
+            Ok(records) => {
+                for r in &records {
+                    assert_eq!(
+                        r.payload(),
+                        payload(0, delivered.len() + failures).as_slice()
+                    );
+                    delivered.push(r.seq());
+                    outbox.ack(r.seq()).expect("ack");
+                }
+            }
+            Err(Error::Io { path, op, .. }) => {
+                assert_eq!(op, "read segment");
+                assert_eq!(path, crate::segment_files(&dir)[0]);
+                failures += 1;
+                // The range is of the first segment's file only.
+                *faults.bad_range.lock().expect("lock") = None;
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert_eq!(
+        failures, 1,
+        "the failing record is held back, not retried at once"
+    );
+    let expected: Vec<Seq> = seqs.iter().copied().filter(|&s| s != seqs[2]).collect();
+    assert_eq!(delivered, expected);
+    assert_eq!(outbox.stats().claimed, 1, "held back as claimed");
+    outbox.close().expect("close");
+    // The disk heals: the record is there, and is delivered (with every other
+    // one: acknowledgements live in memory in this version).
+    let outbox = Outbox::open(&dir, options).expect("reopen");
+    let again: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+    assert_eq!(again, seqs);
 }

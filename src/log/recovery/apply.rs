@@ -99,21 +99,11 @@ fn keep_segments(
         let nonce = scan.header.map_or(0, |h| h.nonce);
         let mut frames = scan.frames;
         frames.truncate(keep.frames);
-        let Opened { segment, mut map } = file;
+        let Opened { segment } = file;
         if let Some(cut) = keep.cut {
-            // Drop the view first: a mapped page past the end of a file faults
-            // when read.
-            drop(map);
             segment.cut(cut).map_err(|f| f.into_error())?;
-            map = remap(&segment, cut)?;
         }
         if let Some(target) = target {
-            // The seal cuts the file after itself: map only what comes before
-            // it, so that no view ever covers bytes a cut takes away.
-            if (*map).as_ref().len() as u64 > target.at {
-                drop(map);
-                map = remap(&segment, target.at)?;
-            }
             let index = IndexBuilder::of(&frames, kept_log_start);
             seal = Some(PendingSeal {
                 salt: frame::salt(segment.id, nonce),
@@ -126,7 +116,6 @@ fn keep_segments(
         segments.push(RecoveredSegment {
             salt: frame::salt(segment.id, nonce),
             segment,
-            map,
             frames,
         });
     }
@@ -178,12 +167,4 @@ fn remove_all(
             .map_err(|e| Error::io("sync directory", dir, e))?;
     }
     Ok(())
-}
-
-/// Maps the first `len` bytes of `segment`.
-fn remap(segment: &SegmentFile, len: u64) -> Result<crate::io::Mapped> {
-    segment
-        .file
-        .map(len)
-        .map_err(|e| Error::io("map segment", &*segment.path, e))
 }

@@ -31,8 +31,8 @@ pub use report::{Dropped, RecoveryReport, TornTail};
 use crate::error::{Corruption, Error, Result};
 use crate::format::frame::FrameSpan;
 use crate::format::seq::{SEGMENT_SUFFIX, SegmentId, Seq};
+use crate::io::Storage;
 use crate::io::segment_file::{FreshSegment, PendingSeal, SegmentFile};
-use crate::io::{Mapped, Storage};
 use crate::options::{OpenCheck, Options, RecoveryMode};
 
 /// One segment as recovery leaves it; all of them are sealed (the newest, if it
@@ -41,8 +41,6 @@ pub(crate) struct RecoveredSegment {
     pub segment: SegmentFile,
     /// The seed of its frames' checksums.
     pub salt: u32,
-    /// The file up to its last frame (at least).
-    pub map: Mapped,
     pub frames: Vec<FrameSpan>,
 }
 

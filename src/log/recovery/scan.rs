@@ -2,7 +2,7 @@
 //!
 //! [`scan`] is pure: a function of the file's bytes (and of where the file
 //! system says data lies), so the crash cases can be tested without a disk.
-//! [`scan_file`] opens, maps and scans one file of the directory.
+//! [`scan_file`] opens, reads and scans one file of the directory.
 
 use std::io;
 use std::ops::Range;
@@ -13,8 +13,8 @@ use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind, FrameSpan};
 use crate::format::seal;
 use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader};
 use crate::format::seq::{SEQ_MAX, SegmentId, Seq};
+use crate::io::Storage;
 use crate::io::segment_file::SegmentFile;
-use crate::io::{Mapped, Storage};
 use crate::options::OpenCheck;
 
 /// A segment's seal frame: the last frame of a sealed segment.
@@ -132,16 +132,22 @@ impl SegmentScan {
 /// A segment file opened for recovery: what `apply` needs to change it.
 pub(crate) struct Opened {
     pub segment: SegmentFile,
-    /// The file as it was scanned.
-    pub map: Mapped,
 }
 
 /// Where the file system says data may lie from an offset on: `None` when the
 /// rest reads as zeros ([`StorageFile::next_data`](crate::io::StorageFile::next_data)).
 pub(crate) type DataRegions<'a> = &'a dyn Fn(u64) -> io::Result<Option<Range<u64>>>;
 
-/// Opens, maps and scans the segment `id` of `dir`. `sync` first makes what is
-/// about to be read durable (the two newest files: see `recover`).
+/// Opens and scans the segment `id` of `dir`. `sync` first makes what is about
+/// to be read durable (the two newest files: see `recover`).
+///
+/// The file is read with positioned reads into memory, one file at a time, and
+/// never mapped: a read error is an error value, not a `SIGBUS`. Under
+/// [`OpenCheck::SealIndex`] a sealed segment costs its header's block and its
+/// seal; otherwise the regions where the file says data lies are read (and 4
+/// KiB past each, so that a hole wrongly reported right after the data cannot
+/// hide bytes that fail to decode), and, if that finds damage, every byte, so
+/// that a frame beyond a wrongly reported hole still proves damage is not torn.
 pub(crate) fn scan_file(
     storage: &dyn Storage,
     dir: &Path,
@@ -160,17 +166,81 @@ pub(crate) fn scan_file(
     let len = file
         .len()
         .map_err(|e| Error::io("stat segment", &path, e))?;
-    let map = file
-        .map(len)
-        .map_err(|e| Error::io("map segment", &path, e))?;
-    let buf: &[u8] = (*map).as_ref();
-    let scan = scan(id, path.clone(), buf, check, &|at| file.next_data(at));
-    let segment = SegmentFile {
-        id,
-        path: path.into(),
-        file,
+    let Ok(size) = usize::try_from(len) else {
+        return Err(Error::Corrupt {
+            path,
+            offset: 0,
+            seq: None,
+            kind: Corruption::LengthOutOfRange {
+                len,
+                max: usize::MAX as u64,
+            },
+        });
     };
-    Ok((scan, Opened { segment, map }))
+    let read = |buf: &mut Vec<u8>, from: u64, to: u64| -> Result<()> {
+        let to = to.min(len);
+        if from >= to {
+            return Ok(());
+        }
+        let range = buf.get_mut(from as usize..to as usize).unwrap_or_default();
+        crate::io::read_exact_at(&*file, range, from)
+            .map_err(|e| Error::io("read segment", &path, e))
+    };
+    // Zeros until read: the allocation is lazy, and unread space reads as the
+    // zeros a hole or preallocated space holds.
+    let mut buf = vec![0u8; size];
+    let regions = |at| file.next_data(at);
+    if check == OpenCheck::SealIndex {
+        read(&mut buf, 0, FRAMES_AT as u64)?;
+        read(&mut buf, len.saturating_sub(4), len)?;
+        if let Some(seal_len) = seal::trailer(&buf) {
+            read(&mut buf, len.saturating_sub(seal_len as u64), len)?;
+        }
+        if let Some(scan) = scan_sealed(id, path.clone(), &buf) {
+            return Ok((scan, opened(id, path, file)));
+        }
+    }
+    let mut at = 0;
+    while let Some((start, end)) = data_region(&regions, &buf, at) {
+        read(&mut buf, start as u64, (end + PAGE) as u64)?;
+        at = end;
+    }
+    let mut scan = scan(id, path.clone(), &buf, OpenCheck::EveryFrame, &regions);
+    if scan.damage.is_some() {
+        read(&mut buf, 0, len)?;
+        scan = self::scan(id, path.clone(), &buf, OpenCheck::EveryFrame, &regions);
+    }
+    Ok((scan, opened(id, path, file)))
+}
+
+fn opened(
+    id: SegmentId,
+    path: PathBuf,
+    file: std::sync::Arc<dyn crate::io::StorageFile>,
+) -> Opened {
+    Opened {
+        segment: SegmentFile {
+            id,
+            path: path.into(),
+            file,
+        },
+    }
+}
+
+/// Reads a sealed segment through its seal index alone, from `buf`, which need
+/// hold only the segment's header and its seal: `None` if they do not check.
+fn scan_sealed(id: SegmentId, path: PathBuf, buf: &[u8]) -> Option<SegmentScan> {
+    let mut scan = SegmentScan {
+        id,
+        path,
+        header: None,
+        frames: Vec::new(),
+        log_starts: Vec::new(),
+        seal: None,
+        len: buf.len() as u64,
+        damage: None,
+    };
+    scan_by_index(buf, id, &mut scan).then_some(scan)
 }
 
 /// Scans one segment file's bytes `buf`: header, frames, and the first damage
