@@ -14,6 +14,7 @@ use crate::format::frame::frame_len;
 use crate::format::segment::FRAMES_AT;
 use crate::format::seq::Seq;
 use crate::io::reader::{self, Record};
+use crate::io::segment_file::FileCache;
 use crate::io::{LockError, StdStorage, Storage};
 use crate::log::recovery::{self, RecoveryReport};
 use crate::log::shared::{Budget, Completion, Counters, Shared, Ticket};
@@ -137,11 +138,12 @@ impl Outbox {
         let recovered = recovery::recover(&*storage, &dir, &options)?;
         let mut table = Table::new();
         for seg in recovered.segments {
-            let s = seg.segment;
             let frames_at = FRAMES_AT as u32;
-            table.push_segment(SegmentSlots::new(s.id, s.path, s.file, seg.salt, frames_at));
-            table.push_frames(s.id, s.id.first_seq(), &seg.frames);
-            table.seal_last(s.id);
+            table.push_segment(SegmentSlots::new(
+                seg.id, seg.path, None, seg.salt, frames_at,
+            ));
+            table.push_frames(seg.id, seg.id.first_seq(), &seg.frames);
+            table.seal_last(seg.id);
         }
         if cfg!(debug_assertions) {
             table.check_invariants();
@@ -149,6 +151,7 @@ impl Outbox {
         let (tx, rx) = crossbeam_channel::bounded(options.queue_capacity);
         let shared = Arc::new(Shared {
             dir,
+            files: FileCache::new(storage.clone()),
             storage,
             budget: Budget::new(options.queue_bytes),
             options,
@@ -346,7 +349,8 @@ impl Outbox {
         let claimed: usize = runs.iter().map(|r| r.frames.len()).sum();
         let mut records = Vec::with_capacity(claimed);
         let skip_crc = crate::injected!(self.handle.shared.options, SkipReadCrc);
-        match reader::read_runs(&runs, &mut records, skip_crc) {
+        let files = &self.handle.shared.files;
+        match reader::read_runs(&runs, files, &mut records, skip_crc) {
             Ok(()) => Ok(records),
             Err(failure) => {
                 let shared = &self.handle.shared;
@@ -427,7 +431,13 @@ impl Outbox {
         let age = |first: &Option<SlotRef>| {
             first
                 .as_ref()
-                .and_then(|slot| reader::frame_time(&*slot.file, slot.offset))
+                .and_then(|slot| {
+                    let file = match &slot.file {
+                        Some(file) => file.clone(),
+                        None => shared.files.get(&slot.path).ok()?,
+                    };
+                    reader::frame_time(&*file, slot.offset)
+                })
                 .map(|t| now.duration_since(t).unwrap_or(Duration::ZERO))
         };
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);

@@ -9,6 +9,7 @@ use crate::error::{Corruption, Error};
 use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind};
 use crate::format::segment::BLOCK;
 use crate::format::seq::Seq;
+use crate::io::segment_file::FileCache;
 use crate::io::{self, StorageFile};
 use crate::state::table::{ClaimRun, ClaimedFrame};
 
@@ -80,10 +81,19 @@ pub(crate) struct ReadFailure {
 /// `skip_crc` is an injected bug (negative control of the crash tests).
 pub(crate) fn read_runs(
     runs: &[ClaimRun],
+    files: &FileCache,
     out: &mut Vec<Record>,
     skip_crc: bool,
 ) -> Result<(), ReadFailure> {
     for run in runs {
+        let file = match &run.file {
+            Some(file) => file.clone(),
+            None => files.get(&run.path).map_err(|e| ReadFailure {
+                seq: run.frames.first().map_or(Seq::from(0), |f| f.seq),
+                error: Error::io("open segment", &*run.path, e),
+                corrupt: false,
+            })?,
+        };
         // One read per stretch of frames at most a block apart (the padding
         // between sync groups is read with them), up to `READ_BYTES_MAX`; one
         // read per frame once a stretch ran past the end of the file, so that
@@ -102,7 +112,7 @@ pub(crate) fn read_runs(
                 j += 1;
                 end = next_end;
             }
-            let bytes = match read(run, &*run.file, start, end) {
+            let bytes = match read(run, &*file, start, end) {
                 Ok(bytes) => bytes,
                 Err((_, true)) if j > i => {
                     one_by_one = true;

@@ -219,3 +219,56 @@ pub(crate) fn now_us() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
 }
+
+/// The sealed segment files open at once, at most [`OPEN_FILES_MAX`]: a
+/// backlog of thousands of segments (a long outage of the far side) must not
+/// run the process out of file descriptors. The least recently used is closed
+/// first (once no read holds it).
+pub(crate) struct FileCache {
+    storage: Arc<dyn Storage>,
+    /// Least recently used first.
+    open: parking_lot::Mutex<Vec<OpenFile>>,
+}
+
+/// A segment file held open by the cache: its path and its handle.
+type OpenFile = (Arc<Path>, Arc<dyn StorageFile>);
+
+/// Sealed segment files held open at once by one outbox (the active segment
+/// has one more, held by the writer).
+pub(crate) const OPEN_FILES_MAX: usize = 16;
+
+impl FileCache {
+    pub(crate) fn new(storage: Arc<dyn Storage>) -> FileCache {
+        FileCache {
+            storage,
+            open: parking_lot::Mutex::new(Vec::with_capacity(OPEN_FILES_MAX)),
+        }
+    }
+
+    /// The open file of the segment at `path`, opened now if it is not.
+    pub(crate) fn get(&self, path: &Arc<Path>) -> io::Result<Arc<dyn StorageFile>> {
+        {
+            let mut open = self.open.lock();
+            if let Some(k) = open.iter().position(|(p, _)| p == path) {
+                // Most recently used last.
+                let entry = open.remove(k);
+                let file = entry.1.clone();
+                open.push(entry);
+                return Ok(file);
+            }
+        }
+        // Opened outside the lock: a slow open delays no other read.
+        let file = self.storage.open(path)?;
+        let mut open = self.open.lock();
+        if open.len() == OPEN_FILES_MAX {
+            open.remove(0);
+        }
+        open.push((path.clone(), file.clone()));
+        Ok(file)
+    }
+
+    /// Closes the file of the segment at `path`, if open (it is deleted).
+    pub(crate) fn forget(&self, path: &Path) {
+        self.open.lock().retain(|(p, _)| &**p != path);
+    }
+}

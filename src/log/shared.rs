@@ -9,6 +9,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
 use crate::format::seq::Seq;
+use crate::io::segment_file::FileCache;
 use crate::io::{LockGuard, Storage};
 use crate::options::Options;
 use crate::state::table::Table;
@@ -17,6 +18,8 @@ use crate::state::table::Table;
 pub(crate) struct Shared {
     pub dir: PathBuf,
     pub storage: Arc<dyn Storage>,
+    /// The sealed segment files open at once, bounded.
+    pub files: FileCache,
     pub options: Options,
     pub table: Mutex<Table>,
     /// Notified when records become claimable, and at close.

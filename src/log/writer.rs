@@ -682,6 +682,7 @@ impl Writer {
         for path in &paths {
             // A file that cannot be removed now is below the durable log start:
             // the next recovery removes it.
+            self.shared.files.forget(path);
             let _ = self.shared.storage.remove(path);
         }
         if let Err(e) = self.shared.storage.sync_dir(&self.shared.dir) {
@@ -752,7 +753,7 @@ fn push_active(shared: &Shared, active: &Active) {
     shared.table.lock().push_segment(SegmentSlots::new(
         active.seg.id,
         active.seg.path.clone(),
-        active.seg.file.clone(),
+        Some(active.seg.file.clone()),
         active.salt,
         FRAMES_AT as u32,
     ));

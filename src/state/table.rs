@@ -45,7 +45,9 @@ use crate::io::StorageFile;
 pub(crate) struct SegmentSlots {
     pub id: SegmentId,
     pub path: Arc<Path>,
-    pub file: Arc<dyn StorageFile>,
+    /// The active segment's file, shared with the writer; `None` once sealed
+    /// (sealed files are opened through the outbox's file cache).
+    pub file: Option<Arc<dyn StorageFile>>,
     /// The seed of its frames' checksums.
     pub salt: u32,
     /// Set once the segment is sealed: the writer will never write it again.
@@ -70,7 +72,7 @@ impl SegmentSlots {
     pub(crate) fn new(
         id: SegmentId,
         path: Arc<Path>,
-        file: Arc<dyn StorageFile>,
+        file: Option<Arc<dyn StorageFile>>,
         salt: u32,
         frames_at: u32,
     ) -> Self {
@@ -165,7 +167,9 @@ pub(crate) struct ClaimRun {
     pub path: Arc<Path>,
     /// The segment's checksum seed.
     pub salt: u32,
-    pub file: Arc<dyn StorageFile>,
+    /// The active segment's file; `None` for a sealed one (read through the
+    /// file cache, by path).
+    pub file: Option<Arc<dyn StorageFile>>,
     /// The claimed frames, in sequence order.
     pub frames: Vec<ClaimedFrame>,
 }
@@ -183,7 +187,10 @@ pub(crate) struct ClaimedFrame {
 /// Where a slot's frame can be read: for the age of the oldest record.
 pub(crate) struct SlotRef {
     pub seq: Seq,
-    pub file: Arc<dyn StorageFile>,
+    pub path: Arc<Path>,
+    /// The active segment's file; `None` for a sealed one (read through the
+    /// file cache, by path).
+    pub file: Option<Arc<dyn StorageFile>>,
     /// Byte offset of the frame in its segment.
     pub offset: u32,
 }
@@ -253,6 +260,7 @@ impl Table {
         let last = self.segments.back_mut().expect("seal of an empty table");
         assert_eq!(last.id, id, "seal of a segment that is not the last one");
         last.sealed = true;
+        last.file = None;
         // A sealed segment never grows again: give back what doubling reserved.
         last.offsets.shrink_to_fit();
         last.gaps.shrink_to_fit();
@@ -617,6 +625,7 @@ impl Table {
                     let i = w * 64 + bits.trailing_zeros() as usize;
                     return Some(SlotRef {
                         seq: Seq::from(seg.first() + i as u64),
+                        path: seg.path.clone(),
                         file: seg.file.clone(),
                         offset: seg.offsets[i],
                     });
@@ -663,7 +672,7 @@ mod tests {
         let path: Arc<Path> = dir.path().join("f").into();
         let file = StdStorage.create(&path).expect("create");
         let mut t = Table::new();
-        t.push_segment(SegmentSlots::new(SegmentId(1), path, file, 0, 64));
+        t.push_segment(SegmentSlots::new(SegmentId(1), path, Some(file), 0, 64));
         let frame = FRAME_HEADER_LEN as u32 + 10;
         let frames: Vec<FrameSpan> = (0..n)
             .map(|i| FrameSpan {
@@ -759,7 +768,7 @@ mod tests {
         t.seal_last(SegmentId(1));
         let path: Arc<Path> = d.path().join("g").into();
         let file = StdStorage.create(&path).expect("create");
-        t.push_segment(SegmentSlots::new(SegmentId(4), path, file, 0, 64));
+        t.push_segment(SegmentSlots::new(SegmentId(4), path, Some(file), 0, 64));
         assert_eq!(t.reclaimable(), Some((1, Seq::from(4))));
         t.remove_front(1);
         // Seqs of deleted segments were acknowledged: acking them again is fine.
@@ -776,7 +785,7 @@ mod tests {
         t.seal_last(SegmentId(1));
         let path: Arc<Path> = d.path().join("g").into();
         let file = StdStorage.create(&path).expect("create");
-        t.push_segment(SegmentSlots::new(SegmentId(10), path, file, 0, 64));
+        t.push_segment(SegmentSlots::new(SegmentId(10), path, Some(file), 0, 64));
         let frame = FRAME_HEADER_LEN as u32 + 10;
         t.push_frames(
             SegmentId(10),

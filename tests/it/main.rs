@@ -1,6 +1,7 @@
 //! Integration tests of segwal, grouped by concern. One binary builds faster.
 
 mod append;
+mod backlog;
 mod claim;
 mod crash;
 mod enospc;

@@ -66,7 +66,7 @@ pub(crate) fn apply(
         .chain(plan.remove.iter().filter(|_| plan.dropped.is_none()))
         .map(|&k| path(k))
         .collect();
-    let (segments, seal) = keep_segments(scans, opened, &plan)?;
+    let (segments, seal) = keep_segments(storage, scans, opened, &plan)?;
     report.torn_tail = plan.torn;
     report.dropped = plan.dropped;
     Ok(Recovered {
@@ -81,6 +81,7 @@ pub(crate) fn apply(
 /// The segments `plan` keeps, cut where it says, and the seal their newest one
 /// lacks.
 fn keep_segments(
+    storage: &dyn Storage,
     scans: Vec<SegmentScan>,
     opened: Vec<Opened>,
     plan: &Plan,
@@ -99,23 +100,23 @@ fn keep_segments(
         let nonce = scan.header.map_or(0, |h| h.nonce);
         let mut frames = scan.frames;
         frames.truncate(keep.frames);
-        let Opened { segment } = file;
         if let Some(cut) = keep.cut {
-            segment.cut(cut).map_err(|f| f.into_error())?;
+            file.open(storage)?.cut(cut).map_err(|f| f.into_error())?;
         }
         if let Some(target) = target {
             let index = IndexBuilder::of(&frames, kept_log_start);
             seal = Some(PendingSeal {
-                salt: frame::salt(segment.id, nonce),
-                segment: segment.clone(),
+                salt: frame::salt(file.id, nonce),
+                segment: file.open(storage)?,
                 at: target.at,
                 seq: target.seq,
                 index: index.encode(nonce),
             });
         }
         segments.push(RecoveredSegment {
-            salt: frame::salt(segment.id, nonce),
-            segment,
+            salt: frame::salt(file.id, nonce),
+            id: file.id,
+            path: file.path,
             frames,
         });
     }
@@ -132,7 +133,8 @@ fn reuse(
 ) -> Result<FreshSegment> {
     // Preallocated again if a close gave its space back (only a speed-up, as in
     // the writer).
-    let _ = opened.segment.file.allocate(preallocate);
+    let segment = opened.open(storage)?;
+    let _ = segment.file.allocate(preallocate);
     // Its directory entry may not be durable yet (a crash, or a failed
     // directory fsync, right after it was created).
     storage
@@ -141,7 +143,7 @@ fn reuse(
     // Frames go right after the header: the rest of the file, if any, is
     // preallocated zeros.
     Ok(FreshSegment {
-        segment: opened.segment.clone(),
+        segment,
         len: FRAMES_AT as u64,
         nonce: scan.header.map_or(0, |h| h.nonce),
         outbox_id: scan.header.map_or(0, |h| h.outbox_id),

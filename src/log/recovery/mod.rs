@@ -25,6 +25,7 @@ mod report;
 mod scan;
 
 use std::path::Path;
+use std::sync::Arc;
 
 pub use report::{Dropped, RecoveryReport, TornTail};
 
@@ -32,13 +33,14 @@ use crate::error::{Corruption, Error, Result};
 use crate::format::frame::FrameSpan;
 use crate::format::seq::{SEGMENT_SUFFIX, SegmentId, Seq};
 use crate::io::Storage;
-use crate::io::segment_file::{FreshSegment, PendingSeal, SegmentFile};
+use crate::io::segment_file::{FreshSegment, PendingSeal};
 use crate::options::{OpenCheck, Options, RecoveryMode};
 
 /// One segment as recovery leaves it; all of them are sealed (the newest, if it
 /// lacks its seal, by the writer before anything else).
 pub(crate) struct RecoveredSegment {
-    pub segment: SegmentFile,
+    pub id: SegmentId,
+    pub path: Arc<Path>,
     /// The seed of its frames' checksums.
     pub salt: u32,
     pub frames: Vec<FrameSpan>,

@@ -129,9 +129,26 @@ impl SegmentScan {
     }
 }
 
-/// A segment file opened for recovery: what `apply` needs to change it.
+/// A segment file recovery read: what `apply` needs to open it again. No file
+/// stays open between the scan and `apply`, so that a backlog of thousands of
+/// segments needs no more descriptors than one.
 pub(crate) struct Opened {
-    pub segment: SegmentFile,
+    pub id: SegmentId,
+    pub path: std::sync::Arc<Path>,
+}
+
+impl Opened {
+    /// Opens the file again, for `apply` to change it or for the writer.
+    pub(crate) fn open(&self, storage: &dyn Storage) -> Result<SegmentFile> {
+        let file = storage
+            .open(&self.path)
+            .map_err(|e| Error::io("open segment", &*self.path, e))?;
+        Ok(SegmentFile {
+            id: self.id,
+            path: self.path.clone(),
+            file,
+        })
+    }
 }
 
 /// Where the file system says data may lie from an offset on: `None` when the
@@ -197,7 +214,7 @@ pub(crate) fn scan_file(
             read(&mut buf, len.saturating_sub(seal_len as u64), len)?;
         }
         if let Some(scan) = scan_sealed(id, path.clone(), &buf) {
-            return Ok((scan, opened(id, path, file)));
+            return Ok((scan, opened(id, path)));
         }
     }
     let mut at = 0;
@@ -210,20 +227,13 @@ pub(crate) fn scan_file(
         read(&mut buf, 0, len)?;
         scan = self::scan(id, path.clone(), &buf, OpenCheck::EveryFrame, &regions);
     }
-    Ok((scan, opened(id, path, file)))
+    Ok((scan, opened(id, path)))
 }
 
-fn opened(
-    id: SegmentId,
-    path: PathBuf,
-    file: std::sync::Arc<dyn crate::io::StorageFile>,
-) -> Opened {
+fn opened(id: SegmentId, path: PathBuf) -> Opened {
     Opened {
-        segment: SegmentFile {
-            id,
-            path: path.into(),
-            file,
-        },
+        id,
+        path: path.into(),
     }
 }
 
