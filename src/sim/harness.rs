@@ -236,11 +236,22 @@ impl Figures {
 
 /// The payload of record `id`: its id, its length, then bytes derived from both.
 /// Self-checking: [`payload_id`] recognises exactly these.
+///
+/// One payload in four is hostile, as a producer that controls every byte of
+/// a record can make it: after its id and length come well-formed frames (a
+/// record, a seal, a log start) under every salt a producer could know (the
+/// first segment's and its own id's, under nonces 0 and 1), numbered near
+/// 2^62, then bytes dense with the frame magic. Nothing in them may change
+/// what recovery decides.
 pub fn payload(id: u64, len: usize) -> Vec<u8> {
     let len = len.max(12);
     let mut p = Vec::with_capacity(len);
     p.extend_from_slice(&id.to_le_bytes());
     p.extend_from_slice(&(len as u32).to_le_bytes());
+    if id % 4 == 3 {
+        hostile_tail(id, len, &mut p);
+        return p;
+    }
     let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     while p.len() < len {
         x ^= x << 13;
@@ -249,6 +260,39 @@ pub fn payload(id: u64, len: usize) -> Vec<u8> {
         p.push(x as u8);
     }
     p
+}
+
+/// Fills `p` to `len` bytes with forged frames, then the frame magic.
+fn hostile_tail(id: u64, len: usize, p: &mut Vec<u8>) {
+    use crate::format::frame::{self, FRAME_MAGIC, FrameHeader, FrameKind};
+    use crate::format::seq::{SEQ_MAX, SegmentId};
+    let mut forged = Vec::new();
+    for segment in [1, id.max(1)] {
+        for nonce in [0, 1] {
+            let salt = frame::salt(SegmentId(segment), nonce);
+            for kind in [FrameKind::Record, FrameKind::Seal, FrameKind::LogStart] {
+                let seq = Seq::from(SEQ_MAX - 1 - id % 7);
+                frame::encode(
+                    &mut forged,
+                    &FrameHeader {
+                        kind,
+                        batch_end: true,
+                        seq,
+                        group: seq,
+                        timestamp_us: id,
+                    },
+                    &(SEQ_MAX - 2).to_le_bytes(),
+                    salt,
+                );
+            }
+        }
+    }
+    let room = len.saturating_sub(p.len());
+    p.extend_from_slice(forged.get(..room.min(forged.len())).unwrap_or_default());
+    while p.len() < len {
+        let k = p.len() % FRAME_MAGIC.len();
+        p.push(FRAME_MAGIC.get(k).copied().unwrap_or(0));
+    }
 }
 
 /// The id of a payload made by [`payload`], or `None` for any other bytes.
