@@ -593,3 +593,43 @@ fn a_read_error_fails_one_claim_holds_its_record_back_and_the_rest_flows() {
     let again: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
     assert_eq!(again, seqs);
 }
+
+/// What a failed fsync can take back under `Durability::Buffered`, as
+/// docs/GUARANTEES.md states it: the appends answered since the last successful
+/// fsync. The writer cuts the file back to what that fsync made durable (the
+/// page cache can no longer be trusted), so they are gone after a reopen, and
+/// their numbers are assigned again, to records no relay ever saw.
+#[test]
+fn under_buffered_a_failed_fsync_takes_back_the_appends_since_the_last_one() {
+    let (_t, dir) = tmp();
+    let options = Options::default()
+        .durability(segwal::Durability::Buffered)
+        .buffered_sync_interval(std::time::Duration::from_secs(3600));
+    let (outbox, faults) = faulty(&dir, options);
+    let durable: Vec<Seq> = (0..3)
+        .map(|i| outbox.append(&payload(0, i)).expect("append"))
+        .collect();
+    outbox.sync().expect("sync");
+    let answered: Vec<Seq> = (3..6)
+        .map(|i| outbox.append(&payload(0, i)).expect("append"))
+        .collect();
+    faults.fail_sync.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        outbox.sync(),
+        Err(Error::Poisoned { op: "fsync", .. })
+    ));
+    let _ = outbox.close();
+    faults.fail_sync.store(false, Ordering::SeqCst);
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    let recovered: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+    assert_eq!(
+        recovered, durable,
+        "only what the last good fsync made durable"
+    );
+    let next = outbox.append(b"after").expect("append");
+    // The seal of the reopened segment takes one of them, the next record another.
+    assert!(
+        next <= answered[2],
+        "the numbers of taken-back appends are given again: {next}"
+    );
+}
