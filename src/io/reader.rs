@@ -96,8 +96,8 @@ pub(crate) fn read_runs(
         };
         // One read per stretch of frames at most a block apart (the padding
         // between sync groups is read with them), up to `READ_BYTES_MAX`; one
-        // read per frame once a stretch ran past the end of the file, so that
-        // the record whose bytes are gone is the one named.
+        // read per frame once a stretch failed (a bad range, the end of the
+        // file), so that the record named is the one whose bytes fail.
         let mut i = 0;
         let mut one_by_one = false;
         while i < run.frames.len() {
@@ -114,7 +114,7 @@ pub(crate) fn read_runs(
             }
             let bytes = match read(run, &*file, start, end) {
                 Ok(bytes) => bytes,
-                Err((_, true)) if j > i => {
+                Err(_) if j > i => {
                     one_by_one = true;
                     continue;
                 }

@@ -158,6 +158,9 @@ struct State {
     rot_reads: u64,
     /// Chance in percent that a read fails with EIO.
     fail_reads: u64,
+    /// Reads that touch these bytes of this inode fail with EIO: a bad range
+    /// of the medium.
+    bad_range: Option<(u64, Range<u64>)>,
     dirs: BTreeSet<PathBuf>,
     live: BTreeMap<PathBuf, u64>,
     durable: BTreeMap<PathBuf, u64>,
@@ -184,6 +187,7 @@ impl State {
             faults: self.faults.clone(),
             rot_reads: self.rot_reads,
             fail_reads: self.fail_reads,
+            bad_range: self.bad_range.clone(),
             dirs: self.dirs.clone(),
             live: self.live.clone(),
             durable: self.durable.clone(),
@@ -220,6 +224,7 @@ impl SimDisk {
                 faults: Vec::new(),
                 rot_reads: 0,
                 fail_reads: 0,
+                bad_range: None,
                 dirs: BTreeSet::new(),
                 live: BTreeMap::new(),
                 durable: BTreeMap::new(),
@@ -303,6 +308,35 @@ impl SimDisk {
     /// Makes reads fail with EIO with this chance in percent (not persistent).
     pub fn fail_reads(&self, percent: u64) {
         self.state.lock().fail_reads = percent;
+    }
+
+    /// From now on, every read that touches `range` of the file at `path`
+    /// fails with EIO (a bad range of the medium); `false` if there is no such
+    /// file.
+    pub fn fail_reads_in(&self, path: &Path, range: Range<u64>) -> bool {
+        let mut s = self.state.lock();
+        let Some(&ino) = s.live.get(path) else {
+            return false;
+        };
+        s.bad_range = Some((ino, range));
+        true
+    }
+
+    /// Cuts the file at `path` to `len` bytes, live and durable, behind the
+    /// engine's back (another program truncating it); `false` if there is no
+    /// such file.
+    pub fn shrink(&self, path: &Path, len: u64) -> bool {
+        let mut s = self.state.lock();
+        let Some(&ino) = s.live.get(path) else {
+            return false;
+        };
+        let Some(inode) = s.inodes.get_mut(&ino) else {
+            return false;
+        };
+        for image in [&mut inode.live, &mut inode.durable] {
+            image.truncate(len as usize);
+        }
+        true
     }
 
     /// Counters so far.
@@ -729,6 +763,13 @@ impl StorageFile for SimFile {
         let s = &mut *guard;
         SimDisk::check_alive(s, self.generation)?;
         Self::read_fault(s)?;
+        if let Some((ino, bad)) = &s.bad_range
+            && *ino == self.ino
+            && offset < bad.end
+            && offset + buf.len() as u64 > bad.start
+        {
+            return Err(errno(5));
+        }
         let inode = s.inodes.get(&self.ino).ok_or_else(crashed_error)?;
         let at = offset as usize;
         if at >= inode.live.len() {

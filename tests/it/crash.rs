@@ -213,3 +213,61 @@ fn negative_controls_every_known_bug_is_caught() {
         "the harness missed injected bugs: {missed:?}"
     );
 }
+
+/// On the simulated disk: a bad range of a sealed segment (reads fail with
+/// EIO) and another sealed segment cut short by another program, under a
+/// running outbox. Each costs the claims of the records it hit a typed error
+/// naming the file; no panic, and every other record is delivered, in order.
+#[test]
+fn a_bad_range_and_a_file_cut_short_fail_claims_not_the_process() {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use segwal::sim::SimDisk;
+    use segwal::{Error, Options, Outbox, Seq};
+
+    let disk = SimDisk::new(7);
+    let dir = Path::new("/outbox");
+    let options = Options::default().segment_bytes(16 * 4096);
+    let outbox = Outbox::open_with_storage(dir, options, Arc::new(disk.clone())).expect("open");
+    let seqs: Vec<Seq> = (0..60u8)
+        .map(|i| outbox.append(&[i; 100]).expect("append"))
+        .collect();
+    let mut files = disk.files(dir);
+    files.sort();
+    let (first, second) = (dir.join(&files[0]), dir.join(&files[1]));
+    // The third record of the first segment sits on a bad range; the second
+    // segment loses everything from inside its fifth record on.
+    assert!(disk.fail_reads_in(&first, 3 * 4096..3 * 4096 + 1));
+    assert!(disk.shrink(&second, 5 * 4096 + 10));
+    let mut delivered = Vec::new();
+    let (mut io, mut corrupt) = (0, 0);
+    loop {
+        match outbox.claim(4) {
+            Ok(records) if records.is_empty() => break,
+            Ok(records) => {
+                for r in records {
+                    delivered.push(r.seq());
+                    outbox.ack(r.seq()).expect("ack");
+                }
+            }
+            Err(Error::Io { path, .. }) => {
+                assert_eq!(path, first);
+                io += 1;
+            }
+            Err(Error::Corrupt { path, offset, .. }) => {
+                assert_eq!(path, second);
+                assert!(offset >= 5 * 4096, "{offset}");
+                corrupt += 1;
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert_eq!(io, 1, "the record on the bad range is held back once");
+    assert!(corrupt >= 1);
+    assert_eq!(delivered.len() + io + corrupt, seqs.len());
+    let mut sorted = delivered.clone();
+    sorted.sort();
+    assert_eq!(sorted, delivered, "in order");
+    assert!(delivered.ends_with(&seqs[30..]), "the later segments flow");
+}
