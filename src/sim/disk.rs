@@ -909,16 +909,23 @@ mod tests {
         PathBuf::from("/d").join(name)
     }
 
+    /// A disk of seed `seed` holding `/d/a` with "durable" fsynced at offset
+    /// 0, and its open handle.
+    fn durable_file(seed: u64) -> (SimDisk, Arc<dyn StorageFile>) {
+        let disk = SimDisk::new(seed);
+        disk.create_dir_all(Path::new("/d")).expect("dir");
+        let f = disk.create(&path("a")).expect("create");
+        f.write_at(b"durable", 0).expect("write");
+        f.sync_data().expect("sync");
+        disk.sync_dir(Path::new("/d")).expect("sync dir");
+        (disk, f)
+    }
+
     #[test]
     fn synced_data_survives_every_crash_and_unsynced_data_may_not() {
         let mut lost = 0;
         for seed in 0..200 {
-            let disk = SimDisk::new(seed);
-            disk.create_dir_all(Path::new("/d")).expect("dir");
-            let f = disk.create(&path("a")).expect("create");
-            f.write_at(b"durable", 0).expect("write");
-            f.sync_data().expect("sync");
-            disk.sync_dir(Path::new("/d")).expect("sync dir");
+            let (disk, f) = durable_file(seed);
             // The unsynced write on the next block: nothing it can garble
             // holds a synced byte.
             f.write_at(&[7u8; 2000], BLOCK as u64).expect("write");
@@ -938,12 +945,7 @@ mod tests {
     fn an_unsynced_write_can_garble_synced_bytes_in_its_block() {
         let mut garbled = 0;
         for seed in 0..200 {
-            let disk = SimDisk::new(seed);
-            disk.create_dir_all(Path::new("/d")).expect("dir");
-            let f = disk.create(&path("a")).expect("create");
-            f.write_at(b"durable", 0).expect("write");
-            f.sync_data().expect("sync");
-            disk.sync_dir(Path::new("/d")).expect("sync dir");
+            let (disk, f) = durable_file(seed);
             f.write_at(&[7u8; 100], 7)
                 .expect("write into the same block");
             disk.crash(CrashModel::default());

@@ -114,6 +114,20 @@ pub(crate) struct SegmentScan {
 }
 
 impl SegmentScan {
+    /// What is known of a file of `len` bytes before any of it is read.
+    fn empty(id: SegmentId, path: PathBuf, len: u64) -> SegmentScan {
+        SegmentScan {
+            id,
+            path,
+            header: None,
+            frames: Vec::new(),
+            log_starts: Vec::new(),
+            seal: None,
+            len,
+            damage: None,
+        }
+    }
+
     /// The highest log start recorded by a `LogStart` frame below `end`.
     pub(crate) fn log_start_below(&self, end: u64) -> Option<Seq> {
         self.log_starts
@@ -240,16 +254,7 @@ fn opened(id: SegmentId, path: PathBuf) -> Opened {
 /// Reads a sealed segment through its seal index alone, from `buf`, which need
 /// hold only the segment's header and its seal: `None` if they do not check.
 fn scan_sealed(id: SegmentId, path: PathBuf, buf: &[u8]) -> Option<SegmentScan> {
-    let mut scan = SegmentScan {
-        id,
-        path,
-        header: None,
-        frames: Vec::new(),
-        log_starts: Vec::new(),
-        seal: None,
-        len: buf.len() as u64,
-        damage: None,
-    };
+    let mut scan = SegmentScan::empty(id, path, buf.len() as u64);
     scan_by_index(buf, id, &mut scan).then_some(scan)
 }
 
@@ -263,16 +268,7 @@ pub(crate) fn scan(
     check: OpenCheck,
     regions: DataRegions<'_>,
 ) -> SegmentScan {
-    let mut scan = SegmentScan {
-        id,
-        path,
-        header: None,
-        frames: Vec::new(),
-        log_starts: Vec::new(),
-        seal: None,
-        len: buf.len() as u64,
-        damage: None,
-    };
+    let mut scan = SegmentScan::empty(id, path, buf.len() as u64);
     if check == OpenCheck::SealIndex && scan_by_index(buf, id, &mut scan) {
         return scan;
     }
