@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --example sim_tools -- replay SEED,POINT,DRAW [STEPS]
 //! cargo run --example sim_tools -- write-recovery-seeds
+//! cargo run --example sim_tools -- write-frame-seeds
 //! ```
 //!
 //! - `replay` describes one crash point of the crash test (a violation prints
@@ -12,6 +13,9 @@
 //!   crash test ran with (`SEGWAL_CRASH_STEPS`, 40 by default).
 //! - `write-recovery-seeds` rewrites the engine-made seeds of the `recovery`
 //!   fuzz target (`fuzz/corpus/recovery/seed-engine-*`), after a format change.
+//! - `write-frame-seeds` rewrites the seeds of the `frame_decode` fuzz target
+//!   (`fuzz/corpus/frame_decode/seed-frames-*` and `seed-segment-*`): frames,
+//!   and a segment's header block then frames, in the current format.
 
 use std::path::Path;
 
@@ -37,7 +41,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Some("write-recovery-seeds") => write_recovery_seeds(),
-        _ => Err("usage: sim_tools replay SEED,POINT,DRAW [STEPS] | write-recovery-seeds".into()),
+        Some("write-frame-seeds") => {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/frame_decode");
+            for k in 0..3 {
+                std::fs::write(dir.join(format!("seed-frames-{k}")), harness::frame_seed(k, false))?;
+                std::fs::write(dir.join(format!("seed-segment-{k}")), harness::frame_seed(k, true))?;
+            }
+            Ok(())
+        }
+        _ => Err(
+            "usage: sim_tools replay SEED,POINT,DRAW [STEPS] | write-recovery-seeds | write-frame-seeds"
+                .into(),
+        ),
     }
 }
 

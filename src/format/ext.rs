@@ -88,8 +88,8 @@ pub(crate) fn decode(mut ext: &[u8]) -> Result<RecordFields<'_>, Corruption> {
 }
 
 /// Encodes `fields` as an `ext` area (for the producer features that write
-/// them; today only the tests do).
-#[cfg(test)]
+/// them; today only the tests and the fuzz seeds do).
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn encode(fields: &RecordFields<'_>, out: &mut Vec<u8>) {
     let mut put = |tag: u8, value: &[u8]| {
         out.push(tag);

@@ -151,16 +151,29 @@ pub(crate) const fn frame_len(payload_len: usize) -> usize {
 }
 
 /// Appends one encoded frame to `out`, checksummed with `salt`.
+pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8], salt: u32) {
+    encode_with(out, header, &[], payload, salt);
+}
+
+/// Appends one encoded frame with the optional-field area `ext` (already
+/// encoded) to `out`, checksummed with `salt`.
 #[expect(
     clippy::indexing_slicing,
     reason = "encodes into the writer's own buffer, whose layout it has just written"
 )]
-pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8], salt: u32) {
+pub(crate) fn encode_with(
+    out: &mut Vec<u8>,
+    header: &FrameHeader,
+    ext: &[u8],
+    payload: &[u8],
+    salt: u32,
+) {
     assert!(
         payload.len() <= RECORD_BYTES_LIMIT,
         "payload of {} bytes passed the size check",
         payload.len()
     );
+    let ext_len = u16::try_from(ext.len()).expect("optional fields fit their u16 length");
     let start = out.len();
     let flags = if header.batch_end { FLAG_BATCH_END } else { 0 };
     out.extend_from_slice(&FRAME_MAGIC);
@@ -168,7 +181,7 @@ pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8], sa
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.push(header.kind.to_byte());
     out.push(flags);
-    out.extend_from_slice(&0u16.to_le_bytes()); // no optional fields
+    out.extend_from_slice(&ext_len.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes()); // reserved
     out.extend_from_slice(&header.seq.get().to_le_bytes());
     out.extend_from_slice(&header.group.get().to_le_bytes());
@@ -177,6 +190,7 @@ pub(crate) fn encode(out: &mut Vec<u8>, header: &FrameHeader, payload: &[u8], sa
     let header_crc = checksum(salt, &out[start + HEADER_CHECKED_FROM..]);
     out[start + HEADER_CRC_AT..start + HEADER_CHECKED_FROM]
         .copy_from_slice(&header_crc.to_le_bytes());
+    out.extend_from_slice(ext);
     out.extend_from_slice(payload);
     let crc = checksum(salt, &out[start + CHECKED_FROM..]);
     out[start + CRC_AT..start + CHECKED_FROM].copy_from_slice(&crc.to_le_bytes());

@@ -1118,6 +1118,83 @@ pub fn check_frame_bytes(data: &[u8]) {
 /// The nonce of the segment the `frame_decode` fuzz target's frames belong to.
 pub const FUZZ_NONCE: u64 = 1;
 
+/// A seed of the `frame_decode` fuzz target: `k + 2` frames of segment 1 under
+/// [`FUZZ_NONCE`] (records of growing sizes, one with optional fields, a log
+/// start, a seal), as a segment holds them; with `header`, after the segment's
+/// header block.
+pub fn frame_seed(k: usize, header: bool) -> Vec<u8> {
+    use crate::format::ext::{self, RecordFields};
+    use crate::format::frame::{self, FrameHeader, FrameKind};
+    use crate::format::seal::IndexBuilder;
+    use crate::format::segment::SegmentHeader;
+    use crate::format::seq::SegmentId;
+    let id = SegmentId(1);
+    let salt = frame::salt(id, FUZZ_NONCE);
+    let mut out = if header {
+        SegmentHeader {
+            first_seq: Seq::from(1),
+            prev_seq: Seq::from(0),
+            log_start: Seq::from(1),
+            created_unix_ms: 0,
+            nonce: FUZZ_NONCE,
+            outbox_id: 7,
+        }
+        .encode_block()
+    } else {
+        Vec::new()
+    };
+    let mut index = IndexBuilder::default();
+    let mut seq = 1u64;
+    let mut push = |out: &mut Vec<u8>, index: &mut IndexBuilder, kind, payload: &[u8], ext| {
+        let at = out.len();
+        frame::encode_with(
+            out,
+            &FrameHeader {
+                kind,
+                batch_end: true,
+                seq: Seq::from(seq),
+                group: Seq::from(seq),
+                timestamp_us: seq,
+            },
+            ext,
+            payload,
+            salt,
+        );
+        index.push(frame::FrameSpan {
+            offset: at as u32,
+            len: (out.len() - at) as u32,
+            is_record: kind == FrameKind::Record,
+        });
+        seq += 1;
+    };
+    for n in 0..=k {
+        let p = payload(n as u64, 12 + 40 * n);
+        push(&mut out, &mut index, FrameKind::Record, &p, &[]);
+    }
+    let mut fields = Vec::new();
+    ext::encode(
+        &RecordFields {
+            key: Some(b"account-42"),
+            not_before_us: Some(1),
+            origin_seq: None,
+            dedup_id: Some(b"order-7781"),
+        },
+        &mut fields,
+    );
+    push(
+        &mut out,
+        &mut index,
+        FrameKind::Record,
+        b"with fields",
+        &fields,
+    );
+    let start = 1u64.to_le_bytes();
+    push(&mut out, &mut index, FrameKind::LogStart, &start, &[]);
+    let seal = index.encode(FUZZ_NONCE);
+    push(&mut out, &mut index, FrameKind::Seal, &seal, &[]);
+    out
+}
+
 /// Checks recovery over arbitrary segment files (the fuzz target `recovery`):
 /// `data` holds up to four files, each as its length (u16, little-endian) and
 /// its bytes (see [`recovery_input`]). A file long enough to hold a header is
