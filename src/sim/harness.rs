@@ -1291,7 +1291,13 @@ fn check_recovery_cuts(
     let kept: Vec<usize> = (0..paths.len())
         .filter(|&k| !removed(&paths[k].path))
         .collect();
-    let only_zeros = |k: usize| files[k].get(64..).is_none_or(|b| b.iter().all(|&x| x == 0));
+    // Only zeros after the header block: an empty segment, reused as the active one.
+    let frames_at = crate::format::segment::FRAMES_AT;
+    let only_zeros = |k: usize| {
+        files[k]
+            .get(frames_at..)
+            .is_none_or(|b| b.iter().all(|&x| x == 0))
+    };
     let may_cut = |k: usize| match kept.as_slice() {
         [.., before, last] => k == *last || (k == *before && only_zeros(*last)),
         [last] => k == *last,
