@@ -486,7 +486,27 @@ fn scan_frames(
             let gap = buf
                 .get(walk.offset..boundary.min(buf.len()))
                 .unwrap_or_default();
-            if all_zero(gap) || padding_before(buf, boundary, walk.expected, salt) {
+            if all_zero(gap) {
+                // Zeros: padding, unless the frame on the boundary continues a
+                // batch whose start (these zeros) never landed: then the batch
+                // is torn here, where it began.
+                if let Some(found) = continued_past(buf, boundary, walk.expected, salt) {
+                    return Some(Damage::at(
+                        walk.offset as u64,
+                        walk.expected,
+                        Corruption::UnexpectedSeq {
+                            expected: walk.expected,
+                            found,
+                        },
+                        walk.batch_start as u64,
+                        true,
+                    ));
+                }
+                walk.offset = boundary;
+                walk.batch_start = boundary;
+                continue;
+            }
+            if padding_before(buf, boundary, walk.expected, salt) {
                 walk.offset = boundary;
                 walk.batch_start = boundary;
                 continue;
@@ -548,6 +568,20 @@ fn padding_before(buf: &[u8], boundary: usize, expected: Seq, salt: u32) -> bool
     buf.get(boundary..)
         .and_then(|rest| frame::decode(rest, salt).ok())
         .is_some_and(|f| f.header.seq == expected && f.header.group == expected)
+}
+
+/// The number of the valid frame on `boundary`, if there is one that cannot
+/// follow a frame numbered `expected - 1` across padding: not the next number,
+/// and not a seal skipping ahead (recovery seals a segment on the block after
+/// its last frame, with a number above every one seen). Under
+/// `Durability::Buffered` a write batch continues its sync group inside a block;
+/// if a power cut lost its first sectors (zeros) while a frame of it on the next
+/// boundary landed, that frame is numbered past `expected`.
+fn continued_past(buf: &[u8], boundary: usize, expected: Seq, salt: u32) -> Option<Seq> {
+    let f = frame::decode(buf.get(boundary..)?, salt).ok()?;
+    let h = f.header;
+    let fits = h.seq == expected || (h.kind == FrameKind::Seal && h.seq > expected);
+    (!fits).then_some(h.seq)
 }
 
 /// Checks that the valid frame `f`, at `walk.offset`, fits the log so far, and

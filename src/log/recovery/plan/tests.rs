@@ -799,3 +799,24 @@ fn a_payload_cannot_forge_a_frame() {
         "a forged number was believed: {first}"
     );
 }
+
+#[test]
+fn a_buffered_batch_whose_first_sectors_never_landed_is_torn_not_corrupt() {
+    // Under Buffered, batch 2 continues the sync group of batch 1 inside its
+    // block; its first frame fills the block, its second starts the next. A
+    // power cut loses the first (zeros) but not the second.
+    let mut seg = Seg::new(1, 0, 1).batch(1);
+    let group = seg.last_group();
+    let x = seg.bytes.len();
+    let fill = 8192 - x - frame::FRAME_HEADER_LEN;
+    seg.frame(FrameKind::Record, &vec![5; fill], group, false);
+    seg.frame(FrameKind::Record, &[6; 20], group, true);
+    assert_eq!(seg.offset_of(3), 8192);
+    seg.bytes[x..8192].fill(0);
+    let plan = decide(&[seg.file()]).expect("a torn tail, not corruption");
+    assert_eq!(kept(&plan), vec![(0, 1, Some(x as u64))]);
+    // A seal that recovery wrote on the next block, numbered ahead, is not that.
+    let seg = Seg::new(1, 0, 1).batch(1).seal_as(7);
+    let plan = decide(&[seg.file(), Seg::new(8, 7, 1).file()]).expect("sealed");
+    assert_eq!(plan.torn, None);
+}
