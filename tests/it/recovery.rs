@@ -726,3 +726,26 @@ fn a_seal_forged_inside_a_payload_is_never_trusted() {
         outbox.close().expect("close");
     }
 }
+
+/// A file named like a segment but longer than any segment can be (offsets are
+/// 32-bit) is refused by its length, before recovery asks for a buffer of it.
+#[test]
+fn a_file_longer_than_any_segment_is_refused_by_its_length() {
+    let (_t, dir, _seqs) = one_segment(3);
+    let huge = dir.join(format!("{:020}.seg", 1_000_000));
+    let file = std::fs::File::create(&huge).expect("create");
+    file.set_len(5 << 30).expect("a sparse 5 GiB file");
+    drop(file);
+    match Outbox::open(&dir, Options::default()) {
+        Err(Error::Corrupt {
+            path,
+            kind: Corruption::LengthOutOfRange { len, .. },
+            ..
+        }) => {
+            assert_eq!(path, huge);
+            assert_eq!(len, 5 << 30);
+        }
+        other => panic!("expected LengthOutOfRange, got {other:?}"),
+    }
+    assert_eq!(len(&huge), 5 << 30, "a refused open changed the file");
+}

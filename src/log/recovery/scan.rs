@@ -197,16 +197,22 @@ pub(crate) fn scan_file(
     let len = file
         .len()
         .map_err(|e| Error::io("stat segment", &path, e))?;
-    let Ok(size) = usize::try_from(len) else {
-        return Err(Error::Corrupt {
-            path,
-            offset: 0,
-            seq: None,
-            kind: Corruption::LengthOutOfRange {
-                len,
-                max: usize::MAX as u64,
-            },
-        });
+    // Frame offsets are 32-bit (the option limits keep every segment below
+    // 4 GiB): a longer file is not one segwal wrote, and is refused before a
+    // buffer of its length is asked for.
+    let size = match usize::try_from(len) {
+        Ok(size) if len <= u64::from(u32::MAX) => size,
+        _ => {
+            return Err(Error::Corrupt {
+                path,
+                offset: 0,
+                seq: None,
+                kind: Corruption::LengthOutOfRange {
+                    len,
+                    max: u64::from(u32::MAX),
+                },
+            });
+        }
     };
     let read = |buf: &mut Vec<u8>, from: u64, to: u64| -> Result<()> {
         let to = to.min(len);
