@@ -76,9 +76,9 @@ pub use error::{Corruption, Error, Result};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
-pub use format::seq::Seq;
+pub use format::seq::{QUARANTINE_DIR, Seq};
 pub use io::reader::Record;
-pub use log::recovery::{Dropped, RecoveryReport, TornTail};
+pub use log::recovery::{Dropped, QuarantineReason, Quarantined, RecoveryReport, TornTail};
 pub use options::{
     BATCH_BYTES_MAX, Durability, MAX_RECORD_BYTES_LIMIT, OpenCheck, Options, QUEUE_BYTES_MAX,
     RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,

@@ -67,6 +67,18 @@ impl SegmentId {
         format!("{:020}{}", self.0, SEGMENT_SUFFIX)
     }
 
+    /// The name the file has while it is being created: it takes
+    /// [`file_name`](Self::file_name) only once its header is durable.
+    pub(crate) fn creating_name(self) -> String {
+        format!("{}{}", self.file_name(), CREATING_SUFFIX)
+    }
+
+    /// Parses the name of a segment whose creation had not finished; `None` for
+    /// any other name.
+    pub(crate) fn parse_creating(name: &str) -> Option<SegmentId> {
+        SegmentId::parse(name.strip_suffix(CREATING_SUFFIX)?)
+    }
+
     /// Parses a segment file name; `None` for any other name.
     pub(crate) fn parse(name: &str) -> Option<SegmentId> {
         let digits = name.strip_suffix(SEGMENT_SUFFIX)?;
@@ -85,6 +97,14 @@ impl fmt::Display for SegmentId {
 
 /// Suffix of segment file names.
 pub(crate) const SEGMENT_SUFFIX: &str = ".seg";
+
+/// Added to a segment's name while it is being created (docs/FORMAT.md,
+/// "Creating a segment").
+pub(crate) const CREATING_SUFFIX: &str = ".creating";
+
+/// The folder inside an outbox directory where recovery moves files it must get
+/// past but cannot prove it wrote, and what a lossy repair drops.
+pub const QUARANTINE_DIR: &str = "quarantine";
 
 #[cfg(test)]
 mod tests {

@@ -50,6 +50,10 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>>;
     /// Removes a file. Not durable until [`Storage::sync_dir`] of its directory.
     fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Renames the file `from` to `to` (which must not exist), in one atomic
+    /// step: a crash leaves the file under one name or the other. Not durable
+    /// until [`Storage::sync_dir`] of both directories.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the creation and removal of entries in `dir` durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// A random number, never 0: a new segment's nonce (docs/FORMAT.md). Not a

@@ -4,8 +4,9 @@
 //! from the pure codecs (`format::segment`, `format::frame`, `format::seal`).
 //!
 //! The order, argued in docs/FORMAT.md ("Crash cases, one by one"):
-//! - a new segment's header is fsynced, then its directory, before any frame is
-//!   written to it;
+//! - a new segment's header is written and fsynced under a temporary name, then
+//!   the file is renamed and its directory fsynced, before any frame is written
+//!   to it;
 //! - a seal is written after every frame before it is durable, then the file is
 //!   cut just after it, then fsynced;
 //! - a cut is always followed by an fsync of the file, so that nothing built on
@@ -19,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::error::Error;
 use crate::format::frame::{self, FrameHeader, FrameKind};
 use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader};
-use crate::format::seq::{SegmentId, Seq};
+use crate::format::seq::{QUARANTINE_DIR, SegmentId, Seq};
 use crate::io::{Storage, StorageFile, write_all_at};
 
 /// One segment file, open.
@@ -96,14 +97,17 @@ impl SegmentFile {
 
     /// Creates the segment whose first frame will be `first`, of the outbox
     /// `outbox_id`, preallocated to `preallocate` bytes where the file system
-    /// can, and makes it durable: the header's block is written and fsynced,
-    /// then the directory is fsynced. No frame is written to the file before
-    /// both returned, so a file whose header block is damaged and which holds
-    /// nothing after it is a creation that a crash interrupted.
+    /// can, and makes it durable. The file is created under a temporary name
+    /// (`<name>.creating`), its header's block written and fsynced, and only
+    /// then renamed to the segment's name and the directory fsynced. So a file
+    /// bearing a segment's name always has a durable header, which is never
+    /// written again (frames start on the next block): a segment whose header
+    /// does not check was damaged, not interrupted, and recovery refuses to
+    /// guess (docs/FORMAT.md, "Creating a segment"). No frame is written before
+    /// this returns.
     ///
-    /// On failure the file is cut back to nothing (best
-    /// effort), so that it holds no header a power cut could take back: the
-    /// next recovery removes an empty newest file.
+    /// On failure the temporary file is removed (best effort; recovery removes
+    /// or sets aside one that is left).
     pub(crate) fn create(
         storage: &dyn Storage,
         dir: &Path,
@@ -115,9 +119,10 @@ impl SegmentFile {
     ) -> Result<FreshSegment, Failed> {
         let id = SegmentId(first.get());
         let path: Arc<Path> = SegmentFile::path_of(dir, id).into();
+        let creating = dir.join(id.creating_name());
         let file = storage
-            .create(&path)
-            .map_err(|e| Failed::new("create segment", &path, e))?;
+            .create(&creating)
+            .map_err(|e| Failed::new("create segment", &creating, e))?;
         // Preallocated, an fdatasync need not make a grown size durable with each
         // batch. Only a speed-up: if space cannot be reserved, the file grows as
         // it is written and a full disk shows at the write.
@@ -132,24 +137,27 @@ impl SegmentFile {
             nonce: storage.random_u64(),
             outbox_id,
         };
-        let segment = SegmentFile { id, path, file };
-        let made_durable = write_all_at(&*segment.file, &header.encode_block(), 0)
-            .map_err(|e| Failed::new("write segment header", &segment.path, e))
+        let made_durable = write_all_at(&*file, &header.encode_block(), 0)
+            .map_err(|e| Failed::new("write segment header", &creating, e))
             .and_then(|()| {
-                segment
-                    .file
-                    .sync_data()
-                    .map_err(|e| Failed::new("sync segment header", &segment.path, e))
+                file.sync_data()
+                    .map_err(|e| Failed::new("sync segment header", &creating, e))
             })
             .and_then(|()| {
                 storage
-                    .sync_dir(dir)
-                    .map_err(|e| Failed::new("sync directory", dir, e))
+                    .rename(&creating, &path)
+                    .map_err(|e| Failed::new("rename new segment", &creating, e))
             });
         if let Err(e) = made_durable {
-            segment.cut_back(0);
+            let _ = storage.remove(&creating);
             return Err(e);
         }
+        let segment = SegmentFile { id, path, file };
+        // Once renamed, the file is the segment: a failed directory fsync leaves
+        // it to recovery, which finds it whole under either name.
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Failed::new("sync directory", dir, e))?;
         Ok(FreshSegment {
             segment,
             len: FRAMES_AT as u64,
@@ -211,6 +219,109 @@ impl SegmentFile {
             self.cut_back(len);
         }
     }
+}
+
+/// Moves the file `path` of `dir` into the quarantine folder, named after it and
+/// `reason`, durably; returns where it went. For a file recovery must get past
+/// but cannot prove it may delete.
+pub(crate) fn set_aside(
+    storage: &dyn Storage,
+    dir: &Path,
+    path: &Path,
+    reason: &str,
+) -> Result<PathBuf, Failed> {
+    let to = aside_path(storage, dir, path, reason)?;
+    storage
+        .rename(path, &to)
+        .map_err(|e| Failed::new("move into quarantine", path, e))?;
+    sync_aside(storage, dir)?;
+    Ok(to)
+}
+
+/// Copies the file `path` of `dir` whole into the quarantine folder, named after
+/// it and `reason`, durably; returns the copy's path. For a file a lossy repair
+/// is about to cut.
+pub(crate) fn copy_aside(
+    storage: &dyn Storage,
+    dir: &Path,
+    path: &Path,
+    reason: &str,
+) -> Result<PathBuf, Failed> {
+    let to = aside_path(storage, dir, path, reason)?;
+    let from = storage
+        .open(path)
+        .map_err(|e| Failed::new("open segment", path, e))?;
+    let len = from
+        .len()
+        .map_err(|e| Failed::new("stat segment", path, e))?;
+    let copy = storage
+        .create(&to)
+        .map_err(|e| Failed::new("create quarantine copy", &to, e))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(buf.len() as u64) as usize;
+        let chunk = &mut buf[..n];
+        crate::io::read_exact_at(&*from, chunk, at)
+            .map_err(|e| Failed::new("read segment", path, e))?;
+        write_all_at(&*copy, chunk, at)
+            .map_err(|e| Failed::new("write quarantine copy", &to, e))?;
+        at += n as u64;
+    }
+    copy.sync_data()
+        .map_err(|e| Failed::new("sync quarantine copy", &to, e))?;
+    sync_aside(storage, dir)?;
+    Ok(to)
+}
+
+/// A free name in the quarantine folder of `dir` for the file `path` set aside
+/// for `reason`, the folder created (durably) if need be.
+fn aside_path(
+    storage: &dyn Storage,
+    dir: &Path,
+    path: &Path,
+    reason: &str,
+) -> Result<PathBuf, Failed> {
+    let folder = dir.join(QUARANTINE_DIR);
+    let created = storage
+        .create_dir_all(&folder)
+        .map_err(|e| Failed::new("create quarantine folder", &folder, e))?;
+    if created {
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Failed::new("sync directory", dir, e))?;
+    }
+    let taken = storage
+        .list(&folder)
+        .map_err(|e| Failed::new("list quarantine folder", &folder, e))?;
+    let name = path
+        .file_name()
+        .map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
+    let base = format!("{name}.{reason}");
+    let free = (0..)
+        .map(|n| {
+            if n == 0 {
+                base.clone()
+            } else {
+                format!("{base}.{n}")
+            }
+        })
+        .find(|candidate| !taken.contains(candidate))
+        .unwrap_or(base);
+    Ok(folder.join(free))
+}
+
+/// Makes a move or copy into the quarantine folder durable: the folder's entry
+/// first, then the directory's (a crash in between leaves the file under both
+/// names, never under neither).
+fn sync_aside(storage: &dyn Storage, dir: &Path) -> Result<(), Failed> {
+    let folder = dir.join(QUARANTINE_DIR);
+    storage
+        .sync_dir(&folder)
+        .map_err(|e| Failed::new("sync quarantine folder", &folder, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| Failed::new("sync directory", dir, e))
 }
 
 /// Microseconds since the Unix epoch: a frame's timestamp.

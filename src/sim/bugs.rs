@@ -110,6 +110,9 @@ impl Storage for BuggyStorage {
     fn remove(&self, path: &Path) -> io::Result<()> {
         self.inner.remove(path)
     }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         if self.no_dir_sync && self.created.swap(false, Ordering::Relaxed) {
             return Ok(());

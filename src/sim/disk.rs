@@ -658,6 +658,22 @@ impl Storage for SimDisk {
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
     }
 
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
+        let what = format!("rename {} {}", from.display(), to.display());
+        self.begin(s, OpKind::Remove, &what)?;
+        if s.live.contains_key(to) {
+            return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+        }
+        let ino = s
+            .live
+            .remove(from)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        s.live.insert(to.to_path_buf(), ino);
+        Ok(())
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut guard = self.state.lock();
         let s = &mut *guard;

@@ -209,6 +209,9 @@ pub struct Figures {
     pub crashes_in_recovery: u64,
     /// Recoveries that cut a torn tail.
     pub torn_tails: u64,
+    /// Files of interrupted segment creations that recoveries set aside in the
+    /// quarantine folder (their header's block garbled by the crash).
+    pub quarantined: u64,
     /// Records checked against the model.
     pub records_checked: u64,
     /// Faults injected by the fault loop.
@@ -227,6 +230,7 @@ impl Figures {
         self.recoveries += o.recoveries;
         self.crashes_in_recovery += o.crashes_in_recovery;
         self.torn_tails += o.torn_tails;
+        self.quarantined += o.quarantined;
         self.records_checked += o.records_checked;
         self.faults += o.faults;
         self.age_rotations += o.age_rotations;
@@ -599,13 +603,23 @@ impl Run<'_> {
     }
 }
 
-/// Opens the disk after a crash and checks every invariant. Returns the records
-/// checked and whether a torn tail was cut.
+/// What one checked recovery did.
+#[derive(Clone, Copy)]
+struct Verified {
+    /// Records checked.
+    records: u64,
+    /// A torn tail was cut.
+    torn: bool,
+    /// Files of interrupted creations set aside (garbled headers).
+    quarantined: u64,
+}
+
+/// Opens the disk after a crash and checks every invariant.
 fn verify(
     disk: &SimDisk,
     options: &Options,
     model: &Model,
-) -> Result<(u64, bool), (&'static str, String)> {
+) -> Result<Verified, (&'static str, String)> {
     verify_with(disk, options, model, true)
 }
 
@@ -615,25 +629,39 @@ fn verify_with(
     options: &Options,
     model: &Model,
     again: bool,
-) -> Result<(u64, bool), (&'static str, String)> {
+) -> Result<Verified, (&'static str, String)> {
     let outbox = open(disk, options.clone())
         .map_err(|e| ("I4", format!("strict recovery refused to open: {e}")))?;
     let report = outbox.recovery_report().clone();
     if let Some(d) = &report.dropped {
         return Err(("I4", format!("recovery dropped records: {d:?}")));
     }
+    // A strict open sets aside only files of interrupted creations, which never
+    // held a record (the records are checked below all the same).
+    if let Some(q) = report
+        .quarantined
+        .iter()
+        .find(|q| q.reason != crate::QuarantineReason::UnfinishedCreation)
+    {
+        return Err(("I4", format!("strict recovery set aside {q:?}")));
+    }
     let records =
         drain(&outbox).map_err(|e| ("I2", format!("claim failed after recovery: {e}")))?;
     check_records(&records, model)?;
+    let verified = Verified {
+        records: records.len() as u64,
+        torn: report.torn_tail.is_some(),
+        quarantined: report.quarantined.len() as u64,
+    };
     if !again {
         drop(outbox);
-        return Ok((records.len() as u64, report.torn_tail.is_some()));
+        return Ok(verified);
     }
     outbox
         .close()
         .map_err(|e| ("I5", format!("close after recovery failed: {e}")))?;
     recover_again(disk, options, &records)?;
-    Ok((records.len() as u64, report.torn_tail.is_some()))
+    Ok(verified)
 }
 
 /// I1 to I3 on the records a recovery handed out: in order, each a payload the
@@ -764,11 +792,12 @@ pub fn crash_every_step(
             let (d, crashed) = crash_snapshot(&snapshot, seed, point, draw, &options);
             figures.crashes_in_recovery += u64::from(crashed);
             // I5 and I9 on the first draw of each point; I1 to I4 on every one.
-            let (records, torn) = verify_with(&d, &options, &view, draw == 0)
+            let v = verify_with(&d, &options, &view, draw == 0)
                 .map_err(|(i, detail)| violation(i, detail, point, draw))?;
             figures.recoveries += 1;
-            figures.records_checked += records;
-            figures.torn_tails += u64::from(torn);
+            figures.records_checked += v.records;
+            figures.torn_tails += u64::from(v.torn);
+            figures.quarantined += v.quarantined;
         }
     }
     Ok(figures)
@@ -857,7 +886,10 @@ pub fn replay(
         files(&d)
     ));
     match verify(&d, &options, &model.at(point)) {
-        Ok((n, torn)) => trace.push(format!("verified: {n} records, torn tail {torn}")),
+        Ok(v) => trace.push(format!(
+            "verified: {} records, torn tail {}, set aside {}",
+            v.records, v.torn, v.quarantined
+        )),
         Err((i, detail)) => trace.push(format!("{i} violated: {detail}")),
     }
     trace
@@ -959,7 +991,7 @@ fn reopen_after_fault(
     }
     let _ = outbox.close();
     disk.crash(CrashModel::default());
-    let (records, _) = verify(disk, options, model)?;
+    let records = verify(disk, options, model)?.records;
     Ok(records)
 }
 
@@ -1050,8 +1082,9 @@ pub fn bit_rot(
                 }
             }
         }
-        let (records, _) =
-            verify(&d, &options, &model).map_err(|(i, detail)| violation(i, detail, draw))?;
+        let records = verify(&d, &options, &model)
+            .map_err(|(i, detail)| violation(i, detail, draw))?
+            .records;
         figures.records_checked += records;
         figures.recoveries += 1;
     }
@@ -1275,8 +1308,8 @@ fn write_recovery_input<'a>(disk: &SimDisk, data: &'a [u8]) -> (Vec<&'a [u8]>, V
 }
 
 /// What recovery may have done to the files of a `recovery` fuzz input: remove
-/// files (a newest file that holds nothing, leftovers below the log start),
-/// each one reported; cut a torn tail, reported, only from the newest file it
+/// files (a newest file that provably holds nothing, leftovers below the log
+/// start), each one reported and each one proven segwal's by its bytes; cut a torn tail, reported, only from the newest file it
 /// keeps; and seal that file, cutting its preallocated space. Every other file
 /// stays, at least as long as it was. (The newest file it keeps may be an empty
 /// segment, only zeros after its header, which becomes the active one again:
@@ -1309,6 +1342,18 @@ fn check_recovery_cuts(
                 || (0..paths.len()).any(|k| paths[k].path == torn.path && may_cut(k)),
             "recovery cut {}, not the newest segment holding frames",
             torn.path.display()
+        );
+    }
+    // Recovery never deletes a file it cannot prove it wrote: every file it
+    // removed was all zeros, or began with a header that checks.
+    for (k, InputFile { path, .. }) in paths.iter().enumerate() {
+        let bytes = files[k];
+        let proven = bytes.iter().all(|&b| b == 0)
+            || crate::format::segment::SegmentHeader::decode(bytes).is_ok();
+        assert!(
+            !removed(path) || proven,
+            "recovery removed {}, whose bytes do not prove it was segwal's",
+            path.display()
         );
     }
     for (k, InputFile { path, len }) in paths.iter().enumerate() {

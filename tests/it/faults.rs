@@ -90,6 +90,9 @@ impl Storage for FaultyStorage {
     fn remove(&self, path: &Path) -> io::Result<()> {
         self.inner.remove(path)
     }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         if self.faults.fail_sync_dir.load(Ordering::SeqCst) {
             self.faults.fired.store(true, Ordering::SeqCst);

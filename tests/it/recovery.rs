@@ -519,7 +519,7 @@ fn lossy_recovery_drops_from_the_first_damage_and_says_exactly_what() {
     // recovery burns as many as frames could fit in the bytes it drops).
     let last = dropped.last.expect("frames followed the damage");
     assert!(last >= *seqs.last().expect("seqs"), "{last}");
-    assert_eq!(dropped.deleted_segments, files[2..].to_vec());
+    assert_eq!(dropped.segments_set_aside, files[2..].to_vec());
     let kept: Vec<Seq> = seqs.iter().copied().filter(|&s| s < first).collect();
     assert_eq!(recovered_seqs(&outbox), kept);
     let next = outbox.append(b"after").expect("append");

@@ -1,41 +1,78 @@
 //! Applying a plan: the only part of recovery that changes files.
 //!
 //! The order makes every step safe to interrupt (docs/FORMAT.md, "Crash during
-//! recovery"): first the files that hold nothing, so that no later crash leaves
-//! them below a newer segment; then the writer's active segment, durably, so
-//! that from here on a crash leaves the highest number on disk; then removals,
-//! made durable; then cuts, each fsynced.
+//! recovery"): first the files that provably hold nothing, so that no later
+//! crash leaves them below a newer segment; then the writer's active segment,
+//! durably, so that from here on a crash leaves the highest number on disk;
+//! then what a lossy repair drops or cuts, set aside in the quarantine folder;
+//! then removals, made durable; then cuts, each fsynced. No file is deleted
+//! unless its bytes prove it holds nothing or it is this outbox's and wholly
+//! acknowledged (docs/FORMAT.md, "Recovery").
 
 use std::path::{Path, PathBuf};
 
 use super::plan::{ActivePlan, Plan};
-use super::report::RecoveryReport;
-use super::scan::{Opened, SegmentScan};
+use super::report::{QuarantineReason, Quarantined, RecoveryReport};
+use super::scan::{self, Opened, SegmentScan};
 use super::{Recovered, RecoveredSegment};
 use crate::error::{Error, Result};
 use crate::format::frame;
 use crate::format::seal::IndexBuilder;
 use crate::format::segment::FRAMES_AT;
 use crate::io::Storage;
-use crate::io::segment_file::{FreshSegment, PendingSeal, SegmentFile};
+use crate::io::segment_file::{self, FreshSegment, PendingSeal, SegmentFile};
 
-/// Applies `plan`, decided from `scans`, to the files `opened` (one per scan) in
-/// `dir`; new segments are preallocated to `preallocate` bytes.
+/// What recovery found in the directory.
+pub(crate) struct Found {
+    /// Every segment file, scanned, in log order.
+    pub scans: Vec<SegmentScan>,
+    /// The same files, to open again (one per scan).
+    pub opened: Vec<Opened>,
+    /// Files of segments whose creation a crash interrupted.
+    pub creating: Vec<PathBuf>,
+}
+
+/// Applies `plan`, decided from what was `found` in `dir`; new segments are
+/// preallocated to `preallocate` bytes.
 pub(crate) fn apply(
     storage: &dyn Storage,
     dir: &Path,
-    scans: Vec<SegmentScan>,
-    opened: Vec<Opened>,
+    found: Found,
     plan: Plan,
     preallocate: u64,
 ) -> Result<Recovered> {
+    let Found {
+        scans,
+        opened,
+        creating,
+    } = found;
     let mut report = RecoveryReport {
         segments_found: scans.len(),
         records_recovered: plan.records,
         ..RecoveryReport::default()
     };
     let path = |k: usize| scans[k].path.clone();
-    remove_all(storage, dir, plan.remove_empty.iter().map(|&k| path(k)))?;
+    // Unfinished creations never held a record (a segment is renamed to its
+    // name before its first frame): removed where their bytes prove they hold
+    // nothing, set aside otherwise.
+    let mut unfinished = Vec::new();
+    for file in creating {
+        if scan::creation_holds_nothing(storage, &file)? {
+            unfinished.push(file);
+        } else {
+            report
+                .quarantined
+                .push(aside(storage, dir, file, QuarantineReason::UnfinishedCreation)?);
+        }
+    }
+    report.removed.extend(unfinished.iter().cloned());
+    remove_all(
+        storage,
+        dir,
+        unfinished
+            .into_iter()
+            .chain(plan.remove_empty.iter().map(|&k| path(k))),
+    )?;
     let active = match plan.active {
         ActivePlan::Reuse { scan } => {
             reuse(storage, dir, &scans[scan], &opened[scan], preallocate)?
@@ -57,15 +94,35 @@ pub(crate) fn apply(
             .map_err(|f| f.into_error())?
         }
     };
-    let dropped = plan.leftovers.iter().chain(&plan.remove);
-    remove_all(storage, dir, dropped.map(|&k| path(k)))?;
-    report.removed = plan
-        .remove_empty
-        .iter()
-        .chain(&plan.leftovers)
-        .chain(plan.remove.iter().filter(|_| plan.dropped.is_none()))
-        .map(|&k| path(k))
-        .collect();
+    // A lossy repair drops whole files by moving them aside, and keeps a copy of
+    // each file it cuts: it never deletes what it cannot prove it may.
+    for &k in &plan.remove {
+        let moved = aside(storage, dir, path(k), QuarantineReason::DroppedByRepair)?;
+        report.quarantined.push(moved);
+    }
+    if plan.dropped.is_some() {
+        for keep in plan.keep.iter().filter(|k| k.cut.is_some()) {
+            let copy = segment_file::copy_aside(
+                storage,
+                dir,
+                &path(keep.scan),
+                QuarantineReason::CutByRepair.as_str(),
+            )
+            .map_err(|f| f.into_error())?;
+            report.quarantined.push(Quarantined {
+                from: path(keep.scan),
+                to: copy,
+                reason: QuarantineReason::CutByRepair,
+            });
+        }
+    }
+    remove_all(storage, dir, plan.leftovers.iter().map(|&k| path(k)))?;
+    report.removed.extend(
+        plan.remove_empty
+            .iter()
+            .chain(&plan.leftovers)
+            .map(|&k| path(k)),
+    );
     let (segments, seal) = keep_segments(storage, scans, opened, &plan)?;
     report.torn_tail = plan.torn;
     report.dropped = plan.dropped;
@@ -147,6 +204,22 @@ fn reuse(
         len: FRAMES_AT as u64,
         nonce: scan.header.map_or(0, |h| h.nonce),
         outbox_id: scan.header.map_or(0, |h| h.outbox_id),
+    })
+}
+
+/// Moves `file` of `dir` into the quarantine folder for `reason`.
+fn aside(
+    storage: &dyn Storage,
+    dir: &Path,
+    file: PathBuf,
+    reason: QuarantineReason,
+) -> Result<Quarantined> {
+    let to = segment_file::set_aside(storage, dir, &file, reason.as_str())
+        .map_err(|f| f.into_error())?;
+    Ok(Quarantined {
+        from: file,
+        to,
+        reason,
     })
 }
 

@@ -24,10 +24,10 @@ mod plan;
 mod report;
 mod scan;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use report::{Dropped, RecoveryReport, TornTail};
+pub use report::{Dropped, QuarantineReason, Quarantined, RecoveryReport, TornTail};
 
 use crate::error::{Corruption, Error, Result};
 use crate::format::frame::FrameSpan;
@@ -69,7 +69,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
     } else {
         options.recovery
     };
-    let ids = segment_ids(storage, dir)?;
+    let (ids, creating) = segment_ids(storage, dir)?;
     // A lossy repair, run by an operator after a strict open failed, reads
     // everything: it must see damage wherever it lies. The newest file is read
     // whole in any case: it is where a crash leaves its marks, and a file that
@@ -99,17 +99,33 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
     if silent_cut {
         plan.dropped = None;
     }
-    apply::apply(storage, dir, scans, opened, plan, options.segment_bytes)
+    apply::apply(
+        storage,
+        dir,
+        apply::Found {
+            scans,
+            opened,
+            creating,
+        },
+        plan,
+        options.segment_bytes,
+    )
 }
 
-/// The segment files of `dir`, in log order. A file with the segment suffix
+/// The segment files of `dir`, in log order, and the files of segments whose
+/// creation was interrupted (`<name>.creating`). A file with the segment suffix
 /// but not a segment's name is refused: it is not ours to judge or to skip.
-fn segment_ids(storage: &dyn Storage, dir: &Path) -> Result<Vec<SegmentId>> {
+fn segment_ids(storage: &dyn Storage, dir: &Path) -> Result<(Vec<SegmentId>, Vec<PathBuf>)> {
     let names = storage
         .list(dir)
         .map_err(|e| Error::io("list directory", dir, e))?;
     let mut ids = Vec::new();
+    let mut creating = Vec::new();
     for name in &names {
+        if SegmentId::parse_creating(name).is_some() {
+            creating.push(dir.join(name));
+            continue;
+        }
         match SegmentId::parse(name) {
             Some(id) => ids.push(id),
             None if name.ends_with(SEGMENT_SUFFIX) => {
@@ -125,5 +141,6 @@ fn segment_ids(storage: &dyn Storage, dir: &Path) -> Result<Vec<SegmentId>> {
         }
     }
     ids.sort();
-    Ok(ids)
+    creating.sort();
+    Ok((ids, creating))
 }

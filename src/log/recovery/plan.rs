@@ -16,8 +16,8 @@ use crate::options::RecoveryMode;
 /// Segments are named by their index in the scans.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
-    /// Newest files that hold nothing (their header never became durable):
-    /// removed first of all.
+    /// Newest files that provably hold nothing (every byte zero, or this
+    /// outbox's header and no frame): removed first of all.
     pub remove_empty: Vec<usize>,
     /// Files wholly below the log start, left by an interrupted deletion.
     pub leftovers: Vec<usize>,
@@ -293,9 +293,10 @@ fn max_seen(scans: &[SegmentScan], live: &[View<'_>]) -> Seq {
 /// The newest end of the log, newest file first:
 /// - an empty newest segment (created by a rotation or a recovery, nothing
 ///   written to it yet) becomes the writer's active segment again;
-/// - a newest file whose header never became durable holds nothing and goes
-///   (a header is fsynced before anything after it is written, so a valid
-///   frame after a damaged header would make it corruption);
+/// - a newest file that provably holds nothing goes: every byte zero, or a
+///   whole header with nothing after it that a frame could have been; any other
+///   file whose header does not check is corruption (or not ours), since a
+///   segment takes its name only once its header is durable;
 /// - a torn tail of the newest segment holding frames is cut at the start of
 ///   its write batch.
 ///
@@ -340,13 +341,21 @@ fn settle_newest(d: &mut Deciding<'_>) {
         let holds_nothing = kept == 0
             && damage.max_seen.is_none()
             && after_unsealed.is_some_and(|prev_last| prev_seq > prev_last);
+        if cut < FRAMES_AT as u64 && !scan.blank {
+            // A file bearing a segment's name has a durable header (a segment
+            // is renamed to it only then): one that does not check is not an
+            // interrupted creation, and recovery does not remove a file it
+            // cannot prove it wrote. Corruption, or a file that is not ours.
+            damage.tearable = false;
+            break;
+        }
         if cut < FRAMES_AT as u64 || holds_nothing {
-            // No valid frame follows the damaged header: the file holds nothing.
-            // (Recovery itself may have created a newer, empty segment before a
-            // crash stopped it from removing this one.) Likewise a whole header
-            // followed by garbage (a preallocation or a grown size that reached
-            // the disk before the space was written) when the segment before it
-            // was never sealed: no frame was ever written after that header.
+            // The file holds nothing: every byte is zero (a file system can
+            // leave a file's name and size without its data). Likewise a whole
+            // header, which proves the file is this outbox's, followed by
+            // garbage (a preallocation or a grown size that reached the disk
+            // before the space was written) when the segment before it was
+            // never sealed: no frame was ever written after that header.
             d.torn = Some(torn(0));
             d.remove_empty.extend(d.live.pop().map(|v| v.at));
             continue;
@@ -394,6 +403,13 @@ fn first_damage(d: &mut Deciding<'_>) -> Option<(usize, Damage)> {
     for k in 0..d.live.len() {
         if let Some(damage) = d.live[k].damage.take() {
             return Some((k, damage));
+        }
+        // A next file that is not a segment at all (its header does not check)
+        // is named, rather than the seal it makes look missing.
+        if d.live.get(k + 1).is_some_and(|n| n.scan.header.is_none()) {
+            if let Some(damage) = d.live[k + 1].damage.take() {
+                return Some((k + 1, damage));
+            }
         }
         let next = match d.live.get(k + 1) {
             Some(n) => Link::Segment(n),
@@ -446,7 +462,7 @@ fn drop_from(d: &mut Deciding<'_>, k: usize, damage: Damage, max_seen: Seq) {
         cause: damage.cause,
         first,
         last: Some(max_seen).filter(|&m| m >= first),
-        deleted_segments: deleted,
+        segments_set_aside: deleted,
     });
 }
 

@@ -1,5 +1,5 @@
 //! What recovery tells the user it found and changed: [`RecoveryReport`],
-//! [`TornTail`], [`Dropped`].
+//! [`TornTail`], [`Dropped`], [`Quarantined`].
 
 use std::path::PathBuf;
 
@@ -22,9 +22,15 @@ pub struct RecoveryReport {
     /// fsync never completed, so no producer was told it succeeded.
     pub torn_tail: Option<TornTail>,
     /// Segment files removed because they were already fully acknowledged when the
-    /// previous run was deleting them, or (the last segment) created but never
-    /// made durable.
+    /// previous run was deleting them, or (the newest) provably held nothing:
+    /// every byte zero, or this outbox's header and no frame. Recovery removes
+    /// no other file.
     pub removed: Vec<PathBuf>,
+    /// Files moved (or, before a lossy cut, copied) into the `quarantine`
+    /// folder of the outbox directory: recovery had to get past them but could
+    /// not prove they hold nothing. Nothing in them is part of the log any more;
+    /// they are kept for a person to look at, and removed only by one.
+    pub quarantined: Vec<Quarantined>,
     /// Under [`RecoveryMode::Lossy`] only: what was dropped at the first damage.
     pub dropped: Option<Dropped>,
 }
@@ -60,6 +66,52 @@ pub struct Dropped {
     /// held no complete record. Every number in `first..=last` is dropped, and
     /// none of them will be assigned again.
     pub last: Option<Seq>,
-    /// Later segment files deleted whole.
-    pub deleted_segments: Vec<PathBuf>,
+    /// Later segment files dropped whole: moved into the `quarantine` folder
+    /// (each also listed in [`RecoveryReport::quarantined`]), never deleted.
+    pub segments_set_aside: Vec<PathBuf>,
+}
+
+/// A file recovery set aside in the `quarantine` folder of the outbox directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Quarantined {
+    /// Where the file was.
+    pub from: PathBuf,
+    /// Where it is now: `quarantine/<its name>.<reason>` (with `.1`, `.2`, ...
+    /// added if that name is taken).
+    pub to: PathBuf,
+    /// Why it was set aside.
+    pub reason: QuarantineReason,
+}
+
+/// Why recovery set a file aside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QuarantineReason {
+    /// A segment whose creation a crash interrupted (`<name>.seg.creating`),
+    /// holding bytes that are neither all zero nor a whole header and zeros: a
+    /// power cut garbled its header's block. It never held a record.
+    UnfinishedCreation,
+    /// A segment file a lossy repair dropped whole (it was moved).
+    DroppedByRepair,
+    /// A segment a lossy repair cut: a copy of the whole file as it was before
+    /// the cut.
+    CutByRepair,
+}
+
+impl QuarantineReason {
+    /// The word added to the file's name in the quarantine folder.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuarantineReason::UnfinishedCreation => "unfinished-creation",
+            QuarantineReason::DroppedByRepair => "dropped-by-repair",
+            QuarantineReason::CutByRepair => "before-repair-cut",
+        }
+    }
+}
+
+impl std::fmt::Display for QuarantineReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }

@@ -111,6 +111,10 @@ pub(crate) struct SegmentScan {
     /// The file's length.
     pub len: u64,
     pub damage: Option<Damage>,
+    /// Its header does not check and every byte of it reads as zero: a file
+    /// that holds nothing, whoever made it. The one kind of file with a damaged
+    /// header that recovery may remove (docs/FORMAT.md, "Creating a segment").
+    pub blank: bool,
 }
 
 impl SegmentScan {
@@ -125,6 +129,7 @@ impl SegmentScan {
             seal: None,
             len,
             damage: None,
+            blank: false,
         }
     }
 
@@ -250,6 +255,54 @@ pub(crate) fn scan_file(
     Ok((scan, opened(id, path)))
 }
 
+/// Whether the file at `path`, a segment whose creation was interrupted
+/// (`<name>.creating`), provably holds nothing: every byte zero, or a whole
+/// header block (header, then zeros) and only zeros after it. Reads the regions
+/// where the file says data lies, in bounded chunks.
+pub(crate) fn creation_holds_nothing(storage: &dyn Storage, path: &Path) -> Result<bool> {
+    let file = storage
+        .open(path)
+        .map_err(|e| Error::io("open segment", path, e))?;
+    let len = file
+        .len()
+        .map_err(|e| Error::io("stat segment", path, e))?;
+    let read = |buf: &mut [u8], at: u64| {
+        crate::io::read_exact_at(&*file, buf, at).map_err(|e| Error::io("read segment", path, e))
+    };
+    let mut block = vec![0u8; FRAMES_AT.min(len as usize)];
+    read(&mut block, 0)?;
+    let header_block = SegmentHeader::decode(&block).is_ok_and(|h| h.encode_block() == block);
+    if !header_block && !all_zero(&block) {
+        return Ok(false);
+    }
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut at = FRAMES_AT as u64;
+    while at < len {
+        let region = file
+            .next_data(at)
+            .map_err(|e| Error::io("read segment", path, e))?;
+        let Some(region) = region else { break };
+        let start = region.start.max(at);
+        if start >= len {
+            break;
+        }
+        // A region that makes no progress is not trusted: read on to the end.
+        let end = if region.end > start {
+            region.end.min(len)
+        } else {
+            len
+        };
+        let n = (end - start).min(chunk.len() as u64) as usize;
+        let part = chunk.get_mut(..n).unwrap_or_default();
+        read(part, start)?;
+        if !all_zero(part) {
+            return Ok(false);
+        }
+        at = start + n as u64;
+    }
+    Ok(true)
+}
+
 fn opened(id: SegmentId, path: PathBuf) -> Opened {
     Opened {
         id,
@@ -279,7 +332,10 @@ pub(crate) fn scan(
         return scan;
     }
     scan.damage = match scan_header(buf, id, &mut scan) {
-        Some(d) => Some(d),
+        Some(d) => {
+            scan.blank = scan.header.is_none() && zeros_to_end(regions, buf, 0);
+            Some(d)
+        }
         None => scan_frames(buf, id, regions, &mut scan).map(|mut d| {
             let salt = scan.header.map_or(0, |h| frame::salt(id, h.nonce));
             look_past(buf, salt, regions, &mut d);

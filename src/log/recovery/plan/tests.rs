@@ -471,14 +471,12 @@ fn a_seal_index_that_checks() {
 
 #[test]
 fn crash_during_segment_creation() {
+    // A segment takes its name only once its header is durable: a crash before
+    // leaves `<name>.creating` (apply's to judge), or, on a file system that
+    // kept the name and size but not the data, a file of zeros, removed.
     let prev = Seg::new(1, 0, 1).batch(3);
     let end = align_up(prev.bytes.len() as u64);
-    for newest in [
-        Vec::new(),
-        vec![0; 4096],
-        Seg::new(5, 4, 1).bytes[..20].to_vec(),
-        Seg::new(5, 4, 1).garble(8, 40).bytes,
-    ] {
+    for newest in [Vec::new(), vec![0; 100], vec![0; 4096], vec![0; 3 * 4096]] {
         let files = [
             Seg::new(1, 0, 1).batch(3).file(),
             (SegmentId(5), newest.clone()),
@@ -496,6 +494,51 @@ fn crash_during_segment_creation() {
         decide(&files).expect("open").active,
         ActivePlan::Reuse { scan: 1 }
     );
+}
+
+#[test]
+fn a_newest_file_that_segwal_cannot_prove_it_wrote_is_refused() {
+    // Not an interrupted creation (those never bear a segment's name): a
+    // header that does not check, whatever follows it, is not removed.
+    let mut png = vec![0x89, b'P', b'N', b'G', b'\r', b'\n', 0x1a, b'\n'];
+    png.resize(48, 7);
+    for newest in [
+        b"not a segment, just notes".to_vec(),
+        vec![b'x'; 5000],
+        png,
+        vec![0; 4096].into_iter().chain([1]).collect(),
+        Seg::new(5, 4, 1).bytes[..20].to_vec(),
+        Seg::new(5, 4, 1).garble(8, 40).bytes,
+        Seg::new(5, 4, 1).zeros(1 << 12).garble(0, 4096).bytes,
+    ] {
+        let files = [
+            Seg::new(1, 0, 1).batch(3).file(),
+            (SegmentId(5), newest.clone()),
+        ];
+        let e = decide(&files).expect_err("a foreign newest file is refused");
+        assert!(
+            matches!(
+                e,
+                Error::Corrupt {
+                    ref path,
+                    offset: 0,
+                    kind: Corruption::BadSegmentMagic
+                        | Corruption::ShortSegmentHeader { .. }
+                        | Corruption::BadSegmentHeader,
+                    ..
+                } if *path == PathBuf::from(SegmentId(5).file_name())
+            ),
+            "{} bytes: {e}",
+            newest.len()
+        );
+        // A lossy repair gets past it by dropping it whole (apply moves it
+        // into the quarantine folder).
+        let lossy = plan(&scans(&files), RecoveryMode::Lossy).expect("repair");
+        assert_eq!((lossy.remove.clone(), lossy.remove_empty.len()), (vec![1], 0));
+        assert_eq!(kept(&lossy), vec![(0, 3, None)]);
+        // Alone in the directory, the same.
+        assert!(decide(&[(SegmentId(1), newest)]).is_err());
+    }
 }
 
 #[test]
