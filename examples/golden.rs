@@ -27,8 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     write_log(&dir)?;
     let manifest = expected_records(&dir)?;
     std::fs::write(dir.join("records.txt"), manifest)?;
-    // The lock file is not part of the format.
-    let _ = std::fs::remove_file(dir.join("LOCK"));
+    // The owner file is not part of the format.
+    let _ = std::fs::remove_file(dir.join("OWNER"));
     println!("wrote {}", dir.display());
     Ok(())
 }

@@ -106,6 +106,14 @@ pub enum Error {
         /// The version this build reads and writes.
         supported: u16,
     },
+    /// The path given to [`Outbox::open`](crate::Outbox::open) cannot be an
+    /// outbox directory; nothing was created.
+    InvalidPath {
+        /// The path, as given.
+        path: PathBuf,
+        /// Why: empty, not a directory, its parent missing, permission denied.
+        reason: &'static str,
+    },
     /// An option is out of its documented range.
     InvalidOption {
         /// The option's name.
@@ -180,6 +188,9 @@ impl fmt::Display for Error {
                  open the empty directory with this one",
                 path.display()
             ),
+            Error::InvalidPath { path, reason } => {
+                write!(f, "cannot open an outbox at {:?}: {reason}", path)
+            }
             Error::InvalidOption { name, reason } => write!(f, "invalid option {name}: {reason}"),
         }
     }

@@ -128,11 +128,16 @@ impl Outbox {
 
     fn open_on(dir: &Path, options: Options, storage: Arc<dyn Storage>) -> Result<Outbox> {
         options.validate()?;
-        let dir = dir.to_path_buf();
-        create_durably(&*storage, &dir)?;
+        let dir = create_durably(&*storage, dir)?;
         let lock = match storage.lock(&dir) {
             Ok(guard) => guard,
             Err(LockError::Held { pid }) => return Err(Error::Locked { dir, pid }),
+            Err(LockError::Io(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(Error::InvalidPath {
+                    path: dir,
+                    reason: "the process may not write in the directory (permission denied)",
+                });
+            }
             Err(LockError::Io(e)) => return Err(Error::io("lock directory", dir, e)),
         };
         let recovered = recovery::recover(&*storage, &dir, &options)?;
@@ -477,39 +482,38 @@ impl Outbox {
     }
 }
 
-/// Creates `dir` and its missing ancestors, and makes every new entry durable:
-/// each created directory's parent is fsynced, deepest first. The parent of
-/// `dir` is fsynced on every open, created or not: an open cannot prove that
-/// the one that created the directory lived to fsync it.
-fn create_durably(storage: &dyn Storage, dir: &Path) -> Result<()> {
-    let parent_of = |d: &Path| {
-        d.parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .to_path_buf()
+/// Creates `dir` if it is missing (its parent must exist), makes its entry
+/// durable, and returns its absolute path, resolved once for the outbox's life.
+/// The parent of `dir` is fsynced on every open, created or not: an open cannot
+/// prove that the one that created the directory lived to fsync it. A path that
+/// cannot be an outbox directory is refused before anything is created.
+fn create_durably(storage: &dyn Storage, dir: &Path) -> Result<PathBuf> {
+    let invalid = |reason: &'static str| Error::InvalidPath {
+        path: dir.to_path_buf(),
+        reason,
     };
-    let mut missing = Vec::new();
-    let mut at = dir.to_path_buf();
-    while !at.as_os_str().is_empty() && storage.list(&at).is_err() {
-        let parent = parent_of(&at);
-        missing.push(at);
-        if parent == Path::new(".") || parent.parent().is_none() {
-            break;
+    if dir.as_os_str().is_empty() {
+        return Err(invalid("the path is empty"));
+    }
+    storage.create_dir(dir).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotADirectory => invalid("it exists and is not a directory"),
+        std::io::ErrorKind::NotFound => invalid("its parent directory does not exist"),
+        std::io::ErrorKind::PermissionDenied => {
+            invalid("permission denied creating the directory")
         }
-        at = parent;
-    }
+        _ => Error::io("create directory", dir, e),
+    })?;
+    let dir = storage
+        .resolve(dir)
+        .map_err(|e| Error::io("resolve directory", dir, e))?;
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     storage
-        .create_dir_all(dir)
-        .map_err(|e| Error::io("create directory", dir, e))?;
-    let mut parents: Vec<PathBuf> = missing.iter().map(|d| parent_of(d)).collect();
-    parents.push(parent_of(dir));
-    parents.dedup();
-    for parent in parents {
-        storage
-            .sync_dir(&parent)
-            .map_err(|e| Error::io("sync parent directory", &parent, e))?;
-    }
-    Ok(())
+        .sync_dir(parent)
+        .map_err(|e| Error::io("sync parent directory", parent, e))?;
+    Ok(dir)
 }
 
 /// `a / b`, or 0 when `b` is 0.

@@ -40,8 +40,17 @@ pub enum LockError {
 
 /// A directory of files: the operations segwal needs from a file system.
 pub trait Storage: Send + Sync + fmt::Debug {
-    /// Creates `dir` and any missing parents; returns whether `dir` was created.
-    fn create_dir_all(&self, dir: &Path) -> io::Result<bool>;
+    /// Creates the directory `dir` (its parent must exist); returns whether it
+    /// was created, `false` if it already was a directory. Fails with
+    /// [`io::ErrorKind::NotADirectory`] if `dir` is something else, and with
+    /// [`io::ErrorKind::NotFound`] if its parent does not exist.
+    fn create_dir(&self, dir: &Path) -> io::Result<bool>;
+    /// The absolute path of the existing directory `dir`, with no symbolic
+    /// link or `..` left in it: what the outbox keeps for the rest of its
+    /// life, so that a later change of the working directory cannot move it.
+    fn resolve(&self, dir: &Path) -> io::Result<std::path::PathBuf> {
+        Ok(dir.to_path_buf())
+    }
     /// Names of the entries of `dir` (file names, not paths), in any order.
     fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
     /// Creates a new, empty file for reading and writing; fails if it exists.

@@ -284,7 +284,7 @@ fn aside_path(
 ) -> Result<PathBuf, Failed> {
     let folder = dir.join(QUARANTINE_DIR);
     let created = storage
-        .create_dir_all(&folder)
+        .create_dir(&folder)
         .map_err(|e| Failed::new("create quarantine folder", &folder, e))?;
     if created {
         storage

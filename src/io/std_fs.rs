@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions, TryLockError};
-use std::io::{self, Read, Seek, Write};
+use std::io::{self, Read, Write};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -11,14 +11,18 @@ use std::sync::Arc;
 
 use super::{LockError, LockGuard, Storage, StorageFile};
 
-/// The name of the lock file inside an outbox directory.
-const LOCK_FILE: &str = "LOCK";
+/// The file inside an outbox directory that names the process holding its
+/// lock, for the error message of a refused open. Only a hint: the lock is an
+/// `flock` on the directory itself, and deleting this file changes nothing.
+const OWNER_FILE: &str = "OWNER";
 
 /// The operating system's file system.
 ///
-/// Locking uses `flock(2)` on a `LOCK` file in the directory, which excludes a
-/// second open both from another process and from the same process. The lock file
-/// records the owner's pid so that a refused open can name it.
+/// Locking uses `flock(2)` on the directory itself, which excludes a second
+/// open from another process, and a registry of the directories this process
+/// holds, which excludes one from the same process (where a network file system
+/// emulating `flock` with POSIX locks would not). An `OWNER` file records the
+/// owner's pid so that a refused open can name it.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct StdStorage;
 
@@ -28,12 +32,22 @@ struct StdFile {
 }
 
 impl Storage for StdStorage {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<bool> {
-        if dir.is_dir() {
-            return Ok(false);
+    fn create_dir(&self, dir: &Path) -> io::Result<bool> {
+        match fs::create_dir(dir) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                if fs::metadata(dir)?.is_dir() {
+                    Ok(false)
+                } else {
+                    Err(io::Error::from(io::ErrorKind::NotADirectory))
+                }
+            }
+            Err(e) => Err(e),
         }
-        fs::create_dir_all(dir)?;
-        Ok(true)
+    }
+
+    fn resolve(&self, dir: &Path) -> io::Result<std::path::PathBuf> {
+        fs::canonicalize(dir)
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -91,37 +105,43 @@ impl Storage for StdStorage {
                 pid: Some(std::process::id()),
             });
         }
-        let path = dir.join(LOCK_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(LockError::Io)?;
-        match file.try_lock() {
+        // The lock is on the directory itself: a file in it could be deleted
+        // (a stale-looking pid file is what cleanup scripts remove), and a
+        // second open would then lock a new file of the same name.
+        let handle = File::open(dir).map_err(LockError::Io)?;
+        match handle.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
-                let mut text = String::new();
-                let pid = file
-                    .read_to_string(&mut text)
-                    .ok()
-                    .and_then(|_| text.trim().parse().ok());
-                return Err(LockError::Held { pid });
+                return Err(LockError::Held {
+                    pid: read_owner(dir),
+                });
             }
             Err(TryLockError::Error(e)) => return Err(LockError::Io(e)),
         }
         // Record our pid for the error message of a refused open. Not fsynced: it
-        // is a hint for humans, and the lock itself lives in the kernel.
-        let mut record = || -> io::Result<()> {
-            file.set_len(0)?;
-            file.rewind()?;
-            writeln!(file, "{}", std::process::id())
+        // is a hint for humans, and the lock itself lives in the kernel. Writing
+        // it also proves the directory is writable before recovery starts.
+        let record = || -> io::Result<()> {
+            let mut owner = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(OWNER_FILE))?;
+            writeln!(owner, "{}", std::process::id())
         };
         record().map_err(LockError::Io)?;
         held.insert(key);
-        Ok(Box::new(HeldLock { file, key }))
+        Ok(Box::new(HeldLock { file: handle, key }))
     }
+}
+
+/// The pid the owner file of `dir` records, if it can be read.
+fn read_owner(dir: &Path) -> Option<u32> {
+    let mut text = String::new();
+    File::open(dir.join(OWNER_FILE))
+        .and_then(|mut f| f.read_to_string(&mut text))
+        .ok()?;
+    text.trim().parse().ok()
 }
 
 /// The directories (device, inode) locked by this process.

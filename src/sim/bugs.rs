@@ -93,8 +93,11 @@ impl fmt::Debug for BuggyStorage {
 }
 
 impl Storage for BuggyStorage {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<bool> {
-        self.inner.create_dir_all(dir)
+    fn create_dir(&self, dir: &Path) -> io::Result<bool> {
+        self.inner.create_dir(dir)
+    }
+    fn resolve(&self, dir: &Path) -> io::Result<std::path::PathBuf> {
+        self.inner.resolve(dir)
     }
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         self.inner.list(dir)

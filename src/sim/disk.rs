@@ -589,13 +589,16 @@ impl Storage for SimDisk {
         self.state.lock().rng.next_u64() | 1
     }
 
-    fn create_dir_all(&self, dir: &Path) -> io::Result<bool> {
+    fn create_dir(&self, dir: &Path) -> io::Result<bool> {
         let mut s = self.state.lock();
         if s.crashed {
             return Err(crashed_error());
         }
         // Directories are durable at once: the real file system's parent fsync is
         // tested on the real file system.
+        if s.live.contains_key(dir) {
+            return Err(io::Error::from(io::ErrorKind::NotADirectory));
+        }
         Ok(s.dirs.insert(dir.to_path_buf()))
     }
 
@@ -929,7 +932,7 @@ mod tests {
     /// 0, and its open handle.
     fn durable_file(seed: u64) -> (SimDisk, Arc<dyn StorageFile>) {
         let disk = SimDisk::new(seed);
-        disk.create_dir_all(Path::new("/d")).expect("dir");
+        disk.create_dir(Path::new("/d")).expect("dir");
         let f = disk.create(&path("a")).expect("create");
         f.write_at(b"durable", 0).expect("write");
         f.sync_data().expect("sync");
@@ -980,7 +983,7 @@ mod tests {
         let (mut vanished, mut returned) = (0, 0);
         for seed in 0..200 {
             let disk = SimDisk::new(seed);
-            disk.create_dir_all(Path::new("/d")).expect("dir");
+            disk.create_dir(Path::new("/d")).expect("dir");
             let old = disk.create(&path("old")).expect("create");
             old.sync_data().expect("sync");
             disk.sync_dir(Path::new("/d")).expect("sync dir");
@@ -998,7 +1001,7 @@ mod tests {
     #[test]
     fn a_failed_sync_drops_the_data_and_the_next_sync_lies() {
         let disk = SimDisk::new(1);
-        disk.create_dir_all(Path::new("/d")).expect("dir");
+        disk.create_dir(Path::new("/d")).expect("dir");
         let f = disk.create(&path("a")).expect("create"); // op 0
         disk.sync_dir(Path::new("/d")).expect("sync dir"); // op 1
         f.write_at(b"lost", 0).expect("write"); // op 2
@@ -1026,7 +1029,7 @@ mod tests {
     #[test]
     fn the_crash_point_kills_that_operation_and_every_later_one() {
         let disk = SimDisk::new(3);
-        disk.create_dir_all(Path::new("/d")).expect("dir");
+        disk.create_dir(Path::new("/d")).expect("dir");
         disk.crash_at(Some(1));
         let f = disk.create(&path("a")).expect("op 0 runs");
         assert!(f.write_at(b"x", 0).is_err());

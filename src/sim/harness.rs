@@ -1271,7 +1271,7 @@ struct InputFile {
 /// where each went.
 fn write_recovery_input<'a>(disk: &SimDisk, data: &'a [u8]) -> (Vec<&'a [u8]>, Vec<InputFile>) {
     let dir = dir();
-    let _ = crate::io::Storage::create_dir_all(disk, &dir);
+    let _ = crate::io::Storage::create_dir(disk, &dir);
     let mut files: Vec<&[u8]> = Vec::new();
     let mut rest = data;
     while files.len() < 4 && rest.len() >= 2 {

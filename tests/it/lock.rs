@@ -59,6 +59,14 @@ fn a_second_open_from_another_process_is_refused_until_it_exits() {
         Err(Error::Locked { pid, .. }) => assert_eq!(pid, Some(child.id())),
         other => panic!("expected Locked, got {other:?}"),
     }
+    // The lock is the directory's own: deleting the owner file (a stale-looking
+    // pid file, to a cleanup script) lets no second outbox in; the error only
+    // loses the pid.
+    std::fs::remove_file(dir.join("OWNER")).expect("rm OWNER");
+    match Outbox::open(&dir, Options::default()) {
+        Err(Error::Locked { pid, .. }) => assert_eq!(pid, None),
+        other => panic!("expected Locked after rm OWNER, got {other:?}"),
+    }
     // Closing its stdin tells the child to exit; the kernel drops its lock. (The
     // test harness prints the test name on the same line before the child speaks.)
     drop(child.stdin.take());
@@ -130,13 +138,13 @@ fn close_returns_only_once_the_directory_is_free() {
     }
 }
 
-/// Within one process the lock is the directory itself: a deleted `LOCK` file
+/// Within one process the lock is the directory itself: a deleted owner file
 /// does not let a second outbox in.
 #[test]
-fn a_deleted_lock_file_does_not_let_a_second_open_in_within_the_process() {
+fn a_deleted_owner_file_does_not_let_a_second_open_in_within_the_process() {
     let (_t, dir) = tmp();
     let first = Outbox::open(&dir, Options::default()).expect("open");
-    std::fs::remove_file(dir.join("LOCK")).expect("rm LOCK");
+    std::fs::remove_file(dir.join("OWNER")).expect("rm OWNER");
     assert!(matches!(
         Outbox::open(&dir, Options::default()),
         Err(Error::Locked { .. })

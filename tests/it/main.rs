@@ -6,6 +6,7 @@ mod claim;
 mod crash;
 mod enospc;
 mod faults;
+mod foreign;
 mod fuzz_corpus;
 mod golden;
 mod kill;

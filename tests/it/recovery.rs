@@ -485,12 +485,28 @@ fn a_foreign_file_named_like_a_segment_is_refused() {
 #[test]
 fn a_segment_created_but_never_made_durable_is_removed() {
     let (_t, dir, seqs) = one_segment(3);
-    // A crash during rotation: the next segment's file exists with half a header.
-    let next = dir.join(format!("{:020}.seg", seqs[2].get() + 1));
-    std::fs::write(&next, &b"SEGWAL\x1a\n\x01\x00"[..]).expect("write");
+    // A crash during rotation, before the rename: the next segment's file
+    // exists under its temporary name with half a header and zeros.
+    let next = dir.join(format!("{:020}.seg.creating", seqs[2].get() + 1));
+    let mut half = b"SEGWAL\x1a\n\x02\x00".to_vec();
+    half.resize(4096, 0);
+    std::fs::write(&next, &half).expect("write");
     let outbox = Outbox::open(&dir, Options::default()).expect("open");
-    assert!(outbox.recovery_report().removed.contains(&next));
+    // Half a header is not proof that it holds nothing: set aside, not removed.
+    let report = outbox.recovery_report();
+    assert_eq!(report.quarantined.len(), 1, "{report:?}");
+    assert_eq!(report.quarantined[0].from, next);
     assert_eq!(recovered_seqs(&outbox), seqs);
+    outbox.close().expect("close");
+    // Under its segment name, the same bytes are refused: a segment is renamed
+    // only once its header is durable, so this is not an interrupted creation.
+    let named = dir.join(format!("{:020}.seg", seqs[2].get() + 1));
+    std::fs::write(&named, &half).expect("write");
+    assert!(matches!(
+        Outbox::open(&dir, Options::default()),
+        Err(Error::Corrupt { path, .. }) if path == named
+    ));
+    assert_eq!(std::fs::read(&named).expect("kept"), half);
 }
 
 #[test]

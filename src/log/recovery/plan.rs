@@ -205,6 +205,15 @@ pub(crate) fn plan(scans: &[SegmentScan], mode: RecoveryMode) -> Result<Plan> {
     };
     let max_seen = max_seen(scans, &d.live);
     settle_newest(&mut d);
+    // A file that is not a segment at all (its header does not check, and its
+    // bytes do not prove it holds nothing) is named first: the gap or missing
+    // seal it makes is a consequence.
+    if mode != RecoveryMode::Lossy
+        && let Some(v) = d.live.iter().find(|v| v.scan.header.is_none())
+        && let Some(damage) = &v.damage
+    {
+        return Err(v.corrupt(damage));
+    }
     check_log_start(&d, scans.get(..leftovers).and_then(<[_]>::last), log_start)?;
     if let Some((k, damage)) = first_damage(&mut d) {
         let damaged =
