@@ -498,9 +498,7 @@ fn create_durably(storage: &dyn Storage, dir: &Path) -> Result<PathBuf> {
     storage.create_dir(dir).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotADirectory => invalid("it exists and is not a directory"),
         std::io::ErrorKind::NotFound => invalid("its parent directory does not exist"),
-        std::io::ErrorKind::PermissionDenied => {
-            invalid("permission denied creating the directory")
-        }
+        std::io::ErrorKind::PermissionDenied => invalid("permission denied creating the directory"),
         _ => Error::io("create directory", dir, e),
     })?;
     let dir = storage

@@ -76,13 +76,15 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
     });
     println!(
         "crash harness: seeds {first}..{}, {} crash points x {draws} draws = {} simulated crashes \
-         ({} also crashed inside recovery), {} torn tails cut, {} records checked, \
-         {} rotations by age, {} batches shared by concurrent producers, {:.1} s",
+         ({} also crashed inside recovery), {} torn tails cut, {} unfinished creations \
+         set aside, {} records checked, {} rotations by age, {} batches shared by \
+         concurrent producers, {:.1} s",
         first + seeds,
         total.crash_points,
         total.recoveries,
         total.crashes_in_recovery,
         total.torn_tails,
+        total.quarantined,
         total.records_checked,
         total.age_rotations,
         total.shared_batches,
@@ -103,6 +105,13 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
         "no crash tore a tail: the harness is not crashing mid-write"
     );
     assert!(total.crashes_in_recovery > 0, "no recovery was crashed");
+    if seeds >= 100 {
+        assert!(
+            total.quarantined > 0,
+            "no crash garbled a segment's header while it was created: the \
+             harness never tests setting one aside"
+        );
+    }
 }
 
 /// Workloads whose every operation the fault loop fails, once and persistently.

@@ -5,9 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use segwal::{
-    Corruption, Error, Options, Outbox, QUARANTINE_DIR, QuarantineReason, RecoveryMode,
-};
+use segwal::{Corruption, Error, Options, Outbox, QUARANTINE_DIR, QuarantineReason, RecoveryMode};
 
 use crate::{segment_files, small_segments, tmp};
 
@@ -50,16 +48,28 @@ fn matrix() -> Vec<(&'static str, Vec<u8>, Outcome)> {
         *b = (i as u8).wrapping_mul(31).wrapping_add(7);
     }
     vec![
-        ("26 bytes of text", b"some notes, not a segment".to_vec(), Outcome::Refused),
+        (
+            "26 bytes of text",
+            b"some notes, not a segment".to_vec(),
+            Outcome::Refused,
+        ),
         ("5,000 bytes of x", vec![b'x'; 5000], Outcome::Refused),
         ("48 bytes starting like a PNG", png, Outcome::Refused),
         ("a header of format version 1", v1, Outcome::OtherVersion),
-        ("a version 2 header with a wrong checksum", bad_crc, Outcome::Refused),
+        (
+            "a version 2 header with a wrong checksum",
+            bad_crc,
+            Outcome::Refused,
+        ),
         ("64 MiB, its first block garbled", garbled, Outcome::Refused),
         ("zero bytes", Vec::new(), Outcome::Removed),
         ("a few zeros", vec![0; 7], Outcome::Removed),
         ("a block of zeros", vec![0; 4096], Outcome::Removed),
-        ("a preallocated length of zeros", vec![0; 64 << 20], Outcome::Removed),
+        (
+            "a preallocated length of zeros",
+            vec![0; 64 << 20],
+            Outcome::Removed,
+        ),
     ]
 }
 
@@ -81,7 +91,12 @@ fn check_matrix(after_a_real_log: bool) {
         std::fs::write(&path, &bytes).expect("write foreign file");
         let opened = Outbox::open(&dir, small_segments());
         match (outcome, opened) {
-            (Outcome::Refused, Err(Error::Corrupt { path: named, kind, .. })) => {
+            (
+                Outcome::Refused,
+                Err(Error::Corrupt {
+                    path: named, kind, ..
+                }),
+            ) => {
                 assert_eq!(named.file_name(), path.file_name(), "{what}: {kind}");
                 assert!(
                     matches!(
@@ -100,7 +115,10 @@ fn check_matrix(after_a_real_log: bool) {
                 assert!(!path.exists(), "{what}: still there");
                 let report = outbox.recovery_report();
                 assert!(
-                    report.removed.iter().any(|r| r.file_name() == path.file_name()),
+                    report
+                        .removed
+                        .iter()
+                        .any(|r| r.file_name() == path.file_name()),
                     "{what}: removal not reported: {report:?}"
                 );
                 let expected = if after_a_real_log { 40 } else { 0 };
@@ -182,7 +200,11 @@ fn an_unfinished_creation_is_removed_with_proof_or_set_aside() {
         ("zeros", vec![0; 64 << 10], true),
         ("a whole header block, then zeros", header_then_zeros, true),
         ("a header block garbled by the crash", garbled, false),
-        ("a header, then bytes that are not zero", header_then_a_frame, false),
+        (
+            "a header, then bytes that are not zero",
+            header_then_a_frame,
+            false,
+        ),
     ] {
         let (_t, dir) = tmp();
         let outbox = Outbox::open(&dir, small_segments()).expect("open");
@@ -237,7 +259,10 @@ fn a_path_that_cannot_be_an_outbox_is_refused_before_anything_is_created() {
     assert_eq!(path, PathBuf::new());
     assert!(reason.contains("empty"), "{reason}");
     for name in ["OWNER", "LOCK"] {
-        assert!(!Path::new(name).exists(), "{name} left in the working directory");
+        assert!(
+            !Path::new(name).exists(),
+            "{name} left in the working directory"
+        );
     }
 }
 

@@ -60,9 +60,12 @@ pub(crate) fn apply(
         if scan::creation_holds_nothing(storage, &file)? {
             unfinished.push(file);
         } else {
-            report
-                .quarantined
-                .push(aside(storage, dir, file, QuarantineReason::UnfinishedCreation)?);
+            report.quarantined.push(aside(
+                storage,
+                dir,
+                file,
+                QuarantineReason::UnfinishedCreation,
+            )?);
         }
     }
     report.removed.extend(unfinished.iter().cloned());

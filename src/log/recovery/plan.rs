@@ -415,10 +415,10 @@ fn first_damage(d: &mut Deciding<'_>) -> Option<(usize, Damage)> {
         }
         // A next file that is not a segment at all (its header does not check)
         // is named, rather than the seal it makes look missing.
-        if d.live.get(k + 1).is_some_and(|n| n.scan.header.is_none()) {
-            if let Some(damage) = d.live[k + 1].damage.take() {
-                return Some((k + 1, damage));
-            }
+        if d.live.get(k + 1).is_some_and(|n| n.scan.header.is_none())
+            && let Some(damage) = d.live[k + 1].damage.take()
+        {
+            return Some((k + 1, damage));
         }
         let next = match d.live.get(k + 1) {
             Some(n) => Link::Segment(n),

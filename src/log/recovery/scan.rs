@@ -263,9 +263,7 @@ pub(crate) fn creation_holds_nothing(storage: &dyn Storage, path: &Path) -> Resu
     let file = storage
         .open(path)
         .map_err(|e| Error::io("open segment", path, e))?;
-    let len = file
-        .len()
-        .map_err(|e| Error::io("stat segment", path, e))?;
+    let len = file.len().map_err(|e| Error::io("stat segment", path, e))?;
     let read = |buf: &mut [u8], at: u64| {
         crate::io::read_exact_at(&*file, buf, at).map_err(|e| Error::io("read segment", path, e))
     };
