@@ -76,7 +76,8 @@ pub enum Error {
     /// An `append_batch` is larger than the writer queue can ever hold
     /// ([`Options::queue_bytes`](crate::Options::queue_bytes)).
     BatchTooLarge {
-        /// Total payload bytes of the refused batch.
+        /// Encoded bytes of the refused batch: its payloads and a frame header
+        /// (48 bytes) each, the measure `queue_bytes` is in.
         len: u64,
         /// The configured maximum.
         max: u64,
@@ -172,7 +173,10 @@ impl fmt::Display for Error {
                 write!(f, "record of {len} bytes exceeds max_record_bytes ({max})")
             }
             Error::BatchTooLarge { len, max } => {
-                write!(f, "batch of {len} bytes exceeds queue_bytes ({max})")
+                write!(
+                    f,
+                    "batch of {len} encoded bytes exceeds queue_bytes ({max})"
+                )
             }
             Error::Full => f.write_str("writer queue is full"),
             Error::UnknownSeq { seq } => write!(f, "no record with seq {seq} was ever appended"),

@@ -80,7 +80,7 @@ pub use format::seq::{QUARANTINE_DIR, Seq};
 pub use io::reader::Record;
 pub use log::recovery::{Dropped, QuarantineReason, Quarantined, RecoveryReport, TornTail};
 pub use options::{
-    BATCH_BYTES_MAX, Durability, MAX_RECORD_BYTES_LIMIT, OpenCheck, Options, QUEUE_BYTES_MAX,
-    RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
+    BATCH_BYTES_MAX, Durability, LINGER_MAX, MAX_RECORD_BYTES_LIMIT, OpenCheck, Options,
+    QUEUE_BYTES_MAX, QUEUE_CAPACITY_MAX, RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
 };
 pub use outbox::{Outbox, Stats};

@@ -18,6 +18,12 @@ pub const SEGMENT_BYTES_MAX: u64 = 2 * 1024 * MIB;
 pub const MAX_RECORD_BYTES_LIMIT: usize = RECORD_BYTES_LIMIT;
 /// Largest accepted [`Options::queue_bytes`] (1.5 GiB).
 pub const QUEUE_BYTES_MAX: u64 = 3 * 512 * MIB;
+/// Largest accepted [`Options::queue_capacity`] (1,048,576 requests). The queue
+/// sets no memory aside for its capacity: this bounds requests in flight.
+pub const QUEUE_CAPACITY_MAX: usize = 1 << 20;
+/// Largest accepted [`Options::linger`] (1 second).
+pub const LINGER_MAX: Duration = Duration::from_secs(1);
+
 /// Largest accepted [`Options::batch_bytes`] (1 GiB).
 ///
 /// With [`SEGMENT_BYTES_MAX`] and [`QUEUE_BYTES_MAX`] it keeps every segment file
@@ -150,7 +156,8 @@ impl Options {
     }
 
     /// Age at which the writer starts a new segment even when it is far from full.
-    /// Default 10 minutes; at least 1 ms.
+    /// Default 10 minutes; at least 1 ms, no upper bound: an age too long to
+    /// represent as an instant (`Duration::MAX`) means never.
     ///
     /// Only a sealed segment can be deleted, so under light traffic this bounds how
     /// long acknowledged records keep their disk space: at most about one segment
@@ -172,18 +179,29 @@ impl Options {
         self
     }
 
-    /// How many append requests may wait for the writer thread. Default 4096; at
-    /// least 1. A full queue makes `append` wait and `try_append` fail with
-    /// [`Error::Full`]: producers feel backpressure.
+    /// How many append requests may wait for the writer thread. Default 4096;
+    /// from 1 to [`QUEUE_CAPACITY_MAX`]. A full queue makes `append` wait and
+    /// `try_append` fail with [`Error::Full`]: producers feel backpressure. No
+    /// memory is set aside for it up front.
+    ///
+    /// It also caps the appends one group commit can serve: a write batch holds
+    /// at most this many requests (with a capacity of 1, sixteen producers get
+    /// about one record per fsync). Keep it at least the number of producer
+    /// threads.
     pub fn queue_capacity(mut self, requests: usize) -> Options {
         self.queue_capacity = requests;
         self
     }
 
-    /// How many bytes of encoded records (payload plus a 40-byte frame header
+    /// How many bytes of encoded records (payload plus a 48-byte frame header
     /// each) may wait for the writer thread. Default 64 MiB; at least one record
     /// of `max_record_bytes`, at most [`QUEUE_BYTES_MAX`]. Also the largest
     /// `append_batch` accepted.
+    ///
+    /// It bounds memory, not only the channel: a producer copies its payload
+    /// only once its share of this budget is granted, so the copies alive at
+    /// once stay within it (producers waiting for room hold none). The writer
+    /// adds its encode buffer, at most one batch.
     pub fn queue_bytes(mut self, bytes: u64) -> Options {
         self.queue_bytes = bytes;
         self
@@ -200,7 +218,8 @@ impl Options {
     /// Time the writer waits after the first request of a batch for more to
     /// arrive. Default zero (off): a batch is whatever producers queued while the
     /// previous write and fsync ran, which already grows with the load. A linger
-    /// adds its full length to the latency of every batch.
+    /// adds its full length to the latency of every batch. At most
+    /// [`LINGER_MAX`] (1 s).
     pub fn linger(mut self, linger: Duration) -> Options {
         self.linger = linger;
         self
@@ -213,7 +232,9 @@ impl Options {
     }
 
     /// Under [`Durability::Buffered`], the longest time written records wait for
-    /// their fsync. Default 100 ms; at least 1 ms. Ignored under `Sync`.
+    /// their fsync. Default 100 ms; at least 1 ms, no upper bound: an interval too
+    /// long to represent as an instant means only `sync`, rotation and close
+    /// fsync. Ignored under `Sync`.
     pub fn buffered_sync_interval(mut self, interval: Duration) -> Options {
         self.buffered_sync_interval = interval;
         self
@@ -246,14 +267,26 @@ impl Options {
         if self.segment_age < Duration::from_millis(1) {
             return invalid("segment_age", "must be at least 1 ms".into());
         }
+        if self.linger > LINGER_MAX {
+            return invalid(
+                "linger",
+                format!("{:?} exceeds {LINGER_MAX:?}", self.linger),
+            );
+        }
         if self.max_record_bytes > MAX_RECORD_BYTES_LIMIT {
             return invalid(
                 "max_record_bytes",
                 format!("{} exceeds {MAX_RECORD_BYTES_LIMIT}", self.max_record_bytes),
             );
         }
-        if self.queue_capacity == 0 {
-            return invalid("queue_capacity", "must be at least 1".into());
+        if !(1..=QUEUE_CAPACITY_MAX).contains(&self.queue_capacity) {
+            return invalid(
+                "queue_capacity",
+                format!(
+                    "{} is outside 1..={QUEUE_CAPACITY_MAX}",
+                    self.queue_capacity
+                ),
+            );
         }
         let one_record = crate::format::frame::frame_len(self.max_record_bytes) as u64;
         if !(one_record..=QUEUE_BYTES_MAX).contains(&self.queue_bytes) {
@@ -300,6 +333,23 @@ mod tests {
                 "max_record_bytes",
             ),
             (Options::default().queue_capacity(0), "queue_capacity"),
+            (Options::default().queue_capacity(1 << 40), "queue_capacity"),
+            (
+                Options::default().queue_capacity(usize::MAX),
+                "queue_capacity",
+            ),
+            (
+                Options::default().queue_capacity(100_000_000),
+                "queue_capacity",
+            ),
+            (Options::default().linger(Duration::from_secs(5)), "linger"),
+            (
+                Options::default().buffered_sync_interval(Duration::ZERO),
+                "buffered_sync_interval",
+            ),
+            (Options::default().segment_bytes(u64::MAX), "segment_bytes"),
+            (Options::default().queue_bytes(u64::MAX), "queue_bytes"),
+            (Options::default().batch_bytes(usize::MAX), "batch_bytes"),
             (Options::default().queue_bytes(1), "queue_bytes"),
             (Options::default().batch_bytes(0), "batch_bytes"),
         ];

@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Sender, TrySendError};
+use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
@@ -16,6 +16,7 @@ use crate::format::seq::Seq;
 use crate::io::reader::{self, Record};
 use crate::io::segment_file::FileCache;
 use crate::io::{LockError, StdStorage, Storage};
+use crate::log::clock::Clock;
 use crate::log::recovery::{self, RecoveryReport};
 use crate::log::shared::{Budget, Completion, Counters, Shared, Ticket};
 use crate::log::writer::{Payloads, Request, Writer};
@@ -42,6 +43,8 @@ struct Handle {
     tx: RwLock<Option<Sender<Request>>>,
     writer: Mutex<Option<JoinHandle<Result<()>>>>,
     report: RecoveryReport,
+    /// The outbox's identity (every segment header names it).
+    outbox_id: u128,
     /// Held for the whole of a `close`: a second `close` returns only once the
     /// first has joined the writer and released the directory lock.
     closing: Mutex<()>,
@@ -60,8 +63,15 @@ pub struct Stats {
     pub backlog_bytes: u64,
     /// Segment files in the log.
     pub segments: usize,
-    /// Bytes of those segment files.
+    /// Bytes written to those segment files (headers and frames).
     pub disk_bytes: u64,
+    /// Bytes of storage those files take, space reserved ahead of the writer
+    /// included: the active segment reserves 4 MiB (or
+    /// [`Options::segment_bytes`](crate::Options::segment_bytes) if smaller) when
+    /// it is created, and more, doubling, up to `segment_bytes` as it fills; a
+    /// sealed segment gives back what it did not use, and a close gives back the
+    /// active segment's. This is what `du` counts (and, on tmpfs, memory).
+    pub allocated_bytes: u64,
     /// Bytes of memory held by the state table (about 4.25 per record of the
     /// segments on disk, plus a fixed amount per segment).
     pub state_bytes: u64,
@@ -70,8 +80,17 @@ pub struct Stats {
     /// Newest durable record or internal frame.
     pub last_seq: Option<Seq>,
     /// Age of the oldest pending (not claimed) record.
+    ///
+    /// Measured on a monotonic clock, so that a wall clock stepped back or
+    /// forward does not change it: a record appended by this process ages from
+    /// when it was written; a record recovered at open ages from its stamped
+    /// time as the wall clock read it at the open (clamped at zero: a clock
+    /// that was ahead when it was appended reads zero, not a negative age), and
+    /// grows with the monotonic clock from then on. A record stamped while the
+    /// wall clock read before 1970 carries time 0 (docs/GUARANTEES.md, 7).
     pub oldest_pending_age: Option<Duration>,
-    /// Age of the oldest record not yet acknowledged (pending or claimed).
+    /// Age of the oldest record not yet acknowledged (pending or claimed),
+    /// measured as [`oldest_pending_age`](Stats::oldest_pending_age) is.
     pub oldest_unacked_age: Option<Duration>,
     /// Records appended since open.
     pub records_appended: u64,
@@ -153,12 +172,17 @@ impl Outbox {
         if cfg!(debug_assertions) {
             table.check_invariants();
         }
-        let (tx, rx) = crossbeam_channel::bounded(options.queue_capacity);
+        // Unbounded: the budget bounds it (in bytes and requests) before a
+        // request is even built, and no memory is set aside for its capacity.
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let clock = Clock::new(recovered.active.segment.id.first_seq());
+        let outbox_id = recovered.active.outbox_id;
         let shared = Arc::new(Shared {
+            clock,
             dir,
             files: FileCache::new(storage.clone()),
             storage,
-            budget: Budget::new(options.queue_bytes),
+            budget: Budget::new(options.queue_bytes, options.queue_capacity),
             options,
             table: Mutex::new(table),
             arrived: Condvar::new(),
@@ -184,14 +208,25 @@ impl Outbox {
                 tx: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(thread)),
                 report: recovered.report,
+                outbox_id,
                 closing: Mutex::new(()),
             }),
         })
     }
 
-    /// The outbox directory.
+    /// The outbox directory, as resolved when it was opened (absolute, with no
+    /// symbolic link left in it).
     pub fn dir(&self) -> &Path {
         &self.handle.shared.dir
+    }
+
+    /// The outbox's identity: 128 bits drawn at random when its directory got
+    /// its first segment, repeated in every segment header, and kept for the
+    /// directory's life. Sequence numbers start again at 1 in a new or wiped
+    /// directory, under a new identity; so a record's key for deduplication
+    /// downstream is this identity with its sequence number.
+    pub fn id(&self) -> u128 {
+        self.handle.outbox_id
     }
 
     /// What recovery found and changed when this outbox was opened.
@@ -209,7 +244,7 @@ impl Outbox {
     pub fn append(&self, payload: &[u8]) -> Result<Seq> {
         self.check_record(payload)?;
         let bytes = frame_len(payload.len()) as u64;
-        self.submit(Payloads::One(payload.to_vec()), bytes, true)
+        self.submit(|| Payloads::One(payload.to_vec()), bytes, true)
     }
 
     /// Like [`append`](Outbox::append), but fails with [`Error::Full`] instead of
@@ -218,7 +253,7 @@ impl Outbox {
     pub fn try_append(&self, payload: &[u8]) -> Result<Seq> {
         self.check_record(payload)?;
         let bytes = frame_len(payload.len()) as u64;
-        self.submit(Payloads::One(payload.to_vec()), bytes, false)
+        self.submit(|| Payloads::One(payload.to_vec()), bytes, false)
     }
 
     /// Appends many records with one wait. They get contiguous sequence numbers,
@@ -238,8 +273,8 @@ impl Outbox {
         if bytes > max {
             return Err(Error::BatchTooLarge { len: bytes, max });
         }
-        let owned = payloads.iter().map(|p| p.as_ref().to_vec()).collect();
-        let first = self.submit(Payloads::Many(owned), bytes, true)?;
+        let owned = || Payloads::Many(payloads.iter().map(|p| p.as_ref().to_vec()).collect());
+        let first = self.submit(owned, bytes, true)?;
         Ok((0..payloads.len() as u64)
             .map(|i| Seq::from(first.get() + i))
             .collect())
@@ -251,7 +286,7 @@ impl Outbox {
     pub fn sync(&self) -> Result<()> {
         self.handle.shared.check_usable()?;
         let (completion, done) = Completion::new();
-        self.send(Request::Sync { done }, true)?;
+        self.send(Request::Sync { done })?;
         completion.wait().map(|_| ())
     }
 
@@ -268,34 +303,32 @@ impl Outbox {
         Ok(())
     }
 
-    fn submit(&self, payloads: Payloads, bytes: u64, wait: bool) -> Result<Seq> {
+    /// Sends an append of `bytes` (encoded) whose payloads `copy` makes, and
+    /// waits for its outcome. The payloads are copied only once the queue has
+    /// room for them: waiting producers hold no copy, so `queue_bytes` bounds
+    /// the memory of the queue, not only its channel.
+    fn submit(&self, copy: impl FnOnce() -> Payloads, bytes: u64, wait: bool) -> Result<Seq> {
         // The ticket goes back to the budget with the request, whatever becomes
         // of it.
         let ticket = Ticket::take(&self.handle.shared, bytes, wait)?;
         let (completion, done) = Completion::new();
         let request = Request::Append {
-            payloads,
+            payloads: copy(),
             ticket,
             done,
         };
-        self.send(request, wait)?;
+        self.send(request)?;
         completion.wait()
     }
 
-    fn send(&self, request: Request, wait: bool) -> Result<()> {
+    /// Hands `request` to the writer (never waits: the queue's bounds were
+    /// taken with the request's ticket).
+    fn send(&self, request: Request) -> Result<()> {
         let tx = self.handle.tx.read();
         let Some(tx) = tx.as_ref() else {
             return Err(Error::Closed);
         };
-        if wait {
-            tx.send(request).map_err(|_| Error::Closed)
-        } else {
-            match tx.try_send(request) {
-                Ok(()) => Ok(()),
-                Err(TrySendError::Full(_)) => Err(Error::Full),
-                Err(TrySendError::Disconnected(_)) => Err(Error::Closed),
-            }
-        }
+        tx.send(request).map_err(|_| Error::Closed)
     }
 
     /// Claims up to `max_records` of the oldest pending records and returns them.
@@ -432,18 +465,16 @@ impl Outbox {
         let shared = &self.handle.shared;
         let t = shared.table.lock().stats();
         let c = &shared.counters;
-        let now = SystemTime::now();
+        // Ages on the outbox's monotonic clock (`log::clock`): a wall clock
+        // stepped back or forward does not change them.
         let age = |first: &Option<SlotRef>| {
-            first
-                .as_ref()
-                .and_then(|slot| {
-                    let file = match &slot.file {
-                        Some(file) => file.clone(),
-                        None => shared.files.get(&slot.path).ok()?,
-                    };
-                    reader::frame_time(&*file, slot.offset)
-                })
-                .map(|t| now.duration_since(t).unwrap_or(Duration::ZERO))
+            let slot = first.as_ref()?;
+            let file = match &slot.file {
+                Some(file) => file.clone(),
+                None => shared.files.get(&slot.path).ok()?,
+            };
+            let stamped = reader::frame_stamp(&*file, slot.offset)?;
+            Some(shared.clock.age(slot.seq, stamped))
         };
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let batches = load(&c.batches);
@@ -454,6 +485,11 @@ impl Outbox {
             backlog_bytes: t.backlog_bytes,
             segments: t.segments,
             disk_bytes: t.disk_bytes,
+            allocated_bytes: t.sealed_allocated
+                + t.open_files
+                    .iter()
+                    .map(|f| f.allocated().unwrap_or(0))
+                    .sum::<u64>(),
             state_bytes: t.state_bytes,
             first_seq: t.first_unacked.as_ref().map(|f| f.seq),
             last_seq: t.last_seq,
@@ -538,6 +574,10 @@ impl Handle {
             Some(thread) => thread.join().unwrap_or(Err(Error::Closed)),
             None => Ok(()),
         };
+        // Descriptors and the state table go now, not when the last handle is
+        // dropped: every call from here on returns `Closed`.
+        shared.files.clear();
+        *shared.table.lock() = Table::new();
         drop(shared.lock.lock().take());
         outcome
     }

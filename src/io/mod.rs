@@ -122,6 +122,12 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     }
     /// The file's current length in bytes.
     fn len(&self) -> io::Result<u64>;
+    /// The bytes of storage the file takes (blocks written or reserved), which
+    /// may exceed its length (space reserved past the end) or fall short of it
+    /// (holes). The length, where it cannot be told.
+    fn allocated(&self) -> io::Result<u64> {
+        self.len()
+    }
 }
 
 /// Writes all of `buf` at `offset`, looping over short writes.

@@ -221,10 +221,10 @@ fn check(
     })
 }
 
-/// The append time of the frame at `offset`, for statistics; `None` if unreadable.
-pub(crate) fn frame_time(file: &dyn StorageFile, offset: u32) -> Option<SystemTime> {
+/// The time stamped in the frame at `offset` (microseconds since the Unix
+/// epoch), for statistics; `None` if unreadable.
+pub(crate) fn frame_stamp(file: &dyn StorageFile, offset: u32) -> Option<u64> {
     let mut header = [0u8; FRAME_HEADER_LEN];
     io::read_exact_at(file, &mut header, u64::from(offset)).ok()?;
-    let us = frame::timestamp_us(&header)?;
-    Some(UNIX_EPOCH + Duration::from_micros(us))
+    frame::timestamp_us(&header)
 }

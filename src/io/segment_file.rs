@@ -324,6 +324,14 @@ fn sync_aside(storage: &dyn Storage, dir: &Path) -> Result<(), Failed> {
         .map_err(|e| Failed::new("sync directory", dir, e))
 }
 
+/// What a new segment reserves at first (4 MiB, or the segment size if
+/// smaller): the writer reserves more, doubling, as frames reach the end of it
+/// (so an idle outbox holds a few MiB of disk, not a whole segment), up to the
+/// segment size.
+pub(crate) fn first_allocation(segment_bytes: u64) -> u64 {
+    segment_bytes.min(4 << 20)
+}
+
 /// Microseconds since the Unix epoch: a frame's timestamp.
 pub(crate) fn now_us() -> u64 {
     SystemTime::now()
@@ -376,6 +384,12 @@ impl FileCache {
         }
         open.push((path.clone(), file.clone()));
         Ok(file)
+    }
+
+    /// Closes every file (at close: descriptors are not kept until the last
+    /// handle of the outbox is dropped).
+    pub(crate) fn clear(&self) {
+        self.open.lock().clear();
     }
 
     /// Closes the file of the segment at `path`, if open (it is deleted).

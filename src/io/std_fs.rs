@@ -247,6 +247,11 @@ impl StorageFile for StdFile {
         Ok(Some(start..end))
     }
 
+    fn allocated(&self) -> io::Result<u64> {
+        // `st_blocks` counts 512-byte units, whatever the file system's block.
+        Ok(self.file.metadata()?.blocks() * 512)
+    }
+
     fn len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
     }

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::format::seq::Seq;
 use crate::io::segment_file::FileCache;
 use crate::io::{LockGuard, Storage};
+use crate::log::clock::Clock;
 use crate::options::Options;
 use crate::state::table::Table;
 
@@ -30,6 +31,8 @@ pub(crate) struct Shared {
     pub budget: Budget,
     pub counters: Counters,
     pub lock: Mutex<Option<LockGuard>>,
+    /// The clock records' ages are measured on.
+    pub clock: Clock,
 }
 
 impl Shared {
@@ -70,59 +73,82 @@ impl Counters {
     }
 }
 
-/// The byte bound of the writer queue: producers acquire the encoded size of their
-/// request before sending it, and the writer releases it once the request is
-/// finished.
+/// The bounds of the writer queue, in bytes and in append requests: producers
+/// acquire their request's encoded size (and one request) *before* they copy its
+/// payloads, and the writer gives both back once the request is finished. So
+/// the payload copies alive at once are bounded by `queue_bytes`, and the
+/// queue holds no memory for requests not yet made (its channel is unbounded;
+/// this is its bound).
 pub(crate) struct Budget {
-    used: Mutex<u64>,
+    used: Mutex<Used>,
     freed: Condvar,
-    max: u64,
+    max_bytes: u64,
+    max_requests: usize,
+}
+
+/// What the queue holds now.
+#[derive(Default)]
+struct Used {
+    bytes: u64,
+    requests: usize,
+}
+
+impl Used {
+    /// Whether a request of `bytes` fits (a request alone always fits).
+    fn fits(&self, bytes: u64, budget: &Budget) -> bool {
+        self.requests == 0
+            || (self.bytes + bytes <= budget.max_bytes && self.requests < budget.max_requests)
+    }
 }
 
 impl Budget {
-    pub(crate) fn new(max: u64) -> Budget {
+    pub(crate) fn new(max_bytes: u64, max_requests: usize) -> Budget {
         Budget {
-            used: Mutex::new(0),
+            used: Mutex::new(Used::default()),
             freed: Condvar::new(),
-            max,
+            max_bytes,
+            max_requests,
         }
     }
 
-    /// Waits until `bytes` fit (a request alone always fits), unless the outbox
-    /// closes first.
+    /// Waits until a request of `bytes` fits, unless the outbox closes first.
     pub(crate) fn acquire(&self, bytes: u64, closed: &AtomicBool) -> Result<()> {
         let mut used = self.used.lock();
-        while *used > 0 && *used + bytes > self.max {
+        while !used.fits(bytes, self) {
             if closed.load(Ordering::Acquire) {
                 return Err(Error::Closed);
             }
             self.freed.wait(&mut used);
         }
-        *used += bytes;
+        used.bytes += bytes;
+        used.requests += 1;
         Ok(())
     }
 
-    /// Takes `bytes` if they fit now.
+    /// Takes room for a request of `bytes` if it fits now.
     pub(crate) fn try_acquire(&self, bytes: u64) -> bool {
         let mut used = self.used.lock();
-        if *used > 0 && *used + bytes > self.max {
+        if !used.fits(bytes, self) {
             return false;
         }
-        *used += bytes;
+        used.bytes += bytes;
+        used.requests += 1;
         true
     }
 
     /// Bytes taken and not yet given back.
     pub(crate) fn used(&self) -> u64 {
-        *self.used.lock()
+        self.used.lock().bytes
     }
 
-    pub(crate) fn release(&self, bytes: u64) {
-        if bytes == 0 {
+    /// Gives back `requests` requests of `bytes` in all.
+    pub(crate) fn release(&self, bytes: u64, requests: usize) {
+        if requests == 0 {
             return;
         }
         let mut used = self.used.lock();
-        *used -= bytes;
+        used.bytes -= bytes;
+        used.requests -= requests;
         drop(used);
         self.freed.notify_all();
     }
@@ -134,15 +160,15 @@ impl Budget {
     }
 }
 
-/// A request's share of the queue budget, given back when the request is gone:
-/// answered, or dropped on any path (a closed queue, a panicking writer).
+/// A producer's share of the queue budget: one request of `bytes`.
 pub(crate) struct Ticket {
     shared: Arc<Shared>,
     bytes: u64,
+    armed: bool,
 }
 
 impl Ticket {
-    /// Takes `bytes` from the budget, waiting (or not) for room.
+    /// Takes room for one request of `bytes`, waiting (or not) for it.
     pub(crate) fn take(shared: &Arc<Shared>, bytes: u64, wait: bool) -> Result<Ticket> {
         if wait {
             shared.budget.acquire(bytes, &shared.closed)?;
@@ -152,6 +178,7 @@ impl Ticket {
         Ok(Ticket {
             shared: shared.clone(),
             bytes,
+            armed: true,
         })
     }
 
@@ -161,15 +188,19 @@ impl Ticket {
     }
 
     /// Hands the share to the caller, who must give it back with
-    /// [`Budget::release`]; the ticket then gives back nothing when dropped.
+    /// [`Budget::release`] (its bytes, and one request); the ticket then gives
+    /// back nothing when dropped.
     pub(crate) fn disarm(&mut self) -> u64 {
-        std::mem::take(&mut self.bytes)
+        self.armed = false;
+        self.bytes
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.shared.budget.release(self.bytes);
+        if self.armed {
+            self.shared.budget.release(self.bytes, 1);
+        }
     }
 }
 

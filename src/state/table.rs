@@ -215,6 +215,11 @@ pub(crate) struct TableStats {
     pub backlog_bytes: u64,
     pub segments: usize,
     pub disk_bytes: u64,
+    /// Blocks the sealed segments take (their files end with their seal).
+    pub sealed_allocated: u64,
+    /// The segments the writer still holds, whose files may have space
+    /// reserved past their data.
+    pub open_files: Vec<Arc<dyn StorageFile>>,
     pub state_bytes: u64,
     pub first_unacked: Option<SlotRef>,
     pub first_pending: Option<SlotRef>,
@@ -598,6 +603,10 @@ impl Table {
         };
         for seg in &self.segments {
             stats.disk_bytes += u64::from(seg.end);
+            match &seg.file {
+                Some(file) => stats.open_files.push(file.clone()),
+                None => stats.sealed_allocated += align_up(u64::from(seg.end)),
+            }
             stats.state_bytes += seg.heap_bytes();
         }
         stats.last_seq = self

@@ -271,3 +271,54 @@ fn durations_too_long_to_represent_mean_never() {
     assert_eq!(got[0].seq(), seq);
     outbox.close().expect("close");
 }
+
+#[test]
+fn the_outbox_identity_survives_a_reopen_and_differs_between_directories() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let id = outbox.id();
+    outbox.append(b"x").expect("append");
+    outbox.close().expect("close");
+    let again = Outbox::open(&dir, Options::default()).expect("reopen");
+    assert_eq!(again.id(), id);
+    again.close().expect("close");
+    let (_t2, other) = tmp();
+    let other = Outbox::open(&other, Options::default()).expect("open other");
+    assert_ne!(other.id(), id, "two directories share an identity");
+    // A wiped directory starts its numbers again at 1, under a new identity.
+    std::fs::remove_dir_all(&dir).expect("wipe");
+    let wiped = Outbox::open(&dir, Options::default()).expect("open wiped");
+    assert_eq!(wiped.append(b"y").expect("append"), segwal::Seq::from(1));
+    assert_ne!(wiped.id(), id);
+}
+
+#[test]
+fn absurd_options_are_refused_before_anything_is_created() {
+    let (_t, dir) = tmp();
+    for (options, name) in [
+        (
+            Options::default().queue_capacity(usize::MAX),
+            "queue_capacity",
+        ),
+        (Options::default().queue_capacity(1 << 40), "queue_capacity"),
+        (
+            Options::default().linger(std::time::Duration::MAX),
+            "linger",
+        ),
+        (Options::default().segment_bytes(u64::MAX), "segment_bytes"),
+    ] {
+        match Outbox::open(&dir, options) {
+            Err(Error::InvalidOption { name: got, .. }) => assert_eq!(got, name),
+            other => panic!("{name}: expected InvalidOption, got {other:?}"),
+        }
+        assert!(!dir.exists(), "{name}: the directory was created");
+    }
+    // The largest accepted capacity costs nothing up front.
+    let outbox = Outbox::open(
+        &dir,
+        Options::default().queue_capacity(segwal::QUEUE_CAPACITY_MAX),
+    )
+    .expect("open");
+    outbox.append(b"fits").expect("append");
+    outbox.close().expect("close");
+}

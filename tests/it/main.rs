@@ -12,6 +12,7 @@ mod golden;
 mod kill;
 mod lock;
 mod model;
+mod process;
 mod recovery;
 mod segments;
 

@@ -181,3 +181,40 @@ fn stats_show_backlog_and_group_commit() {
     assert!(stats.disk_bytes > 40);
     assert!(!stats.poisoned);
 }
+
+/// Space reserved ahead of the writer is visible, and small while the outbox is
+/// idle: a new segment reserves 4 MiB, more as it fills, never more than
+/// `segment_bytes`; a close gives back what was not used.
+#[test]
+fn reserved_space_is_reported_and_grows_with_the_writes() {
+    use std::os::unix::fs::MetadataExt;
+    let (_t, dir) = tmp();
+    let on_disk = |dir: &std::path::Path| -> u64 {
+        segment_files(dir)
+            .iter()
+            .map(|p| std::fs::metadata(p).expect("stat").blocks() * 512)
+            .sum()
+    };
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let empty = outbox.stats();
+    assert_eq!(empty.allocated_bytes, on_disk(&dir));
+    assert!(
+        empty.allocated_bytes <= (4 << 20) + 4096,
+        "an empty outbox reserves {} bytes",
+        empty.allocated_bytes
+    );
+    // 16 MiB of records: the reservation grows past the first 4 MiB, within
+    // one 64 MiB segment.
+    let record = vec![3u8; 64 << 10];
+    for _ in 0..256 {
+        outbox.append(&record).expect("append");
+    }
+    let full = outbox.stats();
+    assert_eq!(full.segments, 1);
+    assert_eq!(full.allocated_bytes, on_disk(&dir));
+    assert!(full.allocated_bytes >= full.disk_bytes, "{full:?}");
+    assert!(full.allocated_bytes > 16 << 20 && full.allocated_bytes <= 64 << 20);
+    outbox.close().expect("close");
+    // Closed, the files take about what was written.
+    assert!(on_disk(&dir) < full.disk_bytes + (1 << 20));
+}

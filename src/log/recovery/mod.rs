@@ -108,7 +108,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
             creating,
         },
         plan,
-        options.segment_bytes,
+        crate::io::segment_file::first_allocation(options.segment_bytes),
     )
 }
 

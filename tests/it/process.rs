@@ -1,0 +1,228 @@
+//! What a whole process sees: its memory while producers wait for the queue,
+//! the memory and descriptors an outbox keeps once idle or closed, and a change
+//! of working directory under an open outbox. Each runs in a child process (the
+//! test binary again, one test, its own environment), so that its figures are
+//! its own and the parent's working directory never moves. The children print
+//! their figures; the assertions are about amounts, never about time.
+
+use std::path::Path;
+use std::process::Command;
+
+use segwal::{Options, Outbox};
+
+/// Names the child test to run and its directory.
+const CHILD: &str = "SEGWAL_TEST_PROCESS_CHILD";
+
+/// Runs the child test `name` with `dir` in its environment; returns its
+/// standard output. glibc's allocator is told to map every allocation above 128
+/// KiB on its own and give it back when freed, so that the resident size
+/// follows what is alive rather than what an arena kept.
+fn child(name: &str, dir: &Path) -> String {
+    let out = Command::new(crate::this_binary())
+        .args(["--exact", &format!("process::{name}")])
+        .args(["--nocapture", "--test-threads=1"])
+        .env(CHILD, dir)
+        .env("MALLOC_MMAP_THRESHOLD_", "131072")
+        .output()
+        .expect("spawn child");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "child {name} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{stdout}");
+    stdout
+}
+
+/// The child's directory, when this process is the child.
+fn child_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os(CHILD).map(Into::into)
+}
+
+/// A figure the child printed as `segwal-child: NAME=VALUE`.
+fn figure(stdout: &str, name: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|l| l.split_once(&format!("segwal-child: {name}=")))
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no figure {name} in:\n{stdout}"))
+}
+
+/// A line of /proc/self/status, in bytes (`VmRSS`, `VmHWM`).
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+}
+
+/// Descriptors open in this process.
+fn open_descriptors() -> u64 {
+    std::fs::read_dir("/proc/self/fd").expect("fd").count() as u64
+}
+
+const MIB: u64 = 1 << 20;
+/// The record and the queue of the memory test: 32 producers share one 4 MiB
+/// record, and the queue holds four of them.
+const RECORD: usize = 4 << 20;
+const PRODUCERS: usize = 32;
+
+#[test]
+fn producers_waiting_for_the_queue_hold_no_copy_of_their_record() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let out = child(
+        "child_producers_sharing_a_large_record",
+        &t.path().join("o"),
+    );
+    let growth = figure(&out, "peak_growth");
+    let queue = figure(&out, "queue_bytes");
+    // Alive at once: the copies the queue admits, the writer's encode buffer
+    // (one batch: one record here), the producers' shared record is counted in
+    // the baseline. Before the fix every waiting producer held its own copy:
+    // 32 records, 128 MiB.
+    let bound = queue + 2 * RECORD as u64 + 8 * MIB;
+    assert!(
+        growth <= bound,
+        "peak memory grew by {} MiB, above the bound of {} MiB",
+        growth / MIB,
+        bound / MIB
+    );
+}
+
+#[test]
+fn child_producers_sharing_a_large_record() {
+    let Some(dir) = child_dir() else { return };
+    let queue_bytes = 4 * (RECORD as u64 + 4096);
+    let options = Options::default()
+        .max_record_bytes(RECORD)
+        .queue_bytes(queue_bytes);
+    let outbox = Outbox::open(&dir, options).expect("open");
+    let record = vec![7u8; RECORD];
+    let baseline = status_bytes("VmRSS");
+    std::thread::scope(|s| {
+        for _ in 0..PRODUCERS {
+            s.spawn(|| {
+                for _ in 0..2 {
+                    outbox.append(&record).expect("append");
+                }
+            });
+        }
+    });
+    let peak = status_bytes("VmHWM");
+    println!("segwal-child: queue_bytes={queue_bytes}");
+    println!("segwal-child: baseline={baseline}");
+    println!("segwal-child: peak={peak}");
+    println!(
+        "segwal-child: peak_growth={}",
+        peak.saturating_sub(baseline)
+    );
+    assert_eq!(outbox.stats().records_appended, 2 * PRODUCERS as u64);
+    outbox.close().expect("close");
+}
+
+#[test]
+fn an_idle_outbox_gives_back_its_large_buffers_and_a_closed_one_its_descriptors() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let out = child("child_idle_and_closed_outboxes", t.path());
+    let outboxes = figure(&out, "outboxes");
+    let idle_growth = figure(&out, "idle_growth");
+    let fds_open = figure(&out, "fds_open");
+    let fds_closed = figure(&out, "fds_closed");
+    // One 16 MiB record appended then acknowledged by each outbox: what stays
+    // is far below one record per outbox (before: +16 MiB each).
+    assert!(
+        idle_growth < outboxes * MIB,
+        "{outboxes} idle outboxes kept {} MiB",
+        idle_growth / MIB
+    );
+    // Each open outbox holds descriptors; once closed (handles still alive)
+    // none of them is left.
+    assert!(fds_open >= fds_closed + outboxes, "{out}");
+    assert_eq!(fds_closed, figure(&out, "fds_before"), "{out}");
+}
+
+#[test]
+fn child_idle_and_closed_outboxes() {
+    let Some(root) = child_dir() else { return };
+    const OUTBOXES: usize = 10;
+    let fds_before = open_descriptors();
+    let record = vec![1u8; 16 << 20];
+    let baseline = status_bytes("VmRSS");
+    let outboxes: Vec<Outbox> = (0..OUTBOXES)
+        .map(|k| {
+            let outbox = Outbox::open(root.join(k.to_string()), Options::default()).expect("open");
+            let seq = outbox.append(&record).expect("append");
+            let got = outbox.claim(1).expect("claim");
+            assert_eq!(got[0].seq(), seq);
+            drop(got);
+            outbox.ack(seq).expect("ack");
+            outbox.append(b"small").expect("append");
+            outbox
+        })
+        .collect();
+    drop(record);
+    let idle = status_bytes("VmRSS");
+    let fds_open = open_descriptors();
+    for outbox in &outboxes {
+        outbox.close().expect("close");
+    }
+    let fds_closed = open_descriptors();
+    println!("segwal-child: outboxes={OUTBOXES}");
+    println!(
+        "segwal-child: idle_growth={}",
+        idle.saturating_sub(baseline - (16 << 20))
+    );
+    println!("segwal-child: fds_before={fds_before}");
+    println!("segwal-child: fds_open={fds_open}");
+    println!("segwal-child: fds_closed={fds_closed}");
+    drop(outboxes);
+}
+
+#[test]
+fn a_change_of_working_directory_does_not_move_an_open_outbox() {
+    let t = tempfile::tempdir().expect("tempdir");
+    for sub in ["one", "two"] {
+        std::fs::create_dir(t.path().join(sub)).expect("mkdir");
+    }
+    let out = child("child_changing_directory", t.path());
+    let appended = figure(&out, "appended");
+    // Every record is in one/ob, where the outbox was opened; two/ holds none.
+    let outbox = Outbox::open(t.path().join("one").join("ob"), Options::default())
+        .expect("reopen where it was opened");
+    assert_eq!(crate::drain_ack(&outbox).len() as u64, appended);
+    outbox.close().expect("close");
+    assert!(!t.path().join("two").join("ob").exists());
+}
+
+#[test]
+fn child_changing_directory() {
+    let Some(root) = child_dir() else { return };
+    std::env::set_current_dir(root.join("one")).expect("cd one");
+    let options = Options::default().segment_bytes(16 * 4096);
+    let outbox = Outbox::open("ob", options).expect("open a relative path");
+    // A daemon changes directory after opening; rotations, deletions and
+    // directory fsyncs must still happen in one/ob.
+    std::env::set_current_dir(root.join("two")).expect("cd two");
+    let mut appended = 0u64;
+    for i in 0..100u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+        appended += 1;
+    }
+    // Acknowledge some, so that segments are deleted, then append more.
+    let got = outbox.claim(30).expect("claim");
+    for r in &got {
+        outbox.ack(r.seq()).expect("ack");
+    }
+    appended -= got.len() as u64;
+    outbox.sync().expect("sync");
+    assert!(
+        outbox.stats().segments_deleted > 0,
+        "no segment was deleted"
+    );
+    println!("segwal-child: appended={appended}");
+    outbox.close().expect("close");
+}
