@@ -150,6 +150,14 @@ impl Options {
     /// A write batch never spans two segments, so a segment can exceed this size by
     /// one batch (or by one record larger than the size). Smaller segments free
     /// acknowledged space sooner; larger ones mean fewer files and fewer rotations.
+    ///
+    /// Disk space is reserved ahead of the writer (`fallocate`), so that a
+    /// batch's `fdatasync` need not also record a grown file: a new segment
+    /// reserves 4 MiB (or this size, if smaller), and more, doubling, up to this
+    /// size as it fills; a sealed segment gives back what it did not use, and so
+    /// does the active one at close. An open, idle outbox therefore holds about
+    /// 4 MiB it has not written ([`Stats::allocated_bytes`](crate::Stats::allocated_bytes)
+    /// shows it; on tmpfs it is memory).
     pub fn segment_bytes(mut self, bytes: u64) -> Options {
         self.segment_bytes = bytes;
         self
