@@ -125,6 +125,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the error is a full disk (or a full quota).
+    pub(crate) fn is_no_space(&self) -> bool {
+        match self {
+            Error::Io { source, .. } | Error::Poisoned { source, .. } => {
+                crate::io::reserve::is_no_space(source)
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Error {
         Error::Io {
             op,

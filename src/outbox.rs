@@ -14,7 +14,9 @@ use crate::format::frame::frame_len;
 use crate::format::segment::FRAMES_AT;
 use crate::format::seq::Seq;
 use crate::io::reader::{self, Record};
+use crate::io::reserve;
 use crate::io::segment_file::FileCache;
+use crate::io::segment_file::first_allocation;
 use crate::io::{LockError, StdStorage, Storage};
 use crate::log::clock::Clock;
 use crate::log::recovery::{self, RecoveryReport};
@@ -159,7 +161,18 @@ impl Outbox {
             }
             Err(LockError::Io(e)) => return Err(Error::io("lock directory", dir, e)),
         };
-        let recovered = recovery::recover(&*storage, &dir, &options)?;
+        // On a full disk, the space the reserve kept is given to the open, once.
+        // Then nothing is reserved ahead of the writer, so that the reserve's
+        // space goes to what the open must write.
+        let preallocate = first_allocation(options.segment_bytes);
+        let (recovered, sealed) = match recover_and_seal(&*storage, &dir, &options, preallocate) {
+            Err(e) if e.is_no_space() && reserve::release(&*storage, &dir).unwrap_or(false) => {
+                let (mut again, sealed) = recover_and_seal(&*storage, &dir, &options, 0)?;
+                again.report.reserve_released = true;
+                (again, sealed)
+            }
+            other => other?,
+        };
         let mut table = Table::new();
         for seg in recovered.segments {
             let frames_at = FRAMES_AT as u32;
@@ -191,17 +204,18 @@ impl Outbox {
             counters: Counters::default(),
             lock: Mutex::new(Some(lock)),
         });
-        let writer = Writer::start(
-            shared.clone(),
-            rx,
-            recovered.active,
-            recovered.log_start,
-            recovered.seal,
-        )?;
+        Counters::add(&shared.counters.fsyncs, u64::from(sealed));
+        let writer = Writer::start(shared.clone(), rx, recovered.active, recovered.log_start)?;
         let thread = std::thread::Builder::new()
             .name("segwal-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| Error::io("spawn writer thread", &shared.dir, e))?;
+        // Kept aside for the next open that finds the disk full (best effort).
+        reserve::ensure(
+            &*shared.storage,
+            &shared.dir,
+            reserve::size(shared.options.segment_bytes),
+        );
         Ok(Outbox {
             handle: Arc::new(Handle {
                 shared,
@@ -516,6 +530,27 @@ impl Outbox {
     pub fn close(&self) -> Result<()> {
         self.handle.close()
     }
+}
+
+/// Recovers the log of `dir` and writes the seal its newest segment lacks, if
+/// any (returning whether it did): everything an open writes before the writer
+/// starts, and may retry once the reserve gave its space.
+fn recover_and_seal(
+    storage: &dyn Storage,
+    dir: &Path,
+    options: &Options,
+    preallocate: u64,
+) -> Result<(recovery::Recovered, bool)> {
+    let mut recovered = recovery::recover(storage, dir, options, preallocate)?;
+    let Some(seal) = recovered.seal.take() else {
+        return Ok((recovered, false));
+    };
+    if let Err(failed) = seal.segment.seal(seal.at, seal.seq, &seal.index, seal.salt) {
+        // As in the writer's poisoning: leave nothing the disk may not have.
+        seal.segment.cut_back(seal.at);
+        return Err(failed.into_error());
+    }
+    Ok((recovered, true))
 }
 
 /// Creates `dir` if it is missing (its parent must exist), makes its entry

@@ -11,6 +11,7 @@
 //! never retry a failed sync on their own.
 
 pub(crate) mod reader;
+pub(crate) mod reserve;
 pub(crate) mod segment_file;
 mod std_fs;
 

@@ -129,7 +129,17 @@ impl Storage for StdStorage {
                 .open(dir.join(OWNER_FILE))?;
             writeln!(owner, "{}", std::process::id())
         };
-        record().map_err(LockError::Io)?;
+        match record() {
+            Ok(()) => {}
+            // A directory the process may not write: refused here, before
+            // recovery starts.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                return Err(LockError::Io(e));
+            }
+            // A full disk must not keep an outbox from opening (it may be
+            // opened precisely to drain it): the pid is only a hint.
+            Err(_) => {}
+        }
         held.insert(key);
         Ok(Box::new(HeldLock { file: handle, key }))
     }

@@ -22,7 +22,7 @@ use crate::format::seal::IndexBuilder;
 use crate::format::segment::{BLOCK, FRAMES_AT, align_up};
 use crate::format::seq::Seq;
 use crate::io;
-use crate::io::segment_file::{FreshSegment, PendingSeal, SegmentFile, now_us};
+use crate::io::segment_file::{FreshSegment, SegmentFile, now_us};
 use crate::log::shared::{Answers, Completer, Counters, Notifier, Shared, Ticket};
 use crate::options::Durability;
 use crate::state::table::SegmentSlots;
@@ -181,16 +181,7 @@ impl Writer {
         rx: Receiver<Request>,
         active: FreshSegment,
         log_start: Seq,
-        seal: Option<PendingSeal>,
     ) -> Result<Writer> {
-        if let Some(seal) = seal {
-            if let Err(failed) = seal.segment.seal(seal.at, seal.seq, &seal.index, seal.salt) {
-                // As in `poison`: leave nothing the disk may not have.
-                seal.segment.cut_back(seal.at);
-                return Err(failed.into_error());
-            }
-            Counters::add(&shared.counters.fsyncs, 1);
-        }
         let outbox_id = active.outbox_id;
         let active = Active::new(active);
         push_active(&shared, &active);

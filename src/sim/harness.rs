@@ -504,7 +504,7 @@ impl Run<'_> {
             },
             Step::Concurrent(threads, len) => self.concurrent(*threads, *len)?,
             Step::Age => {
-                let newest = || self.disk.files(&dir()).into_iter().max();
+                let newest = || segment_names(self.disk).into_iter().max();
                 let before = newest();
                 std::thread::sleep(self.options.segment_age + std::time::Duration::from_millis(10));
                 let failed = self.outbox.sync().is_err();
@@ -1042,8 +1042,7 @@ pub fn bit_rot(
         let d = disk.fork(seed ^ draw);
         d.crash(CrashModel::default());
         let mut rng = Rng::new(seed ^ (draw << 32));
-        let mut files = d.files(&dir());
-        files.sort();
+        let mut files = segment_names(&d);
         files.pop();
         if files.is_empty() {
             continue;
@@ -1305,6 +1304,15 @@ fn write_recovery_input<'a>(disk: &SimDisk, data: &'a [u8]) -> (Vec<&'a [u8]>, V
     }
     let _ = crate::io::Storage::sync_dir(disk, &dir);
     (files, paths)
+}
+
+/// The names of the segment files in the outbox directory of `disk`, in log
+/// order (the directory also holds the owner and reserve files).
+fn segment_names(disk: &SimDisk) -> Vec<String> {
+    let mut names = disk.files(&dir());
+    names.retain(|n| crate::format::seq::SegmentId::parse(n).is_some());
+    names.sort();
+    names
 }
 
 /// What recovery may have done to the files of a `recovery` fuzz input: remove

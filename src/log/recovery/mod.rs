@@ -37,7 +37,7 @@ use crate::io::segment_file::{FreshSegment, PendingSeal};
 use crate::options::{OpenCheck, Options, RecoveryMode};
 
 /// One segment as recovery leaves it; all of them are sealed (the newest, if it
-/// lacks its seal, by the writer before anything else).
+/// lacks its seal, by the open before the writer starts).
 pub(crate) struct RecoveredSegment {
     pub id: SegmentId,
     pub path: Arc<Path>,
@@ -54,14 +54,22 @@ pub(crate) struct Recovered {
     pub log_start: Seq,
     /// The writer's active segment: empty, its header durable.
     pub active: FreshSegment,
-    /// The seal the newest segment lacks, for the writer to write first.
+    /// The seal the newest segment lacks, written by the open before the
+    /// writer starts.
     pub seal: Option<PendingSeal>,
     pub report: RecoveryReport,
 }
 
 /// Reads every segment in `dir`, decides what is torn and what is corrupt, applies
 /// the changes durably, and returns the log.
-pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> Result<Recovered> {
+/// `preallocate` is the space a new (or reused) active segment reserves: none
+/// when the open is short of space.
+pub(crate) fn recover(
+    storage: &dyn Storage,
+    dir: &Path,
+    options: &Options,
+    preallocate: u64,
+) -> Result<Recovered> {
     // The negative control treats any damage as the end of the log, silently.
     let silent_cut = crate::injected!(options, TruncateMidLogCorruption);
     let mode = if silent_cut {
@@ -108,7 +116,7 @@ pub(crate) fn recover(storage: &dyn Storage, dir: &Path, options: &Options) -> R
             creating,
         },
         plan,
-        crate::io::segment_file::first_allocation(options.segment_bytes),
+        preallocate,
     )
 }
 

@@ -31,6 +31,11 @@ pub struct RecoveryReport {
     /// not prove they hold nothing. Nothing in them is part of the log any more;
     /// they are kept for a person to look at, and removed only by one.
     pub quarantined: Vec<Quarantined>,
+    /// The disk was full: the open removed the `RESERVE` file the outbox keeps
+    /// for this (docs/FORMAT.md, "The directory") to make the room it needed.
+    /// Drain the backlog, or free space, before appending much more; the next
+    /// open with space keeps a reserve again.
+    pub reserve_released: bool,
     /// Under [`RecoveryMode::Lossy`] only: what was dropped at the first damage.
     pub dropped: Option<Dropped>,
 }

@@ -1,0 +1,93 @@
+//! The reserve: disk space an outbox keeps aside so that it can always open.
+//!
+//! Opening writes: recovery creates the writer's active segment (its header's
+//! block) and the writer seals the segment before it (its seal index), and
+//! draining writes the `LogStart` frames that let acknowledged segments be
+//! deleted. On a full disk those writes would fail, and a backlog that cannot be
+//! opened cannot be drained, so the disk never frees. So every open that has the
+//! space makes sure a `RESERVE` file of zeros is there (space reserved with
+//! `fallocate`, or written where that is not supported), and an open that finds
+//! the disk full removes it, after checking that its bytes are what segwal
+//! wrote, and tries again.
+
+use std::io;
+use std::path::Path;
+
+use crate::io::{Storage, write_all_at};
+
+/// The reserve's file name inside an outbox directory.
+pub(crate) const RESERVE_FILE: &str = "RESERVE";
+
+/// The reserve of an outbox whose segments are `segment_bytes` long: what a
+/// new segment reserves at first (4 MiB at most), room for a header's block,
+/// a seal and the first `LogStart` frames of a drain.
+pub(crate) fn size(segment_bytes: u64) -> u64 {
+    crate::io::segment_file::first_allocation(segment_bytes)
+}
+
+/// Whether `e` says the disk (or the user's quota) is full.
+pub(crate) fn is_no_space(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(28 | 122)) || e.kind() == io::ErrorKind::StorageFull
+}
+
+/// Makes sure the reserve of `bytes` exists in `dir`: best effort (a full disk
+/// is exactly when it cannot be made, and then there is none to make). A
+/// reserve of another length is left alone.
+pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) {
+    let path = dir.join(RESERVE_FILE);
+    if storage.open(&path).is_ok() {
+        return;
+    }
+    let made = (|| -> io::Result<()> {
+        let file = storage.create(&path)?;
+        file.allocate(bytes)?;
+        if file.len()? < bytes {
+            // The file system cannot reserve: write the zeros.
+            let zeros = vec![0u8; 1 << 16];
+            let mut at = 0;
+            while at < bytes {
+                let n = (bytes - at).min(zeros.len() as u64) as usize;
+                write_all_at(&*file, &zeros[..n], at)?;
+                at += n as u64;
+            }
+        }
+        file.sync_data()?;
+        storage.sync_dir(dir)
+    })();
+    if made.is_err() {
+        let _ = storage.remove(&path);
+        let _ = storage.sync_dir(dir);
+    }
+}
+
+/// Removes the reserve of `dir` to give its space to an open that found the
+/// disk full; returns whether there was one. Only a file whose every byte is
+/// zero is removed: segwal never deletes what it cannot prove it wrote.
+pub(crate) fn release(storage: &dyn Storage, dir: &Path) -> io::Result<bool> {
+    let path = dir.join(RESERVE_FILE);
+    let file = match storage.open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let len = file.len()?;
+    let mut chunk = vec![0u8; 1 << 16];
+    let mut at = 0;
+    while let Some(region) = file.next_data(at)? {
+        let start = region.start.max(at);
+        if start >= len {
+            break;
+        }
+        let n = (region.end.min(len).saturating_sub(start)).clamp(1, chunk.len() as u64) as usize;
+        let part = &mut chunk[..n];
+        crate::io::read_exact_at(&*file, part, start)?;
+        if part.iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        at = start + n as u64;
+    }
+    drop(file);
+    storage.remove(&path)?;
+    storage.sync_dir(dir)?;
+    Ok(true)
+}
