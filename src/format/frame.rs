@@ -206,6 +206,24 @@ pub(crate) fn encode_with(
     }
 }
 
+/// The length of the frame whose header starts `header`, if the header is
+/// whole, its magic right and its own checksum (keyed with `salt`) holds: what a
+/// reader must have of the file to [`decode`] it. `None` otherwise, and then the
+/// header alone decides the error.
+pub(crate) fn claimed_len(header: &[u8], salt: u32) -> Option<usize> {
+    let header: &[u8; FRAME_HEADER_LEN] = header.get(..FRAME_HEADER_LEN)?.try_into().ok()?;
+    if field::<4>(header, MAGIC_AT) != FRAME_MAGIC {
+        return None;
+    }
+    let (_, header_checked) = header.split_at(HEADER_CHECKED_FROM);
+    if checksum(salt, header_checked) != u32::from_le_bytes(field(header, HEADER_CRC_AT)) {
+        return None;
+    }
+    let payload_len = u32::from_le_bytes(field(header, LEN_AT)) as usize;
+    let ext_len = u16::from_le_bytes(field(header, EXT_LEN_AT)) as usize;
+    (payload_len <= RECORD_BYTES_LIMIT).then_some(FRAME_HEADER_LEN + ext_len + payload_len)
+}
+
 /// Decodes the frame at the start of `buf`, checking it against `salt`. `buf` may
 /// extend past the frame.
 ///

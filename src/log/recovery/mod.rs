@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use report::{Dropped, QuarantineReason, Quarantined, RecoveryReport, TornTail};
+#[cfg(feature = "testing")]
+pub(crate) use scan::check_window_matches_whole;
 
 use crate::error::{Corruption, Error, Result};
 use crate::format::frame::FrameSpan;

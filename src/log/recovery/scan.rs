@@ -97,7 +97,7 @@ impl Damage {
 }
 
 /// What recovery read of one segment file. Pure data: what it decides from.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SegmentScan {
     pub id: SegmentId,
     pub path: PathBuf,
@@ -167,6 +167,163 @@ impl Opened {
             path: self.path.clone(),
             file,
         })
+    }
+}
+
+/// The bytes of one segment file, by offset: the whole file in memory
+/// ([`Whole`]), or a window over it that moves on as the walk does
+/// ([`Window`]). The walk over the frames is written once, against this.
+pub(crate) trait Bytes {
+    /// The file's length.
+    fn len(&self) -> usize;
+    /// Up to `n` bytes from `at`: fewer only where the file ends.
+    fn get(&mut self, at: usize, n: usize) -> &[u8];
+}
+
+/// A whole file's bytes in memory.
+pub(crate) struct Whole<'a>(pub &'a [u8]);
+
+impl Bytes for Whole<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn get(&mut self, at: usize, n: usize) -> &[u8] {
+        let end = at.saturating_add(n).min(self.0.len());
+        self.0.get(at..end).unwrap_or_default()
+    }
+}
+
+/// How much a [`Window`] reads at a time (1 MiB), and how much of the file
+/// it holds unless a frame is larger.
+const WINDOW: usize = 1 << 20;
+
+/// A file read through one reused buffer as the walk moves on, so that
+/// scanning the newest segment (tens of megabytes after a crash) touches 1 MiB
+/// of fresh memory rather than the file's size. A read that fails leaves the
+/// window empty there and is kept in `failed`: the caller then reads the file
+/// whole, and reports the error naming the file and offset.
+pub(crate) struct Window<'a> {
+    read: &'a dyn Fn(&mut [u8], u64) -> io::Result<()>,
+    len: usize,
+    /// The file offset of `buf[0]`, and how many bytes of `buf` hold the file.
+    base: usize,
+    filled: usize,
+    buf: Vec<u8>,
+    /// How much it reads at a time, unless a frame is larger.
+    chunk: usize,
+    pub failed: Option<io::Error>,
+}
+
+impl<'a> Window<'a> {
+    /// A window over a file of `len` bytes that `read` reads (all of a buffer,
+    /// at an offset).
+    pub(crate) fn new(read: &'a dyn Fn(&mut [u8], u64) -> io::Result<()>, len: usize) -> Self {
+        Window::with_chunk(read, len, WINDOW)
+    }
+
+    /// The same, reading `chunk` bytes at a time (tests use small ones, so that
+    /// frames straddle the window's edge).
+    pub(crate) fn with_chunk(
+        read: &'a dyn Fn(&mut [u8], u64) -> io::Result<()>,
+        len: usize,
+        chunk: usize,
+    ) -> Self {
+        Window {
+            read,
+            len,
+            base: 0,
+            filled: 0,
+            buf: Vec::new(),
+            chunk: chunk.max(1),
+            failed: None,
+        }
+    }
+}
+
+impl Bytes for Window<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn get(&mut self, at: usize, n: usize) -> &[u8] {
+        let end = at.saturating_add(n).min(self.len);
+        if at >= end {
+            return &[];
+        }
+        let held = at >= self.base && end <= self.base + self.filled;
+        if !held {
+            let want = (end - at).max(self.chunk).min(self.len - at);
+            if self.buf.len() < want {
+                self.buf.resize(want, 0);
+            }
+            self.base = at;
+            self.filled = 0;
+            let part = self.buf.get_mut(..want).unwrap_or_default();
+            match (self.read)(part, at as u64) {
+                Ok(()) => self.filled = want,
+                Err(e) => {
+                    self.failed.get_or_insert(e);
+                    return &[];
+                }
+            }
+        }
+        self.buf
+            .get(at - self.base..end - self.base)
+            .unwrap_or_default()
+    }
+}
+
+/// Decodes the frame at `at` of `src`: its header first, then, if the header's
+/// own checksum holds, the whole length it claims. The same outcome as decoding
+/// the file's bytes from `at` on: a frame is judged on its own bytes only.
+fn frame_at(src: &mut dyn Bytes, at: usize, salt: u32) -> Result<frame::Frame<'_>, Corruption> {
+    let claimed = frame::claimed_len(src.get(at, FRAME_HEADER_LEN), salt);
+    frame::decode(src.get(at, claimed.unwrap_or(FRAME_HEADER_LEN)), salt)
+}
+
+/// Walks the frames of a segment through a [`Window`], for a file expected to
+/// be whole: `None` as soon as anything is not (a header that does not check,
+/// damage, a read that failed), and the caller scans the file whole, which
+/// finds the same and looks past it. Otherwise the same scan as [`scan`] makes
+/// under [`OpenCheck::EveryFrame`].
+pub(crate) fn scan_window(
+    id: SegmentId,
+    path: PathBuf,
+    src: &mut Window<'_>,
+    regions: DataRegions<'_>,
+) -> Option<SegmentScan> {
+    let mut scan = SegmentScan::empty(id, path, src.len() as u64);
+    let block = src.get(0, FRAMES_AT).to_vec();
+    if scan_header(&block, id, &mut scan).is_some()
+        || scan_frames(src, id, regions, &mut scan).is_some()
+        || src.failed.is_some()
+    {
+        return None;
+    }
+    Some(scan)
+}
+
+/// Checks, for segwal's own tests, that walking `bytes` through a [`Window`]
+/// of `chunk` bytes gives the same scan as reading them whole, whenever the
+/// window's walk finds the file whole (otherwise the whole read decides).
+#[cfg(any(test, feature = "testing"))]
+pub(crate) fn check_window_matches_whole(id: SegmentId, bytes: &[u8], chunk: usize) {
+    let len = bytes.len() as u64;
+    let regions = |at: u64| Ok((at < len).then_some(at..len));
+    let read = |part: &mut [u8], at: u64| -> io::Result<()> {
+        let from = usize::try_from(at).unwrap_or(usize::MAX);
+        let src = bytes
+            .get(from..from.saturating_add(part.len()))
+            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        part.copy_from_slice(src);
+        Ok(())
+    };
+    let path = PathBuf::from(id.file_name());
+    let mut window = Window::with_chunk(&read, bytes.len(), chunk);
+    if let Some(windowed) = scan_window(id, path.clone(), &mut window, &regions) {
+        let whole = scan(id, path, bytes, OpenCheck::EveryFrame, &regions);
+        assert_eq!(windowed, whole, "window of {chunk} bytes");
     }
 }
 
@@ -242,8 +399,14 @@ pub(crate) fn scan_file(
             return Ok((scan, opened(id, path)));
         }
     }
+    // Frame by frame through one reused buffer; only a file that is not whole
+    // is read into memory whole.
+    let read_at = |part: &mut [u8], at: u64| crate::io::read_exact_at(&*file, part, at);
+    if let Some(scan) = scan_window(id, path.clone(), &mut Window::new(&read_at, size), &regions) {
+        return Ok((scan, opened(id, path)));
+    }
     let mut at = 0;
-    while let Some((start, end)) = data_region(&regions, &buf, at) {
+    while let Some((start, end)) = data_region(&regions, size, at) {
         read(&mut buf, start as u64, (end + PAGE) as u64)?;
         at = end;
     }
@@ -331,10 +494,10 @@ pub(crate) fn scan(
     }
     scan.damage = match scan_header(buf, id, &mut scan) {
         Some(d) => {
-            scan.blank = scan.header.is_none() && zeros_to_end(regions, buf, 0);
+            scan.blank = scan.header.is_none() && zeros_to_end(regions, &mut Whole(buf), 0);
             Some(d)
         }
-        None => scan_frames(buf, id, regions, &mut scan).map(|mut d| {
+        None => scan_frames(&mut Whole(buf), id, regions, &mut scan).map(|mut d| {
             let salt = scan.header.map_or(0, |h| frame::salt(id, h.nonce));
             look_past(buf, salt, regions, &mut d);
             d
@@ -392,7 +555,7 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
 fn data_end(regions: DataRegions<'_>, buf: &[u8], from: usize) -> usize {
     let mut end = from;
     let mut at = from;
-    while let Some((start, stop)) = data_region(regions, buf, at) {
+    while let Some((start, stop)) = data_region(regions, buf.len(), at) {
         if let Some(last) = buf
             .get(start..stop)
             .and_then(|r| r.iter().rposition(|&b| b != 0))
@@ -526,7 +689,7 @@ struct Walk {
 
 /// Walks the frames after the header; fills `scan` and returns the first damage.
 fn scan_frames(
-    buf: &[u8],
+    src: &mut dyn Bytes,
     id: SegmentId,
     regions: DataRegions<'_>,
     scan: &mut SegmentScan,
@@ -538,19 +701,16 @@ fn scan_frames(
         batch_start: FRAMES_AT,
         prev: None,
     };
-    while walk.offset < buf.len() {
+    while walk.offset < src.len() {
         // After the end of a write batch, zeros to the block boundary are the
         // padding before a new sync group, which starts on a fresh block.
         if walk.prev.is_some_and(|p| !p.1) && !walk.offset.is_multiple_of(BLOCK) {
             let boundary = walk.offset.next_multiple_of(BLOCK);
-            let gap = buf
-                .get(walk.offset..boundary.min(buf.len()))
-                .unwrap_or_default();
-            if all_zero(gap) {
+            if all_zero(src.get(walk.offset, boundary - walk.offset)) {
                 // Zeros: padding, unless the frame on the boundary continues a
                 // batch whose start (these zeros) never landed: then the batch
                 // is torn here, where it began.
-                if let Some(found) = continued_past(buf, boundary, walk.expected, salt) {
+                if let Some(found) = continued_past(src, boundary, walk.expected, salt) {
                     return Some(Damage::at(
                         walk.offset as u64,
                         walk.expected,
@@ -566,20 +726,22 @@ fn scan_frames(
                 walk.batch_start = boundary;
                 continue;
             }
-            if padding_before(buf, boundary, walk.expected, salt) {
+            if padding_before(src, boundary, walk.expected, salt) {
                 walk.offset = boundary;
                 walk.batch_start = boundary;
                 continue;
             }
         }
-        let rest = buf.get(walk.offset..).unwrap_or_default();
-        let f = match frame::decode(rest, salt) {
+        let decoded = frame_at(src, walk.offset, salt);
+        let f = match decoded {
             Ok(f) => f,
-            // Zeros up to the end of the file: space preallocated and never
-            // written, the clean end of the data (unless a write batch is still
-            // open, checked below).
-            Err(_) if zeros_to_end(regions, buf, walk.offset) => break,
             Err(cause) => {
+                // Zeros up to the end of the file: space preallocated and never
+                // written, the clean end of the data (unless a write batch is
+                // still open, checked below).
+                if zeros_to_end(regions, src, walk.offset) {
+                    break;
+                }
                 let tearable = !frame::is_checksummed(&cause);
                 return Some(Damage::at(
                     walk.offset as u64,
@@ -624,10 +786,9 @@ fn scan_frames(
 /// torn write batch that continued the group inside the block cannot be taken
 /// for padding: the frame after them would be numbered past `expected`.) A bit
 /// flipped in padding changes no record, and is not damage.
-fn padding_before(buf: &[u8], boundary: usize, expected: Seq, salt: u32) -> bool {
-    buf.get(boundary..)
-        .and_then(|rest| frame::decode(rest, salt).ok())
-        .is_some_and(|f| f.header.seq == expected && f.header.group == expected)
+fn padding_before(src: &mut dyn Bytes, boundary: usize, expected: Seq, salt: u32) -> bool {
+    frame_at(src, boundary, salt)
+        .is_ok_and(|f| f.header.seq == expected && f.header.group == expected)
 }
 
 /// The number of the valid frame on `boundary`, if there is one that cannot
@@ -637,8 +798,8 @@ fn padding_before(buf: &[u8], boundary: usize, expected: Seq, salt: u32) -> bool
 /// `Durability::Buffered` a write batch continues its sync group inside a block;
 /// if a power cut lost its first sectors (zeros) while a frame of it on the next
 /// boundary landed, that frame is numbered past `expected`.
-fn continued_past(buf: &[u8], boundary: usize, expected: Seq, salt: u32) -> Option<Seq> {
-    let f = frame::decode(buf.get(boundary..)?, salt).ok()?;
+fn continued_past(src: &mut dyn Bytes, boundary: usize, expected: Seq, salt: u32) -> Option<Seq> {
+    let f = frame_at(src, boundary, salt).ok()?;
     let h = f.header;
     let fits = h.seq == expected || (h.kind == FrameKind::Seal && h.seq > expected);
     (!fits).then_some(h.seq)
@@ -729,11 +890,11 @@ fn check_seal_index(payload: &[u8], at: u64, scan: &SegmentScan) -> Result<(), C
 /// The file's next region that may hold data, from `at` on, as offsets into
 /// `buf` (the file's view): `None` if the rest reads as zeros. A file system
 /// that cannot tell reports the rest as data; so does a failed query.
-fn data_region(regions: DataRegions<'_>, buf: &[u8], at: usize) -> Option<(usize, usize)> {
-    if at >= buf.len() {
+fn data_region(regions: DataRegions<'_>, len: usize, at: usize) -> Option<(usize, usize)> {
+    if at >= len {
         return None;
     }
-    let whole = Some((at, buf.len()));
+    let whole = Some((at, len));
     let Ok(region) = regions(at as u64) else {
         return whole;
     };
@@ -742,18 +903,11 @@ fn data_region(regions: DataRegions<'_>, buf: &[u8], at: usize) -> Option<(usize
         return whole;
     };
     let start = start.max(at);
-    if start >= buf.len() {
+    if start >= len {
         return None;
     }
     // A region that makes no progress is not trusted.
-    Some((
-        start,
-        if end > start {
-            end.min(buf.len())
-        } else {
-            buf.len()
-        },
-    ))
+    Some((start, if end > start { end.min(len) } else { len }))
 }
 
 /// Whether every byte of `buf` from `from` on is zero: the clean end of a
@@ -762,18 +916,21 @@ fn data_region(regions: DataRegions<'_>, buf: &[u8], at: usize) -> Option<(usize
 /// but at least the next 4 KiB (to a page boundary) are read first, so that a
 /// file system that wrongly reports a hole cannot overrule the bytes that just
 /// failed to decode.
-fn zeros_to_end(regions: DataRegions<'_>, buf: &[u8], from: usize) -> bool {
-    let page = from
-        .saturating_add(PAGE)
-        .next_multiple_of(PAGE)
-        .min(buf.len());
-    if !all_zero(buf.get(from..page).unwrap_or_default()) {
+fn zeros_to_end(regions: DataRegions<'_>, src: &mut dyn Bytes, from: usize) -> bool {
+    let len = src.len();
+    let page = from.saturating_add(PAGE).next_multiple_of(PAGE).min(len);
+    if !all_zero(src.get(from, page.saturating_sub(from))) {
         return false;
     }
     let mut at = page;
-    while let Some((start, end)) = data_region(regions, buf, at) {
-        if !all_zero(buf.get(start..end).unwrap_or_default()) {
-            return false;
+    while let Some((start, end)) = data_region(regions, len, at) {
+        let mut k = start;
+        while k < end {
+            let n = (end - k).min(WINDOW);
+            if !all_zero(src.get(k, n)) {
+                return false;
+            }
+            k += n;
         }
         at = end;
     }

@@ -19,6 +19,8 @@ const OUTBOX: u128 = 0x0b0;
 /// A segment file being built: header, then frames in write batches.
 struct Seg {
     id: SegmentId,
+    /// The header's nonce, keying its frames' checksums.
+    nonce: u64,
     bytes: Vec<u8>,
     next: u64,
     index: IndexBuilder,
@@ -29,16 +31,23 @@ struct Seg {
 impl Seg {
     /// A segment whose first frame is `first`, after a segment ending at `prev`.
     fn new(first: u64, prev: u64, log_start: u64) -> Seg {
+        Seg::keyed(first, prev, log_start, NONCE)
+    }
+
+    /// [`Seg::new`] with the nonce `nonce` (0: checksums any producer can
+    /// compute, the negative control of `a_payload_cannot_forge_a_frame`).
+    fn keyed(first: u64, prev: u64, log_start: u64, nonce: u64) -> Seg {
         let header = SegmentHeader {
             first_seq: Seq::from(first),
             prev_seq: Seq::from(prev),
             log_start: Seq::from(log_start),
             created_unix_ms: 0,
-            nonce: NONCE,
+            nonce,
             outbox_id: OUTBOX,
         };
         Seg {
             id: SegmentId(first),
+            nonce,
             bytes: header.encode_block(),
             next: first,
             index: IndexBuilder::default(),
@@ -59,7 +68,7 @@ impl Seg {
                 timestamp_us: 1,
             },
             payload,
-            frame::salt(self.id, NONCE),
+            frame::salt(self.id, self.nonce),
         );
         self.index.push(FrameSpan {
             offset: offset as u32,
@@ -105,7 +114,7 @@ impl Seg {
     /// The sync group of the last frame written.
     fn last_group(&self) -> u64 {
         let at = self.at.values().last().copied().unwrap_or(0);
-        frame::decode(&self.bytes[at..], frame::salt(self.id, NONCE))
+        frame::decode(&self.bytes[at..], frame::salt(self.id, self.nonce))
             .map_or(self.next, |f| f.header.group.get())
     }
 
@@ -132,7 +141,7 @@ impl Seg {
     /// A seal frame numbered `seq`, carrying the segment's index.
     fn seal_as(self, seq: u64) -> Seg {
         let mut seg = self.align();
-        let index = seg.index.encode(NONCE);
+        let index = seg.index.encode(seg.nonce);
         seg.next = seq;
         seg.frame(FrameKind::Seal, &index, seq, true);
         seg
@@ -199,6 +208,10 @@ fn scans(files: &[(SegmentId, Vec<u8>)]) -> Vec<SegmentScan> {
             } else {
                 OpenCheck::SealIndex
             };
+            // The window's walk, where it finds the file whole, agrees.
+            for chunk in [64, 4096, 5000] {
+                scan::check_window_matches_whole(*id, bytes, chunk);
+            }
             let len = bytes.len() as u64;
             let path = PathBuf::from(id.file_name());
             scan::scan(*id, path, bytes, check, &|at| Ok(Some(at..len)))
@@ -831,12 +844,15 @@ fn a_payload_cannot_forge_a_frame() {
     }
     // Then a stretch dense with magic bytes.
     forged.resize(on_block(k) + 4096, 0xC5);
-    let mut seg = Seg::new(1, 0, 1).batch(1).align();
-    let group = seg.next;
-    seg.frame(FrameKind::Record, &forged, group, true);
-    let at = seg.offset_of(2);
-    assert_eq!((at + frame::FRAME_HEADER_LEN + on_block(0)) % 4096, 0);
-    let files = [seg.garble(at, 8).file()];
+    let torn_with_forgery = |nonce: u64| {
+        let mut seg = Seg::keyed(1, 0, 1, nonce).batch(1).align();
+        let group = seg.next;
+        seg.frame(FrameKind::Record, &forged, group, true);
+        let at = seg.offset_of(2);
+        assert_eq!((at + frame::FRAME_HEADER_LEN + on_block(0)) % 4096, 0);
+        (at, [seg.garble(at, 8).file()])
+    };
+    let (at, files) = torn_with_forgery(NONCE);
     let plan = decide(&files).expect("a torn tail, not corruption");
     assert_eq!(kept(&plan), vec![(0, 1, Some(at as u64))]);
     let (first, _) = create(&plan);
@@ -844,6 +860,16 @@ fn a_payload_cannot_forge_a_frame() {
         first < Seq::from(1 << 40),
         "a forged number was believed: {first}"
     );
+    // The negative control: under checksums keyed with a nonce the producer
+    // knows (0, as in a salt made of public numbers only), the same bytes make
+    // recovery trust the forged frame: it refuses to open, calling the torn
+    // write corruption before a later fsynced batch. So this test sees a
+    // forgery when one is possible.
+    let (_, files) = torn_with_forgery(0);
+    assert!(matches!(
+        corruption(decide(&files)),
+        Corruption::DamageBeforeValidFrame { .. }
+    ));
 }
 
 #[test]
