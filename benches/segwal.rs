@@ -77,14 +77,32 @@ fn append_batch(c: &mut Criterion) {
     group.finish();
 }
 
-/// The relay's drain: claim 256, acknowledge them, until empty.
+/// The relay's drain: claim 256, acknowledge them (one `ack_many` of the 256,
+/// or one `ack_through` of the last), until empty. Acknowledgements are
+/// durable (written to the log by the writer, buffered by default).
 fn drain(c: &mut Criterion) {
     let mut group = c.benchmark_group("drain");
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(3));
     group.throughput(Throughput::Elements(1));
-    group.bench_function("claim256+ack", |b| {
+    for through in [false, true] {
+        let name = if through {
+            "claim256+ack_through"
+        } else {
+            "claim256+ack"
+        };
+        drain_with(&mut group, name, through);
+    }
+    group.finish();
+}
+
+fn drain_with(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    through: bool,
+) {
+    group.bench_function(name, |b| {
         let tmp = tempfile::tempdir().expect("tempdir");
         let options = Options::default().durability(Durability::Buffered);
         let outbox = Outbox::open(tmp.path().join("o"), options).expect("open");
@@ -100,9 +118,14 @@ fn drain(c: &mut Criterion) {
             let mut drained = 0u64;
             while drained < iters {
                 let records = outbox.claim(256).expect("claim");
-                let seqs: Vec<Seq> = records.iter().map(|r| r.seq()).collect();
-                outbox.ack_many(&seqs).expect("ack");
-                drained += seqs.len() as u64;
+                if through {
+                    let last = records.last().map(|r| r.seq()).expect("records");
+                    drained += outbox.ack_through(last).expect("ack_through");
+                } else {
+                    let seqs: Vec<Seq> = records.iter().map(|r| r.seq()).collect();
+                    outbox.ack_many(&seqs).expect("ack");
+                    drained += seqs.len() as u64;
+                }
             }
             let elapsed = started.elapsed();
             // Leave nothing pending for the next sample.
@@ -111,7 +134,6 @@ fn drain(c: &mut Criterion) {
         });
         outbox.close().expect("close");
     });
-    group.finish();
 }
 
 /// Fills a log with `records` pending records of `size` bytes, quickly.
@@ -149,6 +171,28 @@ fn open_log(c: &mut Criterion) {
     let torn = tmp.path().join("torn");
     copy_dir(&crashed, &torn);
     tear_newest(&torn);
+    // Half of the records acknowledged (durably: closed) before the open.
+    let half = tmp.path().join("half");
+    fill(&half, records, 256);
+    {
+        let outbox = Outbox::open(&half, Options::default()).expect("open");
+        let mut acked = 0;
+        while acked < records / 2 {
+            let got = outbox
+                .claim((records / 2 - acked).min(256) as usize)
+                .expect("claim");
+            let last = got.last().map(|r| r.seq()).expect("records");
+            acked += outbox.ack_through(last).expect("ack_through");
+        }
+        outbox.close().expect("close");
+    }
+    group.bench_function(format!("{records}x256B half acknowledged SealIndex"), |b| {
+        b.iter(|| {
+            let outbox = Outbox::open(&half, Options::default()).expect("open");
+            assert_eq!(outbox.stats().pending, records - records / 2);
+            outbox.close().expect("close");
+        });
+    });
     for check in [OpenCheck::SealIndex, OpenCheck::EveryFrame] {
         let options = Options::default().open_check(check);
         group.bench_function(format!("{records}x256B closed {check:?}"), |b| {

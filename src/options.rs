@@ -116,6 +116,7 @@ pub struct Options {
     pub(crate) batch_bytes: usize,
     pub(crate) linger: Duration,
     pub(crate) durability: Durability,
+    pub(crate) ack_durability: Durability,
     pub(crate) buffered_sync_interval: Duration,
     pub(crate) recovery: RecoveryMode,
     pub(crate) open_check: OpenCheck,
@@ -134,6 +135,7 @@ impl Default for Options {
             batch_bytes: 4 * MIB as usize,
             linger: Duration::ZERO,
             durability: Durability::Sync,
+            ack_durability: Durability::Buffered,
             buffered_sync_interval: Duration::from_millis(100),
             recovery: RecoveryMode::Strict,
             open_check: OpenCheck::SealIndex,
@@ -236,6 +238,21 @@ impl Options {
     /// When `append` returns. Default [`Durability::Sync`].
     pub fn durability(mut self, durability: Durability) -> Options {
         self.durability = durability;
+        self
+    }
+
+    /// When `ack`, `ack_many` and `ack_through` return. Default
+    /// [`Durability::Buffered`]: once the acknowledgement is in memory (the
+    /// record is never handed out again by this process) and queued for the
+    /// log; it is written with the writer's next batch and fsynced with it, or
+    /// within [`buffered_sync_interval`](Options::buffered_sync_interval) when
+    /// nothing else is written, and at `sync` and `close`. A crash in that
+    /// window can lose it: the record is then delivered again after the
+    /// restart (at least once). [`Durability::Sync`]: an acknowledgement
+    /// returns once it is fsynced, group-committed with everything else. Once
+    /// durable, a record is never handed out again, after any restart.
+    pub fn ack_durability(mut self, durability: Durability) -> Options {
+        self.ack_durability = durability;
         self
     }
 

@@ -131,7 +131,7 @@ impl Outbox {
     /// process or another, and with [`Error::Corrupt`] if recovery finds damage it
     /// may not repair.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Outbox> {
-        Outbox::open_on(dir.as_ref(), options, Arc::new(StdStorage))
+        Outbox::open_on(dir.as_ref(), options, Arc::new(StdStorage::new()))
     }
 
     /// Opens the outbox through a [`Storage`] other than the real file system: a
@@ -182,6 +182,12 @@ impl Outbox {
             table.push_frames(seg.id, seg.id.first_seq(), &seg.frames);
             table.seal_last(seg.id);
         }
+        // Records whose acknowledgement the log recorded are never handed out.
+        for &(first, last) in &recovered.acked {
+            table.ack_recovered(first, last);
+        }
+        let mut report = recovered.report;
+        report.records_recovered = table.pending();
         if cfg!(debug_assertions) {
             table.check_invariants();
         }
@@ -221,7 +227,7 @@ impl Outbox {
                 shared,
                 tx: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(thread)),
-                report: recovered.report,
+                report,
                 outbox_id,
                 closing: Mutex::new(()),
             }),
@@ -294,9 +300,9 @@ impl Outbox {
             .collect())
     }
 
-    /// Makes every record appended so far durable. Only useful under
-    /// [`Durability::Buffered`](crate::Durability::Buffered); under `Sync` every
-    /// append already is.
+    /// Makes every record appended so far, and every acknowledgement made so
+    /// far, durable. Under the default durabilities appends already are; an
+    /// acknowledgement is once this returns.
     pub fn sync(&self) -> Result<()> {
         self.handle.shared.check_usable()?;
         let (completion, done) = Completion::new();
@@ -449,8 +455,48 @@ impl Outbox {
     pub fn ack_many(&self, seqs: &[Seq]) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let reclaim = shared.table.lock().ack(seqs)?;
-        if reclaim {
+        let (reclaim, first) = {
+            let mut table = shared.table.lock();
+            let first = !table.has_unwritten_acks();
+            (table.ack(seqs)?, first)
+        };
+        self.acknowledged(reclaim, first)
+    }
+
+    /// Acknowledges every claimed record numbered at or below `seq`, and
+    /// returns how many there were; records not claimed (pending, or already
+    /// acknowledged) are left as they are. A relay that publishes in order
+    /// acknowledges a whole batch with one call.
+    pub fn ack_through(&self, seq: Seq) -> Result<u64> {
+        let shared = &self.handle.shared;
+        shared.check_open()?;
+        let (count, reclaim, first) = {
+            let mut table = shared.table.lock();
+            let first = !table.has_unwritten_acks();
+            let (count, reclaim) = table.ack_through(seq);
+            (count, reclaim, first)
+        };
+        if count > 0 {
+            self.acknowledged(reclaim, first)?;
+        }
+        Ok(count)
+    }
+
+    /// After acknowledgements: waits for their fsync under
+    /// `ack_durability(Sync)`; otherwise wakes the writer to write them (when
+    /// they are the first since its last batch) or to delete what they freed.
+    fn acknowledged(&self, reclaim: bool, first_unwritten: bool) -> Result<()> {
+        let shared = &self.handle.shared;
+        if shared.poison.get().is_some() {
+            // No writer will write them: a poisoned outbox keeps serving claims
+            // and acks from memory, and its acknowledgements are not durable
+            // (they must not pile up either).
+            shared.table.lock().take_acks();
+        }
+        if shared.options.ack_durability == crate::Durability::Sync {
+            return self.sync();
+        }
+        if reclaim || first_unwritten {
             self.nudge_writer();
         }
         Ok(())
@@ -614,6 +660,7 @@ impl Handle {
         shared.files.clear();
         *shared.table.lock() = Table::new();
         drop(shared.lock.lock().take());
+        shared.storage.close();
         outcome
     }
 }

@@ -75,8 +75,18 @@ pub(crate) enum FrameKind {
     /// (`format::seal`), or empty for a segment too large to index. It lets
     /// recovery tell a lost newest segment from one that was never created.
     Seal,
-    /// A kind from a later format that this build may skip (kinds 0x80..=0xFF).
+    /// A kind this build may skip (kinds 0x80..=0xFF): delivery state, such as
+    /// [`ACKS`], or a kind from a later format.
     Skippable(u8),
+}
+
+/// The kind of an acks frame: records acknowledged (`format::acks`).
+pub(crate) const ACKS: FrameKind = FrameKind::Skippable(0x80);
+
+/// The kind a frame header claims, unchecked: to choose which frames to read
+/// whole, never to trust one ([`decode`] checks it).
+pub(crate) fn kind_of(header: &[u8]) -> Option<FrameKind> {
+    FrameKind::from_byte(*header.get(KIND_AT)?)
 }
 
 impl FrameKind {

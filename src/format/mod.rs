@@ -1,13 +1,15 @@
 //! The on-disk format as pure codecs: functions over byte slices, no I/O.
 //!
 //! Owns the byte layout of everything segwal writes: frames (`frame`), the
-//! segment header (`segment`), the seal index (`seal`), and the identities
+//! segment header (`segment`), the seal index (`seal`), the payloads of
+//! delivery-state frames (`acks`), and the identities
 //! that name files and frames (`seq`). The layout is documented once, in
 //! `docs/FORMAT.md`; the offsets here chain from each other and point to it.
 //!
 //! May not touch: files, the clock, threads, or anything else outside its input
 //! slices. Decoding never panics and allocates only what checked lengths bound.
 
+pub(crate) mod acks;
 pub(crate) mod ext;
 pub(crate) mod frame;
 pub(crate) mod seal;

@@ -79,6 +79,9 @@ pub trait Storage: Send + Sync + fmt::Debug {
         );
         h.finish() | 1
     }
+    /// The outbox is closed: let go of anything held for it (a descriptor on
+    /// its directory). Nothing is asked of the storage afterwards.
+    fn close(&self) {}
     /// Takes an exclusive lock on `dir`, held until the guard is dropped. Must fail
     /// with [`LockError::Held`] while another guard for `dir` is alive, in this
     /// process or any other.

@@ -1,12 +1,13 @@
 //! [`StdStorage`]: the real file system, through `std::fs` and `libc`.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Write};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{LockError, LockGuard, Storage, StorageFile};
@@ -23,8 +24,47 @@ const OWNER_FILE: &str = "OWNER";
 /// holds, which excludes one from the same process (where a network file system
 /// emulating `flock` with POSIX locks would not). An `OWNER` file records the
 /// owner's pid so that a refused open can name it.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct StdStorage;
+///
+/// Once [`Storage::resolve`] has found the outbox directory, the storage holds
+/// it open and reaches every file in it through that descriptor
+/// (`/proc/self/fd/N/<name>`, where `/proc` is mounted): a rename of the
+/// directory while the outbox is open moves the outbox with it rather than
+/// splitting its log between two places. Paths keep naming the directory as it
+/// was resolved, for messages.
+#[derive(Debug, Default)]
+pub struct StdStorage {
+    home: parking_lot::Mutex<Option<Home>>,
+}
+
+/// The outbox directory, held open.
+#[derive(Debug)]
+struct Home {
+    /// Its path as resolved at open.
+    path: PathBuf,
+    /// The same directory through the descriptor held on it.
+    via: PathBuf,
+    /// The descriptor (kept open while the storage lives).
+    _handle: File,
+}
+
+impl StdStorage {
+    /// The file system, not yet tied to a directory.
+    pub fn new() -> StdStorage {
+        StdStorage::default()
+    }
+
+    /// Where to reach `path`: through the held directory if it lies in it.
+    fn at<'a>(&self, path: &'a Path) -> Cow<'a, Path> {
+        match &*self.home.lock() {
+            Some(home) => match path.strip_prefix(&home.path) {
+                Ok(rest) if rest.as_os_str().is_empty() => Cow::Owned(home.via.clone()),
+                Ok(rest) => Cow::Owned(home.via.join(rest)),
+                Err(_) => Cow::Borrowed(path),
+            },
+            None => Cow::Borrowed(path),
+        }
+    }
+}
 
 #[derive(Debug)]
 struct StdFile {
@@ -33,10 +73,11 @@ struct StdFile {
 
 impl Storage for StdStorage {
     fn create_dir(&self, dir: &Path) -> io::Result<bool> {
-        match fs::create_dir(dir) {
+        let dir = self.at(dir);
+        match fs::create_dir(&dir) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                if fs::metadata(dir)?.is_dir() {
+                if fs::metadata(&dir)?.is_dir() {
                     Ok(false)
                 } else {
                     Err(io::Error::from(io::ErrorKind::NotADirectory))
@@ -46,13 +87,26 @@ impl Storage for StdStorage {
         }
     }
 
-    fn resolve(&self, dir: &Path) -> io::Result<std::path::PathBuf> {
-        fs::canonicalize(dir)
+    fn resolve(&self, dir: &Path) -> io::Result<PathBuf> {
+        let path = fs::canonicalize(dir)?;
+        let handle = File::open(&path)?;
+        let via = PathBuf::from(format!("/proc/self/fd/{}", handle.as_raw_fd()));
+        // Only where the descriptor can be named (Linux with /proc mounted),
+        // and only for the first directory this storage serves.
+        let mut home = self.home.lock();
+        if home.is_none() && fs::metadata(&via).is_ok_and(|m| m.is_dir()) {
+            *home = Some(Home {
+                path: path.clone(),
+                via,
+                _handle: handle,
+            });
+        }
+        Ok(path)
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         let mut names = Vec::new();
-        for entry in fs::read_dir(dir)? {
+        for entry in fs::read_dir(self.at(dir))? {
             let entry = entry?;
             // A name that is not UTF-8 is not a segment; keep it out of the listing.
             if let Ok(name) = entry.file_name().into_string() {
@@ -67,32 +121,41 @@ impl Storage for StdStorage {
             .read(true)
             .write(true)
             .create_new(true)
-            .open(path)?;
+            .open(self.at(path))?;
         Ok(Arc::new(StdFile { file }))
     }
 
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.at(path))?;
         Ok(Arc::new(StdFile { file }))
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
-        fs::remove_file(path)
+        fs::remove_file(self.at(path))
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         // `rename(2)` replaces an existing target; segwal never means to.
-        if fs::symlink_metadata(to).is_ok() {
+        let to = self.at(to);
+        if fs::symlink_metadata(&to).is_ok() {
             return Err(io::Error::from(io::ErrorKind::AlreadyExists));
         }
-        fs::rename(from, to)
+        fs::rename(self.at(from), to)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        File::open(dir)?.sync_all()
+        File::open(self.at(dir))?.sync_all()
+    }
+
+    fn close(&self) {
+        self.home.lock().take();
     }
 
     fn lock(&self, dir: &Path) -> Result<LockGuard, LockError> {
+        let dir = &*self.at(dir);
         // Within one process, the directory itself is the key: `flock` on a
         // network file system may be emulated with process-wide POSIX locks,
         // which would let a second open in this process through.
@@ -276,7 +339,7 @@ mod tests {
     fn next_data_covers_every_byte_written_and_nothing_past_the_end() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let path = tmp.path().join("f");
-        let storage = StdStorage;
+        let storage = StdStorage::new();
         let file = storage.create(&path).expect("create");
         file.allocate(1 << 20).expect("allocate");
         file.write_at(&[7; 100], 0).expect("write");

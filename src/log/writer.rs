@@ -267,10 +267,12 @@ impl Writer {
             self.process_batch();
             self.on_timer();
         }
-        // Closed: everything queued was processed; make it durable.
+        // Closed: everything queued was processed, and the acknowledgements
+        // made meanwhile are written; make it all durable.
         if let Some(e) = self.shared.poison.get() {
             return Err(e.clone());
         }
+        self.write_batch(&[])?;
         self.sync()?;
         // A closed outbox leaves its files at the length of their data.
         self.active.seg.trim(self.active.len);
@@ -338,7 +340,11 @@ impl Writer {
         let mut batch = std::mem::take(&mut self.batch);
         let durability = self.shared.options.durability;
         let written = self.write_batch(&batch);
-        let wants_sync = durability == Durability::Sync
+        // A batch of appends syncs as their durability says; acknowledgements
+        // alone wait for the timer (their durability, when `Sync`, is a sync
+        // request of the acknowledging caller).
+        let appends = batch.iter().any(|r| matches!(r, Request::Append { .. }));
+        let wants_sync = (appends && durability == Durability::Sync)
             || batch.iter().any(|r| matches!(r, Request::Sync { .. }));
         // The negative control answers producers first and syncs after.
         let answer_first = wants_sync && crate::injected!(self.shared.options, AckBeforeFsync);
@@ -420,7 +426,15 @@ impl Writer {
         if let Some(e) = self.shared.poison.get() {
             return Err(e.clone());
         }
-        let encoded: u64 = batch.iter().map(request_bytes).sum();
+        // Acknowledgements made since the last batch ride with this one, in an
+        // acks frame after its records (docs/FORMAT.md, "Frame kinds").
+        let acks = self.shared.table.lock().take_acks();
+        let acks_payload = (!acks.is_empty()).then(|| crate::format::acks::encode(&acks));
+        let acks_bytes = acks_payload
+            .as_ref()
+            .map_or(0, |p| frame::frame_len(p.len()) as u64);
+        let records_bytes: u64 = batch.iter().map(request_bytes).sum();
+        let encoded = records_bytes + acks_bytes;
         if encoded == 0 {
             return Ok(());
         }
@@ -433,8 +447,9 @@ impl Writer {
         let timestamp_us = now_us();
         let salt = self.active.salt;
         let mut offset = self.active.len;
-        let mut left: usize = batch.iter().map(Request::records).sum();
-        let records = left as u64;
+        let records = batch.iter().map(Request::records).sum::<usize>() as u64;
+        // Frames still to encode: the last one ends the write batch.
+        let mut left = records as usize + usize::from(acks_payload.is_some());
         for r in batch {
             let Request::Append { payloads, .. } = r else {
                 continue;
@@ -466,11 +481,36 @@ impl Writer {
                 self.next_seq = seq.next();
             }
         }
+        if let Some(payload) = &acks_payload {
+            let seq = self.next_seq;
+            let group = *self.group.get_or_insert(seq);
+            frame::encode(
+                &mut self.buf,
+                &FrameHeader {
+                    kind: frame::ACKS,
+                    batch_end: true,
+                    seq,
+                    group,
+                    timestamp_us,
+                },
+                payload,
+                salt,
+            );
+            let span = FrameSpan {
+                offset: offset32(offset),
+                len: frame::frame_len(payload.len()) as u32,
+                is_record: false,
+            };
+            self.staged.push(span);
+            self.next_seq = seq.next();
+        }
         self.write_buf()?;
         self.active.records += records;
-        Counters::add(&self.shared.counters.batches, 1);
+        if records > 0 {
+            Counters::add(&self.shared.counters.batches, 1);
+        }
         Counters::add(&self.shared.counters.records_appended, records);
-        Counters::add(&self.shared.counters.bytes_appended, encoded);
+        Counters::add(&self.shared.counters.bytes_appended, records_bytes);
         Ok(())
     }
 

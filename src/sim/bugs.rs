@@ -37,6 +37,9 @@ pub enum Bug {
     /// Start a sync group right where the previous one ended, inside the block
     /// that holds its fsynced bytes (format version 1's layout).
     UnalignedSyncGroups,
+    /// Ignore the acks frames of the log at recovery: durable
+    /// acknowledgements forgotten, their records delivered again.
+    ForgetAcksAtRecovery,
 }
 
 impl Options {
@@ -98,6 +101,9 @@ impl Storage for BuggyStorage {
     }
     fn resolve(&self, dir: &Path) -> io::Result<std::path::PathBuf> {
         self.inner.resolve(dir)
+    }
+    fn close(&self) {
+        self.inner.close();
     }
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         self.inner.list(dir)

@@ -317,6 +317,9 @@ struct Model {
     /// Records the relay acknowledged (they may or may not come back), with the
     /// operations done by then.
     consumed: BTreeMap<Seq, u64>,
+    /// Records whose acknowledgement was made durable (a `sync` after it
+    /// returned Ok), with the operations done by then: never delivered again.
+    durably_consumed: BTreeMap<Seq, u64>,
     /// Every payload id ever handed to `append`.
     attempted: BTreeSet<u64>,
     next_id: u64,
@@ -355,6 +358,12 @@ impl Model {
                 .collect(),
             consumed: self
                 .consumed
+                .iter()
+                .filter(|(_, at)| **at <= ops)
+                .map(|(s, at)| (*s, *at))
+                .collect(),
+            durably_consumed: self
+                .durably_consumed
                 .iter()
                 .filter(|(_, at)| **at <= ops)
                 .map(|(s, at)| (*s, *at))
@@ -483,22 +492,27 @@ impl Run<'_> {
             // writer may start deleting segments before this thread looks again.
             Step::AckAll => {
                 let at = self.disk.ops();
-                let failed = self.outbox.ack_many(&self.claimed).is_err();
-                if !failed {
-                    let acked = self.claimed.drain(..).map(|s| (s, at));
-                    self.model.consumed.extend(acked);
+                let acked: Vec<Seq> = std::mem::take(&mut self.claimed);
+                let failed = self.outbox.ack_many(&acked).is_err();
+                if failed {
+                    self.claimed = acked;
+                    true
+                } else {
+                    self.model.consumed.extend(acked.iter().map(|&s| (s, at)));
+                    self.made_durable(&acked)
                 }
-                failed || self.outbox.sync().is_err()
             }
             Step::AckOne => match self.claimed.first().copied() {
                 Some(seq) => {
                     let at = self.disk.ops();
                     let failed = self.outbox.ack(seq).is_err();
-                    if !failed {
+                    if failed {
+                        true
+                    } else {
                         self.claimed.remove(0);
                         self.model.consumed.insert(seq, at);
+                        self.made_durable(&[seq])
                     }
-                    failed || self.outbox.sync().is_err()
                 }
                 None => false,
             },
@@ -523,6 +537,20 @@ impl Run<'_> {
     }
 
     /// Claims up to `n` records and checks each against what was appended.
+    /// Makes the acknowledgements of `seqs` durable with a `sync`; once it
+    /// returned Ok, those records must never be delivered again. Returns
+    /// whether the sync failed.
+    fn made_durable(&mut self, seqs: &[Seq]) -> bool {
+        if self.outbox.sync().is_err() {
+            return true;
+        }
+        let at = self.disk.ops();
+        self.model
+            .durably_consumed
+            .extend(seqs.iter().map(|&s| (s, at)));
+        false
+    }
+
     fn claim(&mut self, n: usize) -> Result<bool, String> {
         match self.outbox.claim(n) {
             Ok(records) => {
@@ -698,6 +726,12 @@ fn check_records(records: &[(Seq, Vec<u8>)], model: &Model) -> Result<(), (&'sta
             && p != bytes
         {
             return Err(("I1", format!("record {seq} came back with other bytes")));
+        }
+        if model.durably_consumed.contains_key(seq) {
+            return Err((
+                "I10",
+                format!("record {seq} delivered again after its acknowledgement was made durable"),
+            ));
         }
         seen.insert(*seq);
     }

@@ -235,6 +235,9 @@ pub(crate) struct Table {
     claimed: u64,
     /// Payload bytes of records not Done.
     backlog_bytes: u64,
+    /// Records acknowledged since the writer last took them, as ranges: the
+    /// writer records them in the log (an acks frame) with its next batch.
+    unwritten_acks: Vec<(Seq, Seq)>,
 }
 
 impl Table {
@@ -245,6 +248,91 @@ impl Table {
             pending: 0,
             claimed: 0,
             backlog_bytes: 0,
+            unwritten_acks: Vec::new(),
+        }
+    }
+
+    /// Records Pending.
+    pub(crate) fn pending(&self) -> u64 {
+        self.pending
+    }
+
+    /// Takes the acknowledgements not yet written to the log, for the writer.
+    pub(crate) fn take_acks(&mut self) -> Vec<(Seq, Seq)> {
+        std::mem::take(&mut self.unwritten_acks)
+    }
+
+    /// Whether acknowledgements wait to be written to the log.
+    pub(crate) fn has_unwritten_acks(&self) -> bool {
+        !self.unwritten_acks.is_empty()
+    }
+
+    /// Acknowledges every claimed record numbered at or below `seq`; records not
+    /// claimed are left as they are. Returns how many were acknowledged, and
+    /// whether the oldest segment became deletable.
+    pub(crate) fn ack_through(&mut self, seq: Seq) -> (u64, bool) {
+        let mut count = 0;
+        for si in 0..self.segments.len() {
+            let seg = &self.segments[si];
+            if seg.first() > seq.get() {
+                break;
+            }
+            if seg.claimed_count == 0 {
+                continue;
+            }
+            let upto = ((seq.get() - seg.first() + 1).min(seg.len())) as usize;
+            let mut claimed = Vec::new();
+            for (w, &word) in seg.claimed.iter().enumerate() {
+                let mut bits = word;
+                while bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    if i < upto && !SegmentSlots::bit(&seg.done, i) {
+                        claimed.push(i);
+                    }
+                }
+                if (w + 1) * 64 >= upto {
+                    break;
+                }
+            }
+            let first = seg.first();
+            for i in claimed {
+                self.set_done(si, i);
+                crate::format::acks::push(&mut self.unwritten_acks, Seq::from(first + i as u64));
+                count += 1;
+            }
+        }
+        (
+            count,
+            self.segments.front().is_some_and(|s| s.is_finished()),
+        )
+    }
+
+    /// Marks Done, at open, the records an acks frame of the log recorded
+    /// (those still in the log and not Done: nothing is claimed yet).
+    pub(crate) fn ack_recovered(&mut self, first: Seq, last: Seq) {
+        let mut s = first.get();
+        while s <= last.get() {
+            let Some(si) = self.locate(s) else {
+                // Below the log (deleted) or past it: skip to the next segment.
+                match self.segments.iter().find(|g| g.first() > s) {
+                    Some(next) => {
+                        s = next.first();
+                        continue;
+                    }
+                    None => return,
+                }
+            };
+            let (seg_first, seg_end) = (self.segments[si].first(), self.segments[si].end_seq());
+            let end = seg_end.min(last.get() + 1);
+            for n in s..end {
+                let i = (n - seg_first) as usize;
+                let seg = &self.segments[si];
+                if !SegmentSlots::bit(&seg.done, i) && !SegmentSlots::bit(&seg.claimed, i) {
+                    self.set_done(si, i);
+                }
+            }
+            s = end;
         }
     }
 
@@ -482,6 +570,7 @@ impl Table {
             // Checked above; a seq listed twice is Done the second time.
             if let Some((si, i)) = self.check_ackable(seq)? {
                 self.set_done(si, i);
+                crate::format::acks::push(&mut self.unwritten_acks, seq);
             }
         }
         Ok(self.segments.front().is_some_and(|s| s.is_finished()))
@@ -679,7 +768,7 @@ mod tests {
     fn table(n: u32, internal: Option<u32>) -> (Table, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path: Arc<Path> = dir.path().join("f").into();
-        let file = StdStorage.create(&path).expect("create");
+        let file = StdStorage::new().create(&path).expect("create");
         let mut t = Table::new();
         t.push_segment(SegmentSlots::new(SegmentId(1), path, Some(file), 0, 64));
         let frame = FRAME_HEADER_LEN as u32 + 10;
@@ -776,7 +865,7 @@ mod tests {
         assert_eq!(t.reclaimable(), None, "unsealed");
         t.seal_last(SegmentId(1));
         let path: Arc<Path> = d.path().join("g").into();
-        let file = StdStorage.create(&path).expect("create");
+        let file = StdStorage::new().create(&path).expect("create");
         t.push_segment(SegmentSlots::new(SegmentId(4), path, Some(file), 0, 64));
         assert_eq!(t.reclaimable(), Some((1, Seq::from(4))));
         t.remove_front(1);
@@ -793,7 +882,7 @@ mod tests {
         let (mut t, d) = table(3, None);
         t.seal_last(SegmentId(1));
         let path: Arc<Path> = d.path().join("g").into();
-        let file = StdStorage.create(&path).expect("create");
+        let file = StdStorage::new().create(&path).expect("create");
         t.push_segment(SegmentSlots::new(SegmentId(10), path, Some(file), 0, 64));
         let frame = FRAME_HEADER_LEN as u32 + 10;
         t.push_frames(

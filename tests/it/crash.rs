@@ -177,6 +177,7 @@ fn negative_controls_every_known_bug_is_caught() {
         (Bug::NoDirSyncAfterCreate, crash(Bug::NoDirSyncAfterCreate)),
         (Bug::DeleteLiveSegment, crash(Bug::DeleteLiveSegment)),
         (Bug::UnalignedSyncGroups, crash(Bug::UnalignedSyncGroups)),
+        (Bug::ForgetAcksAtRecovery, crash(Bug::ForgetAcksAtRecovery)),
         (
             Bug::TruncateMidLogCorruption,
             caught(|seed| {

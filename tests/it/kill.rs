@@ -464,6 +464,12 @@ struct Knowledge {
     /// Records that must be recovered: acknowledged to a producer or handed out
     /// by a claim, and not acknowledged by a relay since.
     must: BTreeSet<u64>,
+    /// Records a relay acknowledged (or was about to): they may be gone, also
+    /// from the middle of a batch.
+    acked: BTreeSet<u64>,
+    /// Records whose acknowledgement is durable (the parent acknowledged them
+    /// and closed cleanly): never delivered again.
+    gone: BTreeSet<u64>,
 }
 
 impl Knowledge {
@@ -573,12 +579,25 @@ fn check_recovery(
     }
     for key in &recovered {
         for member in key.batch() {
+            let acked = known
+                .seqs
+                .get(&member)
+                .is_some_and(|s| known.acked.contains(s));
             assert!(
-                recovered.contains(&member),
+                recovered.contains(&member) || acked,
                 "{ctx}: {key:?} recovered without {member:?} of its batch"
             );
         }
     }
+    let back: Vec<u64> = records
+        .iter()
+        .map(|r| r.seq().get())
+        .filter(|s| known.gone.contains(s))
+        .collect();
+    assert!(
+        back.is_empty(),
+        "{ctx}: records delivered again after a durable acknowledgement: {back:?}"
+    );
     let seqs: BTreeSet<u64> = records.iter().map(|r| r.seq().get()).collect();
     let lost: Vec<u64> = known.must.difference(&seqs).copied().collect();
     assert!(lost.is_empty(), "{ctx}: durable records lost: {lost:?}");
@@ -640,6 +659,7 @@ fn acknowledged_appends_survive_sigkill_at_random_moments() {
         }
         for seq in &report.acking {
             known.must.remove(seq);
+            known.acked.insert(*seq);
         }
         unchecked.push((run, report));
         // Leave some kills' tails to the next child's recovery.
@@ -671,10 +691,13 @@ fn acknowledged_appends_survive_sigkill_at_random_moments() {
         outbox.ack_many(&acked).expect("ack recovered records");
         for seq in &acked {
             known.must.remove(&seq.get());
+            known.acked.insert(seq.get());
         }
         outbox
             .close()
             .unwrap_or_else(|e| panic!("{ctx}: close after the check: {e}"));
+        // A clean close fsynced the acknowledgements.
+        known.gone.extend(acked.iter().map(|s| s.get()));
     }
     // A last clean reopen: what the parent handed out and did not acknowledge
     // is still there.

@@ -1,5 +1,6 @@
 //! Integration tests of segwal, grouped by concern. One binary builds faster.
 
+mod acks;
 mod append;
 mod backlog;
 mod claim;

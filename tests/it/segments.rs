@@ -126,7 +126,8 @@ fn segments_are_deleted_in_log_order() {
         .collect();
     outbox.ack_many(&others).expect("ack");
     outbox.sync().expect("barrier");
-    assert_eq!(segment_files(&dir), files[..files.len()].to_vec());
+    // None deleted (the acks frame may have opened one more).
+    assert!(segment_files(&dir).starts_with(&files));
     outbox.ack(keep).expect("ack");
     outbox.sync().expect("barrier");
     assert_eq!(segment_files(&dir).len(), 1);

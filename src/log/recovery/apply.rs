@@ -133,6 +133,7 @@ pub(crate) fn apply(
         segments,
         log_start: plan.log_start,
         active,
+        acked: Vec::new(),
         seal,
         report,
     })

@@ -23,6 +23,7 @@ mod apply;
 mod plan;
 mod report;
 mod scan;
+mod state;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -56,6 +57,8 @@ pub(crate) struct Recovered {
     pub log_start: Seq,
     /// The writer's active segment: empty, its header durable.
     pub active: FreshSegment,
+    /// Sequence numbers the log's acks frames acknowledge: Done from the start.
+    pub acked: Vec<(Seq, Seq)>,
     /// The seal the newest segment lacks, written by the open before the
     /// writer starts.
     pub seal: Option<PendingSeal>,
@@ -109,7 +112,7 @@ pub(crate) fn recover(
     if silent_cut {
         plan.dropped = None;
     }
-    apply::apply(
+    let mut recovered = apply::apply(
         storage,
         dir,
         apply::Found {
@@ -119,7 +122,12 @@ pub(crate) fn recover(
         },
         plan,
         preallocate,
-    )
+    )?;
+    // The negative control forgets every acknowledgement the log recorded.
+    if !crate::injected!(options, ForgetAcksAtRecovery) {
+        recovered.acked = state::recorded_acks(storage, &recovered.segments);
+    }
+    Ok(recovered)
 }
 
 /// The segment files of `dir`, in log order, and the files of segments whose

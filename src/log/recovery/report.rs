@@ -15,8 +15,9 @@ use crate::options::RecoveryMode;
 pub struct RecoveryReport {
     /// Segment files found in the directory.
     pub segments_found: usize,
-    /// Records handed back to the relay: every record not acknowledged before the
-    /// previous close or crash (acknowledgements are kept in memory only).
+    /// Records handed back to the relay: every record in the log whose
+    /// acknowledgement the log does not record (acknowledgements become
+    /// durable with the writer's group commit: see `Options::ack_durability`).
     pub records_recovered: u64,
     /// A torn tail truncated from the last segment: bytes of a write batch whose
     /// fsync never completed, so no producer was told it succeeded.

@@ -1,0 +1,128 @@
+//! Acknowledgements that survive restarts: written to the log with the
+//! writer's group commit, read back at open, never a side file.
+
+use std::sync::Arc;
+
+use segwal::sim::{CrashModel, SimDisk};
+use segwal::{Durability, Options, Outbox, Seq};
+
+use crate::{drain, small_segments, tmp};
+
+fn seqs_of(records: &[segwal::Record]) -> Vec<Seq> {
+    records.iter().map(segwal::Record::seq).collect()
+}
+
+#[test]
+fn a_record_acknowledged_before_a_close_is_not_delivered_after_it() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    for i in 0..10u8 {
+        outbox.append(&[i]).expect("append");
+    }
+    let records = outbox.claim(4).expect("claim");
+    // The default: acknowledgements are buffered, written with the next
+    // batch, fsynced at the latest when the outbox closes.
+    outbox.ack_many(&seqs_of(&records)).expect("ack");
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, small_segments()).expect("reopen");
+    let left: Vec<u8> = drain(&outbox).iter().map(|r| r.payload()[0]).collect();
+    assert_eq!(left, (4..10).collect::<Vec<u8>>());
+    assert_eq!(outbox.recovery_report().records_recovered, 6);
+    outbox.close().expect("close");
+}
+
+/// On the simulated disk a power cut keeps only what was fsynced: an
+/// acknowledgement made durable (`sync`, or `ack_durability(Sync)`) holds
+/// across it; a buffered one may be lost, and then its record comes back.
+#[test]
+fn a_durable_acknowledgement_survives_a_power_cut() {
+    for sync_acks in [false, true] {
+        let disk = SimDisk::new(7);
+        let options = if sync_acks {
+            small_segments().ack_durability(Durability::Sync)
+        } else {
+            small_segments()
+        };
+        let open = |options: Options| {
+            Outbox::open_with_storage("/outbox", options, Arc::new(disk.clone())).expect("open")
+        };
+        let outbox = open(options.clone());
+        let seqs: Vec<Seq> = (0..30u8)
+            .map(|i| outbox.append(&[i]).expect("append"))
+            .collect();
+        let first = outbox.claim(10).expect("claim");
+        outbox.ack_many(&seqs_of(&first)).expect("ack");
+        if !sync_acks {
+            outbox.sync().expect("sync");
+        }
+        // Acknowledged after the last sync: buffered, in doubt.
+        let second = outbox.claim(5).expect("claim");
+        outbox.ack_many(&seqs_of(&second)).expect("ack");
+        std::mem::forget(outbox);
+        disk.crash(CrashModel::default());
+        let outbox = open(options);
+        let left = seqs_of(&drain(&outbox));
+        assert!(
+            !left.iter().any(|s| seqs_of(&first).contains(s)),
+            "a durably acknowledged record came back: {left:?}"
+        );
+        if sync_acks {
+            assert_eq!(left, seqs[15..].to_vec(), "ack_durability(Sync)");
+        } else {
+            // The buffered five may or may not come back; every other record does.
+            assert!(left.ends_with(&seqs[15..]), "{left:?}");
+            assert!(left.len() == 20 || left.len() == 15, "{left:?}");
+        }
+    }
+}
+
+#[test]
+fn ack_through_acknowledges_the_claimed_records_up_to_a_seq_and_nothing_else() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    let seqs: Vec<Seq> = (0..40u8)
+        .map(|i| outbox.append(&[i]).expect("append"))
+        .collect();
+    // Claimed: the first 20; pending: the rest.
+    let claimed = outbox.claim(20).expect("claim");
+    assert_eq!(seqs_of(&claimed), seqs[..20].to_vec());
+    // Through the 25th: the 20 claimed ones, not the pending 21st to 25th.
+    assert_eq!(outbox.ack_through(seqs[24]).expect("ack_through"), 20);
+    assert_eq!(outbox.stats().claimed, 0);
+    assert_eq!(outbox.stats().pending, 20);
+    // Nothing more to acknowledge there: none, and no error.
+    assert_eq!(outbox.ack_through(seqs[24]).expect("again"), 0);
+    let next = outbox.claim(10).expect("claim");
+    assert_eq!(seqs_of(&next), seqs[20..30].to_vec());
+    // Through a seq in the middle of a claim: only those at or below it.
+    assert_eq!(outbox.ack_through(seqs[24]).expect("partial"), 5);
+    assert_eq!(outbox.stats().claimed, 5);
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, small_segments()).expect("reopen");
+    assert_eq!(seqs_of(&drain(&outbox)), seqs[25..].to_vec());
+    outbox.close().expect("close");
+}
+
+#[test]
+fn acknowledged_segments_are_still_deleted_and_acks_do_not_keep_them() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    for round in 0..20u32 {
+        for i in 0..30u32 {
+            outbox
+                .append(&(round * 100 + i).to_le_bytes())
+                .expect("append");
+        }
+        let got = outbox.claim(1000).expect("claim");
+        let last = got.last().map(segwal::Record::seq).expect("records");
+        assert_eq!(outbox.ack_through(last).expect("ack"), got.len() as u64);
+    }
+    outbox.sync().expect("sync");
+    let stats = outbox.stats();
+    assert!(stats.segments_deleted > 10, "{stats:?}");
+    assert!(stats.segments <= 3, "{stats:?}");
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, small_segments()).expect("reopen");
+    assert!(drain(&outbox).is_empty());
+    outbox.close().expect("close");
+}
