@@ -117,6 +117,7 @@ pub struct Options {
     pub(crate) linger: Duration,
     pub(crate) durability: Durability,
     pub(crate) ack_durability: Durability,
+    pub(crate) lease: Duration,
     pub(crate) buffered_sync_interval: Duration,
     pub(crate) recovery: RecoveryMode,
     pub(crate) open_check: OpenCheck,
@@ -136,6 +137,7 @@ impl Default for Options {
             linger: Duration::ZERO,
             durability: Durability::Sync,
             ack_durability: Durability::Buffered,
+            lease: Duration::from_secs(30),
             buffered_sync_interval: Duration::from_millis(100),
             recovery: RecoveryMode::Strict,
             open_check: OpenCheck::SealIndex,
@@ -238,6 +240,19 @@ impl Options {
     /// When `append` returns. Default [`Durability::Sync`].
     pub fn durability(mut self, durability: Durability) -> Options {
         self.durability = durability;
+        self
+    }
+
+    /// How long a claim holds its records. Default 30 s (as Amazon SQS's
+    /// visibility timeout); `Duration::MAX` disables leases. A claimed record
+    /// not acknowledged, released or [extended](crate::Outbox::extend) within
+    /// its lease goes back to pending by itself, ahead of newer records (a relay
+    /// that died holding it does not hold it until the next restart), and its
+    /// next delivery is a new [attempt](crate::Record::attempt). A late `ack`
+    /// of a delivery whose lease ran out is accepted (the record was
+    /// delivered): the record is done, whatever became of it since.
+    pub fn lease(mut self, lease: Duration) -> Options {
+        self.lease = lease;
         self
     }
 

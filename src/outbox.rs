@@ -61,6 +61,9 @@ pub struct Stats {
     pub pending: u64,
     /// Records claimed and not yet acknowledged.
     pub claimed: u64,
+    /// Claimed records whose lease ran out (they went back to pending) since
+    /// the outbox was opened.
+    pub claimed_expired: u64,
     /// Payload bytes of the records not yet acknowledged.
     pub backlog_bytes: u64,
     /// Segment files in the log.
@@ -373,8 +376,37 @@ impl Outbox {
     pub fn claim_bytes(&self, max_records: usize, max_bytes: u64) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let runs = shared.table.lock().claim(max_records, max_bytes);
+        let runs = self.claim_leased(&mut shared.table.lock(), max_records, max_bytes);
         self.read_claimed(runs)
+    }
+
+    /// Claims under the table lock: records whose lease ran out go back to
+    /// pending first (ahead of newer ones), then the claimed ones are held
+    /// under a new lease and their deliveries numbered.
+    fn claim_leased(
+        &self,
+        table: &mut Table,
+        max_records: usize,
+        max_bytes: u64,
+    ) -> Vec<crate::state::table::ClaimRun> {
+        let shared = &self.handle.shared;
+        let now = shared.clock.now_us();
+        table.expire(now);
+        let mut runs = table.claim(max_records, max_bytes);
+        table.lease(&mut runs, Clock::lease_deadline(now, shared.options.lease));
+        runs
+    }
+
+    /// Renews the lease of the claimed record `seq` for `lease` from now (the
+    /// relay is still working on it). Fails with [`Error::NotClaimed`] if it is
+    /// not claimed, or its lease already ran out and it went back to pending.
+    pub fn extend(&self, seq: Seq, lease: Duration) -> Result<()> {
+        let shared = &self.handle.shared;
+        shared.check_open()?;
+        let mut table = shared.table.lock();
+        let now = shared.clock.now_us();
+        table.expire(now);
+        table.extend(seq, Clock::lease_deadline(now, lease))
     }
 
     /// Like [`claim`](Outbox::claim), but waits up to `timeout` for a record to
@@ -387,14 +419,24 @@ impl Outbox {
         let mut table = shared.table.lock();
         loop {
             shared.check_open()?;
-            let runs = table.claim(max_records, u64::MAX);
+            let runs = self.claim_leased(&mut table, max_records, u64::MAX);
             if !runs.is_empty() || max_records == 0 {
                 drop(table);
                 return self.read_claimed(runs);
             }
-            match deadline {
-                Some(deadline) => {
-                    if shared.arrived.wait_until(&mut table, deadline).timed_out() {
+            // Wake when the timeout ends, or when a lease runs out (its record
+            // comes back): whichever is first.
+            let lease_ends = table
+                .next_lease_deadline()
+                .and_then(|us| shared.clock.instant_at(us));
+            let wake = match (deadline, lease_ends) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match wake {
+                Some(wake) => {
+                    let timed_out = shared.arrived.wait_until(&mut table, wake).timed_out();
+                    if timed_out && deadline.is_some_and(|d| Instant::now() >= d) {
                         return Ok(Vec::new());
                     }
                 }
@@ -523,7 +565,11 @@ impl Outbox {
     /// A snapshot of the outbox's figures. Works on a closed outbox too.
     pub fn stats(&self) -> Stats {
         let shared = &self.handle.shared;
-        let t = shared.table.lock().stats();
+        let t = {
+            let mut table = shared.table.lock();
+            table.expire(shared.clock.now_us());
+            table.stats()
+        };
         let c = &shared.counters;
         // Ages on the outbox's monotonic clock (`log::clock`): a wall clock
         // stepped back or forward does not change them.
@@ -562,6 +608,7 @@ impl Outbox {
             records_per_fsync: ratio(records, load(&c.fsyncs)),
             segments_deleted: load(&c.segments_deleted),
             corrupt_records: load(&c.corrupt_records),
+            claimed_expired: t.expired_leases,
             poisoned: shared.poison.get().is_some(),
             queued_bytes: shared.budget.used(),
         }

@@ -34,6 +34,7 @@ pub struct Record {
     start: usize,
     len: usize,
     timestamp_us: u64,
+    attempt: u32,
 }
 
 impl Record {
@@ -53,6 +54,14 @@ impl Record {
     /// resolution).
     pub fn appended_at(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_micros(self.timestamp_us)
+    }
+
+    /// Which delivery of the record this is: 1 the first time it is handed
+    /// out, one more each time it comes back (released, or its lease ran out)
+    /// and is handed out again. Counted in memory: after a restart a record
+    /// starts again at 1.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
     }
 }
 
@@ -176,7 +185,12 @@ fn check(
     frame: ClaimedFrame,
     skip_crc: bool,
 ) -> Result<Record, ReadFailure> {
-    let ClaimedFrame { seq, offset, len } = frame;
+    let ClaimedFrame {
+        seq,
+        offset,
+        len,
+        attempt,
+    } = frame;
     let all: &[u8] = bytes;
     let fail = |kind| ReadFailure {
         seq,
@@ -202,6 +216,7 @@ fn check(
             start: at + FRAME_HEADER_LEN,
             len: window.len() - FRAME_HEADER_LEN,
             timestamp_us: 0,
+            attempt,
         });
     }
     let f = frame::decode(window, run.salt).map_err(fail)?;
@@ -218,6 +233,7 @@ fn check(
         start: at + (f.len - f.payload.len()),
         len: f.payload.len(),
         timestamp_us: f.header.timestamp_us,
+        attempt,
     })
 }
 

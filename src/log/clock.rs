@@ -64,6 +64,27 @@ impl Clock {
         self.start.elapsed().as_micros() as i128
     }
 
+    /// Microseconds on the monotonic clock since the outbox was opened: the
+    /// time leases are measured in.
+    pub(crate) fn now_us(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// The instant `us` microseconds after the open (for a waiter's deadline).
+    pub(crate) fn instant_at(&self, us: u64) -> Option<Instant> {
+        self.start.checked_add(Duration::from_micros(us))
+    }
+
+    /// The deadline of a lease of `lease` granted at `now` (µs), or
+    /// [`NEVER`](crate::state::leases::NEVER) for a lease too long to reach.
+    pub(crate) fn lease_deadline(now: u64, lease: Duration) -> u64 {
+        u64::try_from(lease.as_micros())
+            .ok()
+            .and_then(|l| now.checked_add(l))
+            .filter(|&d| d < crate::state::leases::NEVER)
+            .unwrap_or(crate::state::leases::NEVER)
+    }
+
     /// Called by the writer before it stamps a batch starting at `first`: notes
     /// the wall clock's offset if it is the first, or if the clock was stepped.
     pub(crate) fn stamping(&self, first: Seq) {

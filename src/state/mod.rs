@@ -2,9 +2,13 @@
 //!
 //! Owns the claim/ack table (`table`): per segment, one `u32` offset per frame
 //! and two bitsets, rebuilt by recovery and changed only by frames already
-//! durable and by claims, releases and acks of those.
+//! durable and by claims, releases and acks of those; and the leases of
+//! claimed records and the attempts of deliveries (`leases`), which the table
+//! owns.
 //!
 //! May not touch: files (it holds handles and maps for the read path, but never
-//! reads, writes or syncs them), the writer's queue, or the clock.
+//! reads, writes or syncs them), the writer's queue, or the clock (times are
+//! handed in, on the outbox's monotonic clock).
 
+pub(crate) mod leases;
 pub(crate) mod table;

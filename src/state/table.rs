@@ -40,6 +40,7 @@ use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan};
 use crate::format::segment::{BLOCK, align_up};
 use crate::format::seq::{SegmentId, Seq};
 use crate::io::StorageFile;
+use crate::state::leases::Leases;
 
 /// One segment's slots.
 pub(crate) struct SegmentSlots {
@@ -182,6 +183,8 @@ pub(crate) struct ClaimedFrame {
     pub offset: u32,
     /// Encoded length of the frame.
     pub len: u32,
+    /// Which delivery of the record this is (1 for the first).
+    pub attempt: u32,
 }
 
 /// Where a slot's frame can be read: for the age of the oldest record.
@@ -215,6 +218,8 @@ pub(crate) struct TableStats {
     pub backlog_bytes: u64,
     pub segments: usize,
     pub disk_bytes: u64,
+    /// Leases that ran out since open.
+    pub expired_leases: u64,
     /// Blocks the sealed segments take (their files end with their seal).
     pub sealed_allocated: u64,
     /// The segments the writer still holds, whose files may have space
@@ -238,6 +243,8 @@ pub(crate) struct Table {
     /// Records acknowledged since the writer last took them, as ranges: the
     /// writer records them in the log (an acks frame) with its next batch.
     unwritten_acks: Vec<(Seq, Seq)>,
+    /// The leases of claimed records, and the attempts of deliveries.
+    leases: Leases,
 }
 
 impl Table {
@@ -249,7 +256,54 @@ impl Table {
             claimed: 0,
             backlog_bytes: 0,
             unwritten_acks: Vec::new(),
+            leases: Leases::default(),
         }
+    }
+
+    /// Holds the records of `runs`, just claimed, under a lease until
+    /// `deadline` (µs on the outbox's monotonic clock, or
+    /// [`NEVER`](crate::state::leases::NEVER)), and numbers their deliveries.
+    pub(crate) fn lease(&mut self, runs: &mut [ClaimRun], deadline: u64) {
+        let seqs: Vec<u64> = runs
+            .iter()
+            .flat_map(|r| r.frames.iter().map(|f| f.seq.get()))
+            .collect();
+        let attempts = self.leases.grant(&seqs, deadline);
+        for (frame, attempt) in runs
+            .iter_mut()
+            .flat_map(|r| r.frames.iter_mut())
+            .zip(attempts)
+        {
+            frame.attempt = attempt;
+        }
+    }
+
+    /// Makes pending again the claimed records whose lease ran out by `now`;
+    /// returns how many.
+    pub(crate) fn expire(&mut self, now: u64) -> usize {
+        let expired = self.leases.expire(now);
+        for &seq in &expired {
+            // Still claimed: the lease would have let go of it otherwise.
+            let _ = self.unclaim(Seq::from(seq));
+        }
+        expired.len()
+    }
+
+    /// When the next lease runs out, if any.
+    pub(crate) fn next_lease_deadline(&self) -> Option<u64> {
+        self.leases.next_deadline()
+    }
+
+    /// Renews the lease of the claimed record `seq` until `deadline`.
+    pub(crate) fn extend(&mut self, seq: Seq, deadline: u64) -> Result<()> {
+        let Some((si, i)) = self.slot(seq)? else {
+            return Err(Error::NotClaimed { seq });
+        };
+        let seg = &self.segments[si];
+        if !SegmentSlots::bit(&seg.claimed, i) || !self.leases.extend(seq.get(), deadline) {
+            return Err(Error::NotClaimed { seq });
+        }
+        Ok(())
     }
 
     /// Records Pending.
@@ -487,6 +541,7 @@ impl Table {
                         seq,
                         offset,
                         len: frame_len,
+                        attempt: 1,
                     });
                     if taken == max_records {
                         stop_at = seq.get() + 1;
@@ -537,12 +592,17 @@ impl Table {
             Ok(Some((si, i)))
         } else if SegmentSlots::bit(&seg.done, i) {
             Ok(None)
+        } else if self.leases.was_delivered(seq.get()) {
+            // A late acknowledgement of a delivery whose lease ran out (or
+            // that was released): the record was delivered; accepted.
+            Ok(Some((si, i)))
         } else {
             Err(Error::NotClaimed { seq })
         }
     }
 
     fn set_done(&mut self, si: usize, i: usize) {
+        self.leases.done(self.segments[si].first() + i as u64);
         let seg = &mut self.segments[si];
         let (_, frame_len) = seg.frame_range(i);
         if SegmentSlots::bit(&seg.claimed, i) {
@@ -576,8 +636,16 @@ impl Table {
         Ok(self.segments.front().is_some_and(|s| s.is_finished()))
     }
 
-    /// Returns a claimed record to Pending; it is handed out before newer ones.
+    /// Returns a claimed record to Pending; it is handed out before newer ones,
+    /// as its next attempt.
     pub(crate) fn release(&mut self, seq: Seq) -> Result<()> {
+        self.unclaim(seq)?;
+        self.leases.returned(seq.get());
+        Ok(())
+    }
+
+    /// Makes the claimed record `seq` Pending again, leases aside.
+    fn unclaim(&mut self, seq: Seq) -> Result<()> {
         let Some((si, i)) = self.slot(seq)? else {
             return Err(Error::NotClaimed { seq });
         };
@@ -688,6 +756,8 @@ impl Table {
             claimed: self.claimed,
             backlog_bytes: self.backlog_bytes,
             segments: self.segments.len(),
+            expired_leases: self.leases.expired,
+            state_bytes: self.leases.heap_bytes(),
             ..TableStats::default()
         };
         for seg in &self.segments {

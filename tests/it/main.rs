@@ -11,6 +11,7 @@ mod foreign;
 mod fuzz_corpus;
 mod golden;
 mod kill;
+mod leases;
 mod lock;
 mod model;
 mod process;

@@ -1,0 +1,172 @@
+//! [`Leases`]: how long a claim holds its records, and which delivery of a
+//! record a claim is.
+//!
+//! Every claimed record is held under a lease: a deadline on the outbox's
+//! monotonic clock. A record whose lease runs out before it is acknowledged,
+//! released or extended goes back to pending by itself, ahead of newer records,
+//! and its next delivery is a new attempt. Each delivery of a record has a
+//! number, its attempt (1 for the first); a record that came back remembers how
+//! many deliveries it had, so the next one is numbered after them.
+//!
+//! Memory is bounded by what is in flight: an entry per claimed record and one
+//! per claim's deadline, and an entry per record that came back and is not yet
+//! acknowledged. Attempts live in memory: after a restart every record starts
+//! again at attempt 1.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// A lease's deadline that never comes (leases disabled).
+pub(crate) const NEVER: u64 = u64::MAX;
+
+/// The leases of the claimed records, and the deliveries of records that came
+/// back.
+#[derive(Default)]
+pub(crate) struct Leases {
+    /// Each claimed record: the lease it is held under, and which delivery it is.
+    held: HashMap<u64, Held>,
+    /// Deadlines, earliest first, each with the records of its lease.
+    deadlines: BTreeMap<(u64, u64), Vec<u64>>,
+    /// Deliveries made so far of records that came back (released, or their
+    /// lease ran out), not yet acknowledged.
+    delivered: HashMap<u64, u32>,
+    next_lease: u64,
+    /// Leases that ran out since the outbox was opened (records, not claims).
+    pub expired: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Held {
+    lease: u64,
+    attempt: u32,
+}
+
+impl Leases {
+    /// The attempt the next delivery of `seq` is.
+    fn next_attempt(&self, seq: u64) -> u32 {
+        self.delivered
+            .get(&seq)
+            .copied()
+            .unwrap_or(0)
+            .saturating_add(1)
+    }
+
+    /// Holds the records `seqs`, just claimed, under one lease until
+    /// `deadline`; returns each one's attempt, in order.
+    pub(crate) fn grant(&mut self, seqs: &[u64], deadline: u64) -> Vec<u32> {
+        let lease = self.next_lease;
+        self.next_lease += 1;
+        let attempts = seqs
+            .iter()
+            .map(|&seq| {
+                let attempt = self.next_attempt(seq);
+                self.held.insert(seq, Held { lease, attempt });
+                attempt
+            })
+            .collect();
+        if deadline != NEVER && !seqs.is_empty() {
+            self.deadlines.insert((deadline, lease), seqs.to_vec());
+        }
+        attempts
+    }
+
+    /// Renews the lease of the claimed record `seq` until `deadline` (its own
+    /// lease from now on). False if it is not held.
+    pub(crate) fn extend(&mut self, seq: u64, deadline: u64) -> bool {
+        let lease = self.next_lease;
+        let Some(held) = self.held.get_mut(&seq) else {
+            return false;
+        };
+        self.next_lease += 1;
+        held.lease = lease;
+        if deadline != NEVER {
+            self.deadlines.insert((deadline, lease), vec![seq]);
+        }
+        true
+    }
+
+    /// The claimed record `seq` went back to pending: its delivery counts.
+    pub(crate) fn returned(&mut self, seq: u64) {
+        if let Some(held) = self.held.remove(&seq) {
+            self.delivered.insert(seq, held.attempt);
+        }
+    }
+
+    /// The record `seq` is done: nothing is kept of it.
+    pub(crate) fn done(&mut self, seq: u64) {
+        self.held.remove(&seq);
+        self.delivered.remove(&seq);
+    }
+
+    /// Whether `seq` was delivered before and came back: a late
+    /// acknowledgement of that delivery is accepted.
+    pub(crate) fn was_delivered(&self, seq: u64) -> bool {
+        self.delivered.contains_key(&seq)
+    }
+
+    /// The records whose lease ran out at `now`: no longer held, their
+    /// delivery counted. The caller makes them pending.
+    pub(crate) fn expire(&mut self, now: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        while let Some(entry) = self.deadlines.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let lease = entry.key().1;
+            for seq in entry.remove() {
+                // Only if the record is still held under this lease: not
+                // acknowledged, released or extended since.
+                if self.held.get(&seq).is_some_and(|h| h.lease == lease) {
+                    self.returned(seq);
+                    out.push(seq);
+                }
+            }
+        }
+        self.expired += out.len() as u64;
+        out
+    }
+
+    /// The earliest deadline still to come, if any.
+    pub(crate) fn next_deadline(&self) -> Option<u64> {
+        self.deadlines.keys().next().map(|k| k.0)
+    }
+
+    /// Memory held, roughly.
+    pub(crate) fn heap_bytes(&self) -> u64 {
+        let held = self.held.capacity() * 24 + self.delivered.capacity() * 16;
+        let deadlines: usize = self.deadlines.values().map(|v| 32 + v.capacity() * 8).sum();
+        (held + deadlines) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_runs_out_unless_extended_and_each_delivery_is_numbered() {
+        let mut l = Leases::default();
+        assert_eq!(l.grant(&[1, 2, 3], 100), vec![1, 1, 1]);
+        assert!(l.extend(2, 500));
+        assert!(!l.extend(9, 500), "not held");
+        l.done(3);
+        // At 100, only record 1 runs out: 2 was extended, 3 acknowledged.
+        assert_eq!(l.expire(99), Vec::<u64>::new());
+        assert_eq!(l.expire(100), vec![1]);
+        assert_eq!(l.expired, 1);
+        assert!(l.was_delivered(1));
+        // Its next delivery is the second.
+        assert_eq!(l.grant(&[1], NEVER), vec![2]);
+        // The old lease of 2 has gone; its own runs out at 500.
+        assert_eq!(l.expire(499), Vec::<u64>::new());
+        assert_eq!(l.expire(500), vec![2]);
+        // A record released and claimed again is not expired by its old lease.
+        assert_eq!(l.grant(&[7], 1000), vec![1]);
+        l.returned(7);
+        assert_eq!(l.grant(&[7], 2000), vec![2]);
+        assert_eq!(l.expire(1500), Vec::<u64>::new());
+        assert_eq!(l.next_deadline(), Some(2000));
+        l.done(7);
+        assert!(!l.was_delivered(7));
+        assert_eq!(l.expire(u64::MAX - 1), Vec::<u64>::new());
+    }
+}

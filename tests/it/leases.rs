@@ -1,0 +1,113 @@
+//! Leases: a claim holds its records for a while, then lets them go; each
+//! delivery of a record has a number.
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use segwal::{Error, Options, Outbox, Seq};
+
+use crate::tmp;
+
+const LEASE: Duration = Duration::from_millis(100);
+/// Comfortably past a lease.
+const PAST: Duration = Duration::from_millis(300);
+
+fn open(lease: Duration) -> (tempfile::TempDir, Outbox) {
+    let (t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default().lease(lease)).expect("open");
+    (t, outbox)
+}
+
+#[test]
+fn an_expired_claim_comes_back_first_as_a_new_attempt() {
+    let (_t, outbox) = open(LEASE);
+    let seqs: Vec<Seq> = (0..5u8)
+        .map(|i| outbox.append(&[i]).expect("append"))
+        .collect();
+    let first = outbox.claim(2).expect("claim");
+    assert_eq!(
+        first.iter().map(|r| r.attempt()).collect::<Vec<_>>(),
+        [1, 1]
+    );
+    // The relay holding them dies; the lease runs out.
+    sleep(PAST);
+    let again = outbox.claim(3).expect("claim");
+    let got: Vec<(Seq, u32)> = again.iter().map(|r| (r.seq(), r.attempt())).collect();
+    assert_eq!(got, [(seqs[0], 2), (seqs[1], 2), (seqs[2], 1)]);
+    assert_eq!(outbox.stats().claimed_expired, 2);
+    // A late acknowledgement of the first delivery is accepted: the record was
+    // delivered. It is done, and the new delivery's ack is a no-op.
+    outbox.ack(seqs[0]).expect("late ack");
+    outbox.ack(seqs[0]).expect("ack of the new delivery");
+    outbox.close().expect("close");
+}
+
+#[test]
+fn extend_keeps_a_claim_and_fails_once_the_lease_ran_out() {
+    let (_t, outbox) = open(LEASE);
+    let a = outbox.append(b"a").expect("append");
+    let b = outbox.append(b"b").expect("append");
+    let held = outbox.claim(2).expect("claim");
+    assert_eq!(held.len(), 2);
+    // Renew `a` for a long time; let `b` run out.
+    outbox.extend(a, Duration::from_secs(3600)).expect("extend");
+    sleep(PAST);
+    let back = outbox.claim(10).expect("claim");
+    assert_eq!(back.iter().map(|r| r.seq()).collect::<Vec<_>>(), [b]);
+    assert_eq!(back[0].attempt(), 2);
+    assert_eq!(outbox.stats().claimed, 2, "a still held, b held again");
+    // `b`'s old delivery is gone: extending it now extends the new one.
+    outbox
+        .extend(b, Duration::from_secs(3600))
+        .expect("extend the new delivery");
+    // Not claimed at all: refused.
+    let c = outbox.append(b"c").expect("append");
+    assert!(matches!(
+        outbox.extend(c, LEASE),
+        Err(Error::NotClaimed { seq }) if seq == c
+    ));
+    outbox.ack_many(&[a, b]).expect("ack");
+    assert!(matches!(
+        outbox.extend(a, LEASE),
+        Err(Error::NotClaimed { .. })
+    ));
+    outbox.close().expect("close");
+}
+
+#[test]
+fn a_released_record_comes_back_as_its_next_attempt() {
+    let (_t, outbox) = open(Duration::from_secs(3600));
+    let s = outbox.append(b"x").expect("append");
+    for attempt in 1..=3 {
+        let got = outbox.claim(1).expect("claim");
+        assert_eq!((got[0].seq(), got[0].attempt()), (s, attempt));
+        outbox.release(s).expect("release");
+    }
+    outbox.close().expect("close");
+}
+
+#[test]
+fn a_waiting_relay_is_woken_when_a_lease_runs_out() {
+    let (_t, outbox) = open(LEASE);
+    let s = outbox.append(b"x").expect("append");
+    assert_eq!(outbox.claim(1).expect("claim").len(), 1);
+    // Nothing pending: the wait ends when the lease runs out and the record
+    // comes back, well before the timeout.
+    let got = outbox
+        .claim_wait(1, Duration::from_secs(3600))
+        .expect("claim_wait");
+    assert_eq!((got[0].seq(), got[0].attempt()), (s, 2));
+    outbox.close().expect("close");
+}
+
+#[test]
+fn leases_can_be_disabled() {
+    let (_t, outbox) = open(Duration::MAX);
+    outbox.append(b"x").expect("append");
+    assert_eq!(outbox.claim(1).expect("claim").len(), 1);
+    sleep(PAST);
+    assert!(outbox.claim(1).expect("claim").is_empty());
+    assert_eq!(outbox.stats().claimed_expired, 0);
+    assert_eq!(outbox.stats().claimed, 1);
+    outbox.close().expect("close");
+}
