@@ -76,6 +76,7 @@ pub use error::{Corruption, Error, Result};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+pub use format::delivery::REASON_BYTES_MAX;
 pub use format::seq::{QUARANTINE_DIR, Seq};
 pub use io::reader::Record;
 pub use log::recovery::{Dropped, QuarantineReason, Quarantined, RecoveryReport, TornTail};
@@ -83,4 +84,4 @@ pub use options::{
     BATCH_BYTES_MAX, Durability, LINGER_MAX, MAX_RECORD_BYTES_LIMIT, OpenCheck, Options,
     QUEUE_BYTES_MAX, QUEUE_CAPACITY_MAX, RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
 };
-pub use outbox::{Outbox, Stats};
+pub use outbox::{DeadLetter, Outbox, Stats};

@@ -19,6 +19,7 @@ use crate::io::segment_file::FileCache;
 use crate::io::segment_file::first_allocation;
 use crate::io::{LockError, StdStorage, Storage};
 use crate::log::clock::Clock;
+use crate::log::recovery::state::Recorded;
 use crate::log::recovery::{self, RecoveryReport};
 use crate::log::shared::{Budget, Completion, Counters, Shared, Ticket};
 use crate::log::writer::{Payloads, Request, Writer};
@@ -59,8 +60,13 @@ struct Handle {
 pub struct Stats {
     /// Records durable and waiting to be claimed.
     pub pending: u64,
-    /// Records claimed and not yet acknowledged.
+    /// Records claimed by a relay and not yet acknowledged (delayed records
+    /// and dead letters not counted).
     pub claimed: u64,
+    /// Records released with a delay, waiting for it to pass.
+    pub delayed: u64,
+    /// Dead letters: parked, never handed out until requeued.
+    pub dead_letters: u64,
     /// Claimed records whose lease ran out (they went back to pending) since
     /// the outbox was opened.
     pub claimed_expired: u64,
@@ -185,9 +191,15 @@ impl Outbox {
             table.push_frames(seg.id, seg.id.first_seq(), &seg.frames);
             table.seal_last(seg.id);
         }
-        // Records whose acknowledgement the log recorded are never handed out.
-        for &(first, last) in &recovered.acked {
-            table.ack_recovered(first, last);
+        // The delivery state the log recorded, in log order: acknowledged
+        // records are never handed out, delayed ones wait, dead letters stay.
+        let clock = Clock::new(recovered.active.segment.id.first_seq());
+        let (now, now_wall) = (clock.now_us(), crate::io::segment_file::now_us());
+        for recorded in &recovered.state {
+            match recorded {
+                Recorded::Acks(first, last) => table.ack_recovered(*first, *last),
+                Recorded::Change(change, at) => table.replay(change, *at, now, now_wall),
+            }
         }
         let mut report = recovered.report;
         report.records_recovered = table.pending();
@@ -197,7 +209,6 @@ impl Outbox {
         // Unbounded: the budget bounds it (in bytes and requests) before a
         // request is even built, and no memory is set aside for its capacity.
         let (tx, rx) = crossbeam_channel::unbounded();
-        let clock = Clock::new(recovered.active.segment.id.first_seq());
         let outbox_id = recovered.active.outbox_id;
         let shared = Arc::new(Shared {
             clock,
@@ -499,7 +510,7 @@ impl Outbox {
         shared.check_open()?;
         let (reclaim, first) = {
             let mut table = shared.table.lock();
-            let first = !table.has_unwritten_acks();
+            let first = !table.has_unwritten();
             (table.ack(seqs)?, first)
         };
         self.acknowledged(reclaim, first)
@@ -514,7 +525,7 @@ impl Outbox {
         shared.check_open()?;
         let (count, reclaim, first) = {
             let mut table = shared.table.lock();
-            let first = !table.has_unwritten_acks();
+            let first = !table.has_unwritten();
             let (count, reclaim) = table.ack_through(seq);
             (count, reclaim, first)
         };
@@ -554,6 +565,110 @@ impl Outbox {
         Ok(())
     }
 
+    /// The delivery of the claimed record `seq` failed: it becomes claimable
+    /// again after `delay` (at once for zero), and its next delivery carries
+    /// `reason` as [`Record::last_error`] (cut to
+    /// [`REASON_BYTES_MAX`](crate::REASON_BYTES_MAX) bytes). The delivery
+    /// counts as an attempt. Durable like an acknowledgement (see
+    /// [`Options::ack_durability`](crate::Options::ack_durability)): after a
+    /// restart the record is still delayed until the same wall-clock time, and
+    /// carries the same reason. [`Error::NotClaimed`] if `seq` is not held by a
+    /// claim.
+    pub fn release_after(&self, seq: Seq, delay: Duration, reason: &str) -> Result<()> {
+        let shared = &self.handle.shared;
+        shared.check_open()?;
+        let now = shared.clock.now_us();
+        let due = Clock::lease_deadline(now, delay);
+        let not_before = crate::io::segment_file::now_us()
+            .saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX));
+        let first = {
+            let mut table = shared.table.lock();
+            let first = !table.has_unwritten();
+            table.release_after(seq, due, now, not_before, reason)?;
+            first
+        };
+        // Claimable at once: wake a waiting relay.
+        shared.arrived.notify_all();
+        self.acknowledged(false, first)
+    }
+
+    /// Parks the claimed record `seq` as a dead letter: the far side refused
+    /// it for good. It is never handed out again until [`requeue`d](Outbox::requeue)
+    /// (or [`discard`ed](Outbox::discard)), survives restarts, and is listed by
+    /// [`dead_letters`](Outbox::dead_letters) with `reason` (cut to
+    /// [`REASON_BYTES_MAX`](crate::REASON_BYTES_MAX) bytes) and its attempts.
+    /// Durable like an acknowledgement. A dead letter keeps its segment on
+    /// disk. [`Error::NotClaimed`] if `seq` is not held by a claim.
+    pub fn dead_letter(&self, seq: Seq, reason: &str) -> Result<()> {
+        let shared = &self.handle.shared;
+        shared.check_open()?;
+        let first = {
+            let mut table = shared.table.lock();
+            let first = !table.has_unwritten();
+            table.dead_letter(seq, reason, crate::io::segment_file::now_us())?;
+            first
+        };
+        self.acknowledged(false, first)
+    }
+
+    /// The dead letters, oldest first, at most `max`, with their payloads
+    /// (checked against their checksums, like claimed records).
+    pub fn dead_letters(&self, max: usize) -> Result<Vec<DeadLetter>> {
+        let shared = &self.handle.shared;
+        shared.check_open()?;
+        let found = shared.table.lock().dead_letters(max);
+        let mut out = Vec::with_capacity(found.len());
+        for (run, entry) in found {
+            let mut records = Vec::with_capacity(1);
+            let skip_crc = crate::injected!(shared.options, SkipReadCrc);
+            reader::read_runs(
+                std::slice::from_ref(&run),
+                &shared.files,
+                &mut records,
+                skip_crc,
+            )
+            .map_err(|f| f.error)?;
+            if let Some(record) = records.pop() {
+                out.push(DeadLetter {
+                    record,
+                    attempts: entry.attempts,
+                    reason: entry.reason,
+                    since_us: entry.since_us,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Makes the dead letter `seq` pending again, its attempts counted from
+    /// zero. Durable like an acknowledgement. [`Error::NotClaimed`] if it is
+    /// not a dead letter.
+    pub fn requeue(&self, seq: Seq) -> Result<()> {
+        let shared = &self.handle.shared;
+        shared.check_open()?;
+        let first = {
+            let mut table = shared.table.lock();
+            let first = !table.has_unwritten();
+            table.requeue(seq)?;
+            first
+        };
+        shared.arrived.notify_all();
+        self.acknowledged(false, first)
+    }
+
+    /// Acknowledges the dead letter `seq`: done for good, as if delivered.
+    /// [`Error::NotClaimed`] if it is not a dead letter.
+    pub fn discard(&self, seq: Seq) -> Result<()> {
+        let shared = &self.handle.shared;
+        shared.check_open()?;
+        let (reclaim, first) = {
+            let mut table = shared.table.lock();
+            let first = !table.has_unwritten();
+            (table.discard(seq)?, first)
+        };
+        self.acknowledged(reclaim, first)
+    }
+
     /// Asks the writer to delete fully acknowledged segments. A full queue means
     /// the writer is busy and checks after its next batch anyway.
     fn nudge_writer(&self) {
@@ -587,7 +702,7 @@ impl Outbox {
         let records = load(&c.records_appended);
         Stats {
             pending: t.pending,
-            claimed: t.claimed,
+            claimed: t.claimed - t.delayed - t.dead_letters,
             backlog_bytes: t.backlog_bytes,
             segments: t.segments,
             disk_bytes: t.disk_bytes,
@@ -609,6 +724,8 @@ impl Outbox {
             segments_deleted: load(&c.segments_deleted),
             corrupt_records: load(&c.corrupt_records),
             claimed_expired: t.expired_leases,
+            delayed: t.delayed,
+            dead_letters: t.dead_letters,
             poisoned: shared.poison.get().is_some(),
             queued_bytes: shared.budget.used(),
         }
@@ -723,6 +840,44 @@ impl std::fmt::Debug for Outbox {
         f.debug_struct("Outbox")
             .field("dir", &self.dir())
             .finish_non_exhaustive()
+    }
+}
+
+/// A record parked as a dead letter ([`Outbox::dead_letter`]).
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    record: Record,
+    attempts: u32,
+    reason: Arc<str>,
+    since_us: u64,
+}
+
+impl DeadLetter {
+    /// The record's sequence number: pass it to [`Outbox::requeue`] or
+    /// [`Outbox::discard`].
+    pub fn seq(&self) -> Seq {
+        self.record.seq()
+    }
+
+    /// How many times it was delivered before it died (in this process; a
+    /// restart counts deliveries from 1 again).
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Why it died, as given to [`Outbox::dead_letter`].
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The record's payload, exactly as appended.
+    pub fn payload(&self) -> &[u8] {
+        self.record.payload()
+    }
+
+    /// When it was parked (the wall clock then).
+    pub fn dead_since(&self) -> std::time::SystemTime {
+        std::time::UNIX_EPOCH + Duration::from_micros(self.since_us)
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Owns the byte layout of everything segwal writes: frames (`frame`), the
 //! segment header (`segment`), the seal index (`seal`), the payloads of
-//! delivery-state frames (`acks`), and the identities
+//! delivery-state frames (`acks`, `delivery`), and the identities
 //! that name files and frames (`seq`). The layout is documented once, in
 //! `docs/FORMAT.md`; the offsets here chain from each other and point to it.
 //!
@@ -10,6 +10,7 @@
 //! slices. Decoding never panics and allocates only what checked lengths bound.
 
 pub(crate) mod acks;
+pub(crate) mod delivery;
 pub(crate) mod ext;
 pub(crate) mod frame;
 pub(crate) mod seal;

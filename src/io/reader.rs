@@ -35,6 +35,7 @@ pub struct Record {
     len: usize,
     timestamp_us: u64,
     attempt: u32,
+    last_error: Option<Arc<str>>,
 }
 
 impl Record {
@@ -62,6 +63,14 @@ impl Record {
     /// starts again at 1.
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// Why the previous delivery failed, as given to
+    /// [`release_after`](crate::Outbox::release_after) (at most
+    /// [`REASON_BYTES_MAX`](crate::REASON_BYTES_MAX) bytes); `None` if it was
+    /// not released with a reason.
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
     }
 }
 
@@ -135,7 +144,7 @@ pub(crate) fn read_runs(
                     });
                 }
             };
-            for &f in &run.frames[i..=j] {
+            for f in run.frames[i..=j].iter().cloned() {
                 let at = (f.offset - start) as usize;
                 out.push(check(run, &bytes, at, f, skip_crc)?);
             }
@@ -190,6 +199,7 @@ fn check(
         offset,
         len,
         attempt,
+        reason,
     } = frame;
     let all: &[u8] = bytes;
     let fail = |kind| ReadFailure {
@@ -217,6 +227,7 @@ fn check(
             len: window.len() - FRAME_HEADER_LEN,
             timestamp_us: 0,
             attempt,
+            last_error: reason,
         });
     }
     let f = frame::decode(window, run.salt).map_err(fail)?;
@@ -234,6 +245,7 @@ fn check(
         len: f.payload.len(),
         timestamp_us: f.header.timestamp_us,
         attempt,
+        last_error: reason,
     })
 }
 

@@ -426,15 +426,24 @@ impl Writer {
         if let Some(e) = self.shared.poison.get() {
             return Err(e.clone());
         }
-        // Acknowledgements made since the last batch ride with this one, in an
-        // acks frame after its records (docs/FORMAT.md, "Frame kinds").
-        let acks = self.shared.table.lock().take_acks();
-        let acks_payload = (!acks.is_empty()).then(|| crate::format::acks::encode(&acks));
-        let acks_bytes = acks_payload
-            .as_ref()
-            .map_or(0, |p| frame::frame_len(p.len()) as u64);
+        // Changes of delivery state made since the last batch ride with this
+        // one, after its records: an acks frame, then the other changes in the
+        // order made (docs/FORMAT.md, "Frame kinds").
+        let (acks, changes) = {
+            let mut table = self.shared.table.lock();
+            (table.take_acks(), table.take_changes())
+        };
+        let mut internal: Vec<(FrameKind, Vec<u8>)> = Vec::new();
+        if !acks.is_empty() {
+            internal.push((frame::ACKS, crate::format::acks::encode(&acks)));
+        }
+        internal.extend(crate::format::delivery::encode(&changes));
+        let internal_bytes: u64 = internal
+            .iter()
+            .map(|(_, p)| frame::frame_len(p.len()) as u64)
+            .sum();
         let records_bytes: u64 = batch.iter().map(request_bytes).sum();
-        let encoded = records_bytes + acks_bytes;
+        let encoded = records_bytes + internal_bytes;
         if encoded == 0 {
             return Ok(());
         }
@@ -449,7 +458,7 @@ impl Writer {
         let mut offset = self.active.len;
         let records = batch.iter().map(Request::records).sum::<usize>() as u64;
         // Frames still to encode: the last one ends the write batch.
-        let mut left = records as usize + usize::from(acks_payload.is_some());
+        let mut left = records as usize + internal.len();
         for r in batch {
             let Request::Append { payloads, .. } = r else {
                 continue;
@@ -481,14 +490,15 @@ impl Writer {
                 self.next_seq = seq.next();
             }
         }
-        if let Some(payload) = &acks_payload {
+        for (kind, payload) in &internal {
             let seq = self.next_seq;
             let group = *self.group.get_or_insert(seq);
+            left -= 1;
             frame::encode(
                 &mut self.buf,
                 &FrameHeader {
-                    kind: frame::ACKS,
-                    batch_end: true,
+                    kind: *kind,
+                    batch_end: left == 0,
                     seq,
                     group,
                     timestamp_us,
@@ -502,6 +512,7 @@ impl Writer {
                 is_record: false,
             };
             self.staged.push(span);
+            offset = span.end();
             self.next_seq = seq.next();
         }
         self.write_buf()?;

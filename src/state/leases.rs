@@ -97,6 +97,16 @@ impl Leases {
         self.delivered.remove(&seq);
     }
 
+    /// Whether `seq` is held by a claim (not delayed, not a dead letter).
+    pub(crate) fn is_held(&self, seq: u64) -> bool {
+        self.held.contains_key(&seq)
+    }
+
+    /// Which delivery of `seq` is held now (0 if none).
+    pub(crate) fn attempt_held(&self, seq: u64) -> u32 {
+        self.held.get(&seq).map_or(0, |h| h.attempt)
+    }
+
     /// Whether `seq` was delivered before and came back: a late
     /// acknowledgement of that delivery is accepted.
     pub(crate) fn was_delivered(&self, seq: u64) -> bool {

@@ -31,11 +31,12 @@
 //! Memory per frame: a 32-bit offset and two bits, so about 4.25 bytes per pending
 //! record, and no heap object per record.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::format::delivery::Change;
 use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan};
 use crate::format::segment::{BLOCK, align_up};
 use crate::format::seq::{SegmentId, Seq};
@@ -176,7 +177,7 @@ pub(crate) struct ClaimRun {
 }
 
 /// One claimed frame: its record's sequence number and where it lies.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct ClaimedFrame {
     pub seq: Seq,
     /// Byte offset of the frame in its segment.
@@ -185,6 +186,8 @@ pub(crate) struct ClaimedFrame {
     pub len: u32,
     /// Which delivery of the record this is (1 for the first).
     pub attempt: u32,
+    /// Why its previous delivery failed, if it was released with a reason.
+    pub reason: Option<Arc<str>>,
 }
 
 /// Where a slot's frame can be read: for the age of the oldest record.
@@ -220,6 +223,10 @@ pub(crate) struct TableStats {
     pub disk_bytes: u64,
     /// Leases that ran out since open.
     pub expired_leases: u64,
+    /// Records waiting out a delay (their claimed bit set).
+    pub delayed: u64,
+    /// Dead letters (their claimed bit set).
+    pub dead_letters: u64,
     /// Blocks the sealed segments take (their files end with their seal).
     pub sealed_allocated: u64,
     /// The segments the writer still holds, whose files may have space
@@ -245,6 +252,29 @@ pub(crate) struct Table {
     unwritten_acks: Vec<(Seq, Seq)>,
     /// The leases of claimed records, and the attempts of deliveries.
     leases: Leases,
+    /// Changes of delivery state other than acknowledgements, in the order
+    /// made, for the writer to record in the log.
+    unwritten: Vec<Change>,
+    /// Records released with a delay: (due, seq), due on the outbox's
+    /// monotonic clock. They hold the claimed bit (not claimable) until due.
+    delayed: BTreeSet<(u64, u64)>,
+    /// The due time of each delayed record.
+    due: HashMap<u64, u64>,
+    /// Dead letters: never handed out until requeued. They hold the claimed
+    /// bit.
+    dead: BTreeMap<u64, DeadEntry>,
+    /// The reason of the last failed delivery of records released with one,
+    /// handed out with their next delivery.
+    reasons: HashMap<u64, Arc<str>>,
+}
+
+/// A dead letter's state.
+#[derive(Clone, Debug)]
+pub(crate) struct DeadEntry {
+    pub attempts: u32,
+    pub reason: Arc<str>,
+    /// When it died (µs since the Unix epoch).
+    pub since_us: u64,
 }
 
 impl Table {
@@ -257,7 +287,218 @@ impl Table {
             backlog_bytes: 0,
             unwritten_acks: Vec::new(),
             leases: Leases::default(),
+            unwritten: Vec::new(),
+            delayed: BTreeSet::new(),
+            due: HashMap::new(),
+            dead: BTreeMap::new(),
+            reasons: HashMap::new(),
         }
+    }
+
+    /// Takes the changes of delivery state (other than acknowledgements) not
+    /// yet written to the log, for the writer.
+    pub(crate) fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.unwritten)
+    }
+
+    /// Whether anything waits to be written to the log.
+    pub(crate) fn has_unwritten(&self) -> bool {
+        !self.unwritten_acks.is_empty() || !self.unwritten.is_empty()
+    }
+
+    /// The claimed record `seq`, held by a claim: its slot, or `NotClaimed`.
+    fn held_slot(&self, seq: Seq) -> Result<(usize, usize)> {
+        match self.slot(seq)? {
+            Some((si, i))
+                if SegmentSlots::bit(&self.segments[si].claimed, i)
+                    && self.leases.is_held(seq.get()) =>
+            {
+                Ok((si, i))
+            }
+            _ => Err(Error::NotClaimed { seq }),
+        }
+    }
+
+    /// The delivery of the claimed record `seq` failed: it is claimable again
+    /// from `due` (monotonic µs; now or earlier: at once), and its next
+    /// delivery carries `reason`. `not_before_us` is the same time on the wall
+    /// clock, for the log.
+    pub(crate) fn release_after(
+        &mut self,
+        seq: Seq,
+        due: u64,
+        now: u64,
+        not_before_us: u64,
+        reason: &str,
+    ) -> Result<()> {
+        self.held_slot(seq)?;
+        let reason = crate::format::delivery::clip(reason);
+        self.leases.returned(seq.get());
+        self.reasons.insert(seq.get(), reason.as_str().into());
+        if due > now {
+            self.delayed.insert((due, seq.get()));
+            self.due.insert(seq.get(), due);
+        } else {
+            self.unclaim(seq)?;
+        }
+        self.unwritten.push(Change::Release {
+            seq,
+            not_before_us,
+            reason,
+        });
+        Ok(())
+    }
+
+    /// Parks the claimed record `seq` as a dead letter, dead since `since_us`
+    /// (wall clock).
+    pub(crate) fn dead_letter(&mut self, seq: Seq, reason: &str, since_us: u64) -> Result<()> {
+        self.held_slot(seq)?;
+        let attempts = self.leases.attempt_held(seq.get());
+        self.leases.done(seq.get());
+        let reason = crate::format::delivery::clip(reason);
+        self.dead.insert(
+            seq.get(),
+            DeadEntry {
+                attempts,
+                reason: reason.as_str().into(),
+                since_us,
+            },
+        );
+        self.unwritten.push(Change::DeadLetter {
+            seq,
+            attempts,
+            reason,
+        });
+        Ok(())
+    }
+
+    /// Makes the dead letter `seq` pending again, its attempts counted from
+    /// zero. `NotClaimed` if it is not a dead letter.
+    pub(crate) fn requeue(&mut self, seq: Seq) -> Result<()> {
+        if self.dead.remove(&seq.get()).is_none() {
+            return Err(Error::NotClaimed { seq });
+        }
+        self.reasons.remove(&seq.get());
+        self.unclaim(seq)?;
+        self.unwritten.push(Change::Requeue(seq));
+        Ok(())
+    }
+
+    /// Acknowledges the dead letter `seq`: done for good. Returns whether the
+    /// oldest segment became deletable.
+    pub(crate) fn discard(&mut self, seq: Seq) -> Result<bool> {
+        if !self.dead.contains_key(&seq.get()) {
+            return Err(Error::NotClaimed { seq });
+        }
+        self.ack(&[seq])
+    }
+
+    /// The dead letters, oldest first, at most `max`: where each frame lies,
+    /// and its state.
+    pub(crate) fn dead_letters(&self, max: usize) -> Vec<(ClaimRun, DeadEntry)> {
+        let mut out = Vec::new();
+        for (&seq, entry) in self.dead.iter().take(max) {
+            let Some(si) = self.locate(seq) else { continue };
+            let seg = &self.segments[si];
+            let i = (seq - seg.first()) as usize;
+            let (offset, len) = seg.frame_range(i);
+            let run = ClaimRun {
+                path: seg.path.clone(),
+                salt: seg.salt,
+                file: seg.file.clone(),
+                frames: vec![ClaimedFrame {
+                    seq: Seq::from(seq),
+                    offset,
+                    len,
+                    attempt: entry.attempts,
+                    reason: Some(entry.reason.clone()),
+                }],
+            };
+            out.push((run, entry.clone()));
+        }
+        out
+    }
+
+    /// Makes pending the delayed records due by `now`.
+    fn release_due(&mut self, now: u64) {
+        while let Some(&(due, seq)) = self.delayed.first() {
+            if due > now {
+                break;
+            }
+            self.delayed.pop_first();
+            self.due.remove(&seq);
+            let _ = self.unclaim(Seq::from(seq));
+        }
+    }
+
+    /// Replays, at open, one change the log recorded (in log order); `now` and
+    /// `now_wall_us` place a release's wall-clock time on the monotonic clock.
+    /// Nothing is claimed yet, and a record done stays done.
+    pub(crate) fn replay(&mut self, change: &Change, stamped_us: u64, now: u64, now_wall_us: u64) {
+        let seq = match change {
+            Change::Release { seq: s, .. }
+            | Change::DeadLetter { seq: s, .. }
+            | Change::Requeue(s)
+            | Change::Discard(s) => *s,
+        };
+        let Ok(Some((si, i))) = self.slot(seq) else {
+            return;
+        };
+        let seg = &self.segments[si];
+        // Internal frames are Done from the start.
+        if SegmentSlots::bit(&seg.done, i) {
+            return;
+        }
+        let claimed = SegmentSlots::bit(&seg.claimed, i);
+        match change {
+            Change::Discard(_) => self.set_done(si, i),
+            Change::Release {
+                not_before_us,
+                reason,
+                ..
+            } => {
+                self.reasons.insert(seq.get(), reason.as_str().into());
+                let wait = not_before_us.saturating_sub(now_wall_us);
+                if wait > 0 && !claimed {
+                    self.claim_slot(si, i);
+                    let due = now.saturating_add(wait);
+                    self.delayed.insert((due, seq.get()));
+                    self.due.insert(seq.get(), due);
+                }
+            }
+            Change::DeadLetter {
+                attempts, reason, ..
+            } => {
+                if let Some(due) = self.due.remove(&seq.get()) {
+                    self.delayed.remove(&(due, seq.get()));
+                } else if !claimed {
+                    self.claim_slot(si, i);
+                }
+                self.dead.insert(
+                    seq.get(),
+                    DeadEntry {
+                        attempts: *attempts,
+                        reason: reason.as_str().into(),
+                        since_us: stamped_us,
+                    },
+                );
+            }
+            Change::Requeue(_) => {
+                if self.dead.remove(&seq.get()).is_some() {
+                    self.reasons.remove(&seq.get());
+                    let _ = self.unclaim(seq);
+                }
+            }
+        }
+    }
+
+    /// Takes the pending slot `i` of segment `si` out of the claimable ones.
+    fn claim_slot(&mut self, si: usize, i: usize) {
+        let seg = &mut self.segments[si];
+        SegmentSlots::set(&mut seg.claimed, i, true);
+        seg.claimed_count += 1;
+        self.claimed += 1;
+        self.pending -= 1;
     }
 
     /// Holds the records of `runs`, just claimed, under a lease until
@@ -275,12 +516,16 @@ impl Table {
             .zip(attempts)
         {
             frame.attempt = attempt;
+            if !self.reasons.is_empty() {
+                frame.reason = self.reasons.get(&frame.seq.get()).cloned();
+            }
         }
     }
 
     /// Makes pending again the claimed records whose lease ran out by `now`;
     /// returns how many.
     pub(crate) fn expire(&mut self, now: u64) -> usize {
+        self.release_due(now);
         let expired = self.leases.expire(now);
         for &seq in &expired {
             // Still claimed: the lease would have let go of it otherwise.
@@ -291,7 +536,11 @@ impl Table {
 
     /// When the next lease runs out, if any.
     pub(crate) fn next_lease_deadline(&self) -> Option<u64> {
-        self.leases.next_deadline()
+        let due = self.delayed.first().map(|d| d.0);
+        match (self.leases.next_deadline(), due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Renews the lease of the claimed record `seq` until `deadline`.
@@ -316,11 +565,6 @@ impl Table {
         std::mem::take(&mut self.unwritten_acks)
     }
 
-    /// Whether acknowledgements wait to be written to the log.
-    pub(crate) fn has_unwritten_acks(&self) -> bool {
-        !self.unwritten_acks.is_empty()
-    }
-
     /// Acknowledges every claimed record numbered at or below `seq`; records not
     /// claimed are left as they are. Returns how many were acknowledged, and
     /// whether the oldest segment became deletable.
@@ -341,7 +585,11 @@ impl Table {
                 while bits != 0 {
                     let i = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
-                    if i < upto && !SegmentSlots::bit(&seg.done, i) {
+                    // Held by a claim: not delayed, not a dead letter.
+                    if i < upto
+                        && !SegmentSlots::bit(&seg.done, i)
+                        && self.leases.is_held(seg.first() + i as u64)
+                    {
                         claimed.push(i);
                     }
                 }
@@ -363,7 +611,8 @@ impl Table {
     }
 
     /// Marks Done, at open, the records an acks frame of the log recorded
-    /// (those still in the log and not Done: nothing is claimed yet).
+    /// (those still in the log and not Done; nothing is claimed yet, but a
+    /// record replayed as delayed or dead holds the claimed bit).
     pub(crate) fn ack_recovered(&mut self, first: Seq, last: Seq) {
         let mut s = first.get();
         while s <= last.get() {
@@ -382,7 +631,7 @@ impl Table {
             for n in s..end {
                 let i = (n - seg_first) as usize;
                 let seg = &self.segments[si];
-                if !SegmentSlots::bit(&seg.done, i) && !SegmentSlots::bit(&seg.claimed, i) {
+                if !SegmentSlots::bit(&seg.done, i) {
                     self.set_done(si, i);
                 }
             }
@@ -542,6 +791,7 @@ impl Table {
                         offset,
                         len: frame_len,
                         attempt: 1,
+                        reason: None,
                     });
                     if taken == max_records {
                         stop_at = seq.get() + 1;
@@ -602,7 +852,19 @@ impl Table {
     }
 
     fn set_done(&mut self, si: usize, i: usize) {
-        self.leases.done(self.segments[si].first() + i as u64);
+        let seq = self.segments[si].first() + i as u64;
+        self.leases.done(seq);
+        if !self.reasons.is_empty() {
+            self.reasons.remove(&seq);
+        }
+        if !self.due.is_empty()
+            && let Some(due) = self.due.remove(&seq)
+        {
+            self.delayed.remove(&(due, seq));
+        }
+        if !self.dead.is_empty() {
+            self.dead.remove(&seq);
+        }
         let seg = &mut self.segments[si];
         let (_, frame_len) = seg.frame_range(i);
         if SegmentSlots::bit(&seg.claimed, i) {
@@ -639,6 +901,11 @@ impl Table {
     /// Returns a claimed record to Pending; it is handed out before newer ones,
     /// as its next attempt.
     pub(crate) fn release(&mut self, seq: Seq) -> Result<()> {
+        self.slot(seq)?;
+        if !self.leases.is_held(seq.get()) {
+            // Delayed or a dead letter (or not claimed at all).
+            return Err(Error::NotClaimed { seq });
+        }
         self.unclaim(seq)?;
         self.leases.returned(seq.get());
         Ok(())
@@ -757,6 +1024,8 @@ impl Table {
             backlog_bytes: self.backlog_bytes,
             segments: self.segments.len(),
             expired_leases: self.leases.expired,
+            delayed: self.delayed.len() as u64,
+            dead_letters: self.dead.len() as u64,
             state_bytes: self.leases.heap_bytes(),
             ..TableStats::default()
         };

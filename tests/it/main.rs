@@ -16,6 +16,7 @@ mod lock;
 mod model;
 mod process;
 mod recovery;
+mod retries;
 mod segments;
 
 use std::path::{Path, PathBuf};

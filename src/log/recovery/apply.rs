@@ -133,7 +133,7 @@ pub(crate) fn apply(
         segments,
         log_start: plan.log_start,
         active,
-        acked: Vec::new(),
+        state: Vec::new(),
         seal,
         report,
     })

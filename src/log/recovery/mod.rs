@@ -23,7 +23,7 @@ mod apply;
 mod plan;
 mod report;
 mod scan;
-mod state;
+pub(crate) mod state;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -57,8 +57,9 @@ pub(crate) struct Recovered {
     pub log_start: Seq,
     /// The writer's active segment: empty, its header durable.
     pub active: FreshSegment,
-    /// Sequence numbers the log's acks frames acknowledge: Done from the start.
-    pub acked: Vec<(Seq, Seq)>,
+    /// The delivery state the log recorded, in log order: replayed into the
+    /// state table before anything is claimed.
+    pub state: Vec<state::Recorded>,
     /// The seal the newest segment lacks, written by the open before the
     /// writer starts.
     pub seal: Option<PendingSeal>,
@@ -123,9 +124,12 @@ pub(crate) fn recover(
         plan,
         preallocate,
     )?;
+    recovered.state = state::recorded_state(storage, &recovered.segments);
     // The negative control forgets every acknowledgement the log recorded.
-    if !crate::injected!(options, ForgetAcksAtRecovery) {
-        recovered.acked = state::recorded_acks(storage, &recovered.segments);
+    if crate::injected!(options, ForgetAcksAtRecovery) {
+        recovered
+            .state
+            .retain(|r| !matches!(r, state::Recorded::Acks(..)));
     }
     Ok(recovered)
 }

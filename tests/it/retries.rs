@@ -1,0 +1,145 @@
+//! Deliveries that fail: released with a delay and a reason, or parked as
+//! dead letters; all of it durable across restarts.
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use segwal::{Error, Options, Outbox, Seq};
+
+use crate::tmp;
+
+fn options() -> Options {
+    Options::default().lease(Duration::from_secs(3600))
+}
+
+#[test]
+fn a_release_with_a_delay_holds_the_record_back_and_hands_out_the_reason() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    let a = outbox.append(b"a").expect("append");
+    let b = outbox.append(b"b").expect("append");
+    assert_eq!(outbox.claim(1).expect("claim")[0].seq(), a);
+    outbox
+        .release_after(a, Duration::from_millis(300), "broker said 503")
+        .expect("release_after");
+    assert_eq!(outbox.stats().delayed, 1);
+    assert_eq!(outbox.stats().claimed, 0);
+    // Delayed: the newer record comes out, not the delayed one.
+    let next = outbox.claim(10).expect("claim");
+    assert_eq!(next.iter().map(|r| r.seq()).collect::<Vec<_>>(), [b]);
+    assert_eq!(next[0].last_error(), None);
+    sleep(Duration::from_millis(400));
+    let again = outbox.claim(10).expect("claim");
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].seq(), again[0].attempt()), (a, 2));
+    assert_eq!(again[0].last_error(), Some("broker said 503"));
+    assert_eq!(outbox.stats().delayed, 0);
+    // Released without a delay: at once, with the reason.
+    outbox
+        .release_after(a, Duration::ZERO, "try again")
+        .expect("release_after");
+    let now = outbox.claim(1).expect("claim");
+    assert_eq!(
+        (now[0].attempt(), now[0].last_error()),
+        (3, Some("try again"))
+    );
+    // Not held by a claim: refused.
+    let c = outbox.append(b"c").expect("append");
+    assert!(matches!(
+        outbox.release_after(c, Duration::ZERO, "x"),
+        Err(Error::NotClaimed { seq }) if seq == c
+    ));
+    outbox.close().expect("close");
+}
+
+#[test]
+fn a_delay_and_its_reason_survive_a_restart() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    let a = outbox.append(b"a").expect("append");
+    outbox.claim(1).expect("claim");
+    outbox
+        .release_after(a, Duration::from_millis(500), "timed out")
+        .expect("release_after");
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options()).expect("reopen");
+    assert_eq!(outbox.stats().delayed, 1);
+    assert!(
+        outbox.claim(1).expect("claim").is_empty(),
+        "delay forgotten"
+    );
+    let got = outbox
+        .claim_wait(1, Duration::from_secs(10))
+        .expect("claim_wait");
+    assert_eq!(got[0].seq(), a);
+    assert_eq!(got[0].last_error(), Some("timed out"));
+    outbox.close().expect("close");
+}
+
+#[test]
+fn dead_letters_are_parked_listed_survive_restarts_and_can_be_requeued_or_discarded() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    let seqs: Vec<Seq> = (0..4u8)
+        .map(|i| outbox.append(&[b'p', i]).expect("append"))
+        .collect();
+    // Record 0 fails twice, then is refused for good; record 1 is refused at once.
+    for _ in 0..2 {
+        assert_eq!(outbox.claim(1).expect("claim")[0].seq(), seqs[0]);
+        outbox.release(seqs[0]).expect("release");
+    }
+    outbox.claim(2).expect("claim");
+    outbox
+        .dead_letter(seqs[0], "schema rejected")
+        .expect("dead");
+    outbox.dead_letter(seqs[1], "too large").expect("dead");
+    assert!(matches!(
+        outbox.dead_letter(seqs[2], "not claimed"),
+        Err(Error::NotClaimed { .. })
+    ));
+    assert_eq!(outbox.stats().dead_letters, 2);
+    // Never handed out again.
+    let rest = outbox.claim(10).expect("claim");
+    assert_eq!(rest.iter().map(|r| r.seq()).collect::<Vec<_>>(), seqs[2..]);
+    outbox.ack_through(seqs[3]).expect("ack");
+    outbox.close().expect("close");
+
+    let outbox = Outbox::open(&dir, options()).expect("reopen");
+    assert!(
+        outbox.claim(10).expect("claim").is_empty(),
+        "a dead letter came back"
+    );
+    let dead = outbox.dead_letters(10).expect("dead_letters");
+    let listed: Vec<(Seq, u32, &str, &[u8])> = dead
+        .iter()
+        .map(|d| (d.seq(), d.attempts(), d.reason(), d.payload()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (seqs[0], 3, "schema rejected", &[b'p', 0][..]),
+            (seqs[1], 1, "too large", &[b'p', 1][..]),
+        ]
+    );
+    assert!(dead[0].dead_since() <= std::time::SystemTime::now());
+    // Requeued: pending again, from attempt 1; discarded: gone for good.
+    outbox.requeue(seqs[0]).expect("requeue");
+    outbox.discard(seqs[1]).expect("discard");
+    assert!(matches!(
+        outbox.requeue(seqs[1]),
+        Err(Error::NotClaimed { .. })
+    ));
+    let back = outbox.claim(10).expect("claim");
+    assert_eq!(
+        back.iter()
+            .map(|r| (r.seq(), r.attempt()))
+            .collect::<Vec<_>>(),
+        [(seqs[0], 1)]
+    );
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options()).expect("reopen");
+    assert_eq!(outbox.stats().dead_letters, 0);
+    let last = outbox.claim(10).expect("claim");
+    assert_eq!(last.iter().map(|r| r.seq()).collect::<Vec<_>>(), [seqs[0]]);
+    outbox.close().expect("close");
+}
