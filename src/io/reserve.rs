@@ -38,8 +38,10 @@ pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) {
     if storage.open(&path).is_ok() {
         return;
     }
+    let mut created = false;
     let made = (|| -> io::Result<()> {
         let file = storage.create(&path)?;
+        created = true;
         file.allocate(bytes)?;
         if file.len()? < bytes {
             // The file system cannot reserve: write the zeros.
@@ -54,7 +56,9 @@ pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) {
         file.sync_data()?;
         storage.sync_dir(dir)
     })();
-    if made.is_err() {
+    // Only a file this call created is removed: a `RESERVE` that exists but
+    // cannot be opened is not segwal's to delete.
+    if made.is_err() && created {
         let _ = storage.remove(&path);
         let _ = storage.sync_dir(dir);
     }

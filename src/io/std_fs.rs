@@ -90,7 +90,9 @@ impl Storage for StdStorage {
     fn resolve(&self, dir: &Path) -> io::Result<PathBuf> {
         let path = fs::canonicalize(dir)?;
         let handle = File::open(&path)?;
-        let via = PathBuf::from(format!("/proc/self/fd/{}", handle.as_raw_fd()));
+        // `thread-self`: `/proc/self` stops resolving once the main thread has
+        // exited while others run.
+        let via = PathBuf::from(format!("/proc/thread-self/fd/{}", handle.as_raw_fd()));
         // Only where the descriptor can be named (Linux with /proc mounted),
         // and only for the first directory this storage serves.
         let mut home = self.home.lock();

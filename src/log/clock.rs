@@ -140,9 +140,9 @@ mod tests {
         let hour = 3_600_000_000u64;
         // Stamped an hour before the open: an hour old.
         let age = clock.age(Seq::from(5), now - hour);
-        assert!(age >= Duration::from_secs(3600) && age < Duration::from_secs(3601));
+        assert!(age >= Duration::from_secs(3600) && age < Duration::from_secs(3660));
         // Stamped an hour after (a clock that was ahead): zero, not negative.
-        assert!(clock.age(Seq::from(6), now + hour) < Duration::from_secs(1));
+        assert!(clock.age(Seq::from(6), now + hour) < Duration::from_secs(60));
     }
 
     #[test]
@@ -154,7 +154,7 @@ mod tests {
         // back or forward is not asked of the wall clock: the age comes from
         // the monotonic clock through the offset noted when it was written.
         let age = clock.age(Seq::from(1), stamped);
-        assert!(age < Duration::from_secs(1), "{age:?}");
+        assert!(age < Duration::from_secs(60), "{age:?}");
         // A step noted later opens a new entry, for later records only.
         {
             let began = clock.mono_us();
@@ -166,13 +166,13 @@ mod tests {
                 began,
             });
         }
-        assert!(clock.age(Seq::from(1), stamped) < Duration::from_secs(1));
+        assert!(clock.age(Seq::from(1), stamped) < Duration::from_secs(60));
         // A record written after the step was stamped an hour "earlier", and is
         // still young.
         let after = stamped - 3_600_000_000;
-        assert!(clock.age(Seq::from(10), after) < Duration::from_secs(1));
+        assert!(clock.age(Seq::from(10), after) < Duration::from_secs(60));
         // A frame stamped 0 (a clock before 1970) is placed no earlier than its
         // entry began.
-        assert!(clock.age(Seq::from(10), 0) < Duration::from_secs(1));
+        assert!(clock.age(Seq::from(10), 0) < Duration::from_secs(60));
     }
 }

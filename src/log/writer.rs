@@ -98,6 +98,8 @@ struct Active {
     created: Instant,
     /// Records written to it (internal frames not counted).
     records: u64,
+    /// Delivery-state frames written to it (acks, releases, dead letters).
+    state_frames: u64,
     /// Its header's nonce, repeated in its seal index.
     nonce: u64,
     /// The seed of its frames' checksums.
@@ -112,6 +114,13 @@ struct Active {
 }
 
 impl Active {
+    /// Whether it holds records or delivery state: then it rotates by age.
+    /// (A segment holding only `LogStart` frames does not: rotating it would
+    /// write another one, and an idle outbox would rotate for ever.)
+    fn holds_state(&self) -> bool {
+        self.records > 0 || self.state_frames > 0
+    }
+
     /// The writer's view of a new, empty segment.
     fn new(fresh: FreshSegment) -> Active {
         // Its preallocated space, which zeros may be written into.
@@ -127,6 +136,7 @@ impl Active {
             growable: true,
             created: Instant::now(),
             records: 0,
+            state_frames: 0,
             nonce: fresh.nonce,
             salt,
             tail: Vec::new(),
@@ -285,7 +295,9 @@ impl Writer {
             return None;
         }
         let opts = &self.shared.options;
-        let rotate = (self.active.records > 0)
+        let rotate = self
+            .active
+            .holds_state()
             .then(|| self.active.created.checked_add(opts.segment_age))
             .flatten();
         let sync = self
@@ -307,7 +319,9 @@ impl Writer {
             let _ = self.sync();
         }
         let age = self.shared.options.segment_age;
-        if self.active.records > 0 && self.active.created.elapsed() >= age && self.rotate().is_ok()
+        if self.active.holds_state()
+            && self.active.created.elapsed() >= age
+            && self.rotate().is_ok()
         {
             self.reclaim();
         }
@@ -448,7 +462,10 @@ impl Writer {
             return Ok(());
         }
         let over = self.active.len + encoded > self.shared.options.segment_bytes;
-        if over && self.active.records > 0 {
+        // Any frame past the header counts for size: a segment filling with
+        // delivery-state frames only (a relay draining with nothing appended)
+        // must rotate too, or it would grow without bound.
+        if over && self.active.len > FRAMES_AT as u64 {
             self.rotate()?;
         }
         self.begin_write();
@@ -517,6 +534,7 @@ impl Writer {
         }
         self.write_buf()?;
         self.active.records += records;
+        self.active.state_frames += internal.len() as u64;
         if records > 0 {
             Counters::add(&self.shared.counters.batches, 1);
         }

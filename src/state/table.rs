@@ -842,7 +842,7 @@ impl Table {
             Ok(Some((si, i)))
         } else if SegmentSlots::bit(&seg.done, i) {
             Ok(None)
-        } else if self.leases.was_delivered(seq.get()) {
+        } else if self.leases.lapsed(seq.get()) {
             // A late acknowledgement of a delivery whose lease ran out (or
             // that was released): the record was delivered; accepted.
             Ok(Some((si, i)))
@@ -901,9 +901,15 @@ impl Table {
     /// Returns a claimed record to Pending; it is handed out before newer ones,
     /// as its next attempt.
     pub(crate) fn release(&mut self, seq: Seq) -> Result<()> {
-        self.slot(seq)?;
+        let Some((si, i)) = self.slot(seq)? else {
+            return Err(Error::NotClaimed { seq });
+        };
+        let seg = &self.segments[si];
+        if SegmentSlots::bit(&seg.claimed, i) && SegmentSlots::bit(&seg.done, i) {
+            return Err(Error::UnknownSeq { seq });
+        }
         if !self.leases.is_held(seq.get()) {
-            // Delayed or a dead letter (or not claimed at all).
+            // Not claimed, delayed, or a dead letter.
             return Err(Error::NotClaimed { seq });
         }
         self.unclaim(seq)?;
@@ -1122,6 +1128,13 @@ mod tests {
         (t, dir)
     }
 
+    /// Claims as the outbox does: under a lease (one that never runs out).
+    fn take(t: &mut Table, max_records: usize, max_bytes: u64) -> Vec<ClaimRun> {
+        let mut runs = t.claim(max_records, max_bytes);
+        t.lease(&mut runs, crate::state::leases::NEVER);
+        runs
+    }
+
     fn seqs(runs: &[ClaimRun]) -> Vec<u64> {
         runs.iter()
             .flat_map(|r| r.frames.iter().map(|f| f.seq.get()))
@@ -1131,7 +1144,7 @@ mod tests {
     #[test]
     fn claims_hand_out_oldest_first_and_skip_internal_frames() {
         let (mut t, _d) = table(200, Some(2));
-        assert_eq!(seqs(&t.claim(4, u64::MAX)), vec![1, 2, 4, 5]);
+        assert_eq!(seqs(&take(&mut t, 4, u64::MAX)), vec![1, 2, 4, 5]);
         // An internal frame is not a record: no ack, no release.
         assert!(matches!(
             t.ack(&[Seq::from(3)]),
@@ -1141,32 +1154,35 @@ mod tests {
             t.release(Seq::from(3)),
             Err(Error::UnknownSeq { .. })
         ));
-        assert_eq!(seqs(&t.claim(3, u64::MAX)), vec![6, 7, 8]);
+        assert_eq!(seqs(&take(&mut t, 3, u64::MAX)), vec![6, 7, 8]);
         t.check_invariants();
     }
 
     #[test]
     fn released_records_come_back_before_newer_ones() {
         let (mut t, _d) = table(100, None);
-        assert_eq!(seqs(&t.claim(10, u64::MAX)), (1..=10).collect::<Vec<_>>());
+        assert_eq!(
+            seqs(&take(&mut t, 10, u64::MAX)),
+            (1..=10).collect::<Vec<_>>()
+        );
         t.release(Seq::from(3)).expect("release");
         t.release(Seq::from(7)).expect("release");
-        assert_eq!(seqs(&t.claim(3, u64::MAX)), vec![3, 7, 11]);
+        assert_eq!(seqs(&take(&mut t, 3, u64::MAX)), vec![3, 7, 11]);
         t.check_invariants();
     }
 
     #[test]
     fn claim_by_bytes_takes_at_least_one_record() {
         let (mut t, _d) = table(10, None);
-        assert_eq!(seqs(&t.claim(100, 25)), vec![1, 2]);
-        assert_eq!(seqs(&t.claim(100, 1)), vec![3]);
+        assert_eq!(seqs(&take(&mut t, 100, 25)), vec![1, 2]);
+        assert_eq!(seqs(&take(&mut t, 100, 1)), vec![3]);
         t.check_invariants();
     }
 
     #[test]
     fn ack_semantics() {
         let (mut t, _d) = table(10, None);
-        t.claim(2, u64::MAX);
+        take(&mut t, 2, u64::MAX);
         assert!(matches!(
             t.ack(&[Seq::from(5)]),
             Err(Error::NotClaimed { .. })
@@ -1196,7 +1212,7 @@ mod tests {
     #[test]
     fn a_segment_is_reclaimable_only_when_sealed_and_done() {
         let (mut t, d) = table(3, None);
-        t.claim(3, u64::MAX);
+        take(&mut t, 3, u64::MAX);
         assert!(
             !t.ack(&[Seq::from(1), Seq::from(2), Seq::from(3)])
                 .expect("ack")
@@ -1233,19 +1249,19 @@ mod tests {
                 is_record: true,
             }),
         );
-        assert_eq!(seqs(&t.claim(3, u64::MAX)), vec![1, 2, 3]);
-        assert_eq!(seqs(&t.claim(1, u64::MAX)), vec![10]);
-        assert_eq!(seqs(&t.claim(5, u64::MAX)), vec![11]);
+        assert_eq!(seqs(&take(&mut t, 3, u64::MAX)), vec![1, 2, 3]);
+        assert_eq!(seqs(&take(&mut t, 1, u64::MAX)), vec![10]);
+        assert_eq!(seqs(&take(&mut t, 5, u64::MAX)), vec![11]);
         t.check_invariants();
     }
 
     #[test]
     fn set_aside_moves_past_a_bad_record() {
         let (mut t, _d) = table(5, None);
-        let first = seqs(&t.claim(2, u64::MAX));
+        let first = seqs(&take(&mut t, 2, u64::MAX));
         t.set_aside(Seq::from(first[0]));
         t.release_all([Seq::from(first[1])]);
-        assert_eq!(seqs(&t.claim(10, u64::MAX)), vec![2, 3, 4, 5]);
+        assert_eq!(seqs(&take(&mut t, 10, u64::MAX)), vec![2, 3, 4, 5]);
         t.check_invariants();
     }
 }

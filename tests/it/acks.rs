@@ -126,3 +126,33 @@ fn acknowledged_segments_are_still_deleted_and_acks_do_not_keep_them() {
     assert!(drain(&outbox).is_empty());
     outbox.close().expect("close");
 }
+
+/// Regression: a segment holding only acknowledgements (a relay draining,
+/// nothing appended) never rotated, so it grew past `segment_bytes` without
+/// bound, and the log with it.
+#[test]
+fn a_segment_of_acknowledgements_alone_rotates_like_any_other() {
+    let (_t, dir) = tmp();
+    let options = small_segments().ack_durability(Durability::Sync);
+    let outbox = Outbox::open(&dir, options.clone()).expect("open");
+    let seqs: Vec<Seq> = (0..150u8)
+        .map(|i| outbox.append(&[i]).expect("append"))
+        .collect();
+    let records = outbox.claim(1000).expect("claim");
+    assert_eq!(records.len(), seqs.len());
+    // One fsynced acknowledgement at a time: each takes a block of its own.
+    for r in &records {
+        outbox.ack(r.seq()).expect("ack");
+    }
+    let limit = 16 * 4096 + 4096;
+    for file in crate::segment_files(&dir) {
+        let len = std::fs::metadata(&file).expect("stat").len();
+        assert!(len <= limit, "{} is {len} bytes", file.display());
+    }
+    outbox.sync().expect("sync");
+    assert!(outbox.stats().segments <= 3, "{:?}", outbox.stats());
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options).expect("reopen");
+    assert!(drain(&outbox).is_empty());
+    outbox.close().expect("close");
+}

@@ -494,7 +494,9 @@ pub(crate) fn scan(
     }
     scan.damage = match scan_header(buf, id, &mut scan) {
         Some(d) => {
-            scan.blank = scan.header.is_none() && zeros_to_end(regions, &mut Whole(buf), 0);
+            // On the bytes themselves, never on where the file system says
+            // data lies: this decides whether a file may be removed.
+            scan.blank = scan.header.is_none() && all_zero(buf);
             Some(d)
         }
         None => scan_frames(&mut Whole(buf), id, regions, &mut scan).map(|mut d| {
