@@ -40,6 +40,9 @@ pub enum Bug {
     /// Ignore the acks frames of the log at recovery: durable
     /// acknowledgements forgotten, their records delivered again.
     ForgetAcksAtRecovery,
+    /// Ignore the dead-letter frames of the log at recovery: dead letters
+    /// delivered again.
+    ForgetDeadLettersAtRecovery,
 }
 
 impl Options {

@@ -43,6 +43,8 @@ pub enum Step {
     AckOne,
     /// Release the newest claimed record.
     ReleaseOne,
+    /// Park the newest claimed record as a dead letter, then sync.
+    DeadLetterOne,
     /// Close the outbox and open it again.
     Reopen,
     /// Wait past the segment age, then sync: the writer rotates the active
@@ -80,7 +82,8 @@ impl Workload {
                 50..=64 => Step::Claim(1 + rng.below(6) as usize),
                 65..=74 => Step::AckAll,
                 75..=84 => Step::AckOne,
-                85..=93 => Step::ReleaseOne,
+                85..=90 => Step::ReleaseOne,
+                91..=93 => Step::DeadLetterOne,
                 _ => Step::Reopen,
             })
             .collect();
@@ -320,6 +323,11 @@ struct Model {
     /// Records whose acknowledgement was made durable (a `sync` after it
     /// returned Ok), with the operations done by then: never delivered again.
     durably_consumed: BTreeMap<Seq, u64>,
+    /// Records parked as dead letters (they may or may not be after a crash).
+    dead: BTreeMap<Seq, u64>,
+    /// Records parked as dead letters durably (a `sync` after it returned Ok):
+    /// never delivered again, always listed.
+    durably_dead: BTreeMap<Seq, u64>,
     /// Every payload id ever handed to `append`.
     attempted: BTreeSet<u64>,
     next_id: u64,
@@ -364,6 +372,18 @@ impl Model {
                 .collect(),
             durably_consumed: self
                 .durably_consumed
+                .iter()
+                .filter(|(_, at)| **at <= ops)
+                .map(|(s, at)| (*s, *at))
+                .collect(),
+            dead: self
+                .dead
+                .iter()
+                .filter(|(_, at)| **at <= ops)
+                .map(|(s, at)| (*s, *at))
+                .collect(),
+            durably_dead: self
+                .durably_dead
                 .iter()
                 .filter(|(_, at)| **at <= ops)
                 .map(|(s, at)| (*s, *at))
@@ -531,6 +551,28 @@ impl Run<'_> {
                 Some(seq) => self.outbox.release(seq).is_err(),
                 None => false,
             },
+            Step::DeadLetterOne => match self.claimed.pop() {
+                Some(seq) => {
+                    let at = self.disk.ops();
+                    if self
+                        .outbox
+                        .dead_letter(seq, "refused by the harness")
+                        .is_err()
+                    {
+                        true
+                    } else {
+                        self.model.dead.insert(seq, at);
+                        if self.outbox.sync().is_err() {
+                            true
+                        } else {
+                            let at = self.disk.ops();
+                            self.model.durably_dead.insert(seq, at);
+                            false
+                        }
+                    }
+                }
+                None => false,
+            },
             Step::Reopen => return Ok(self.reopen().then_some(false)),
         };
         Ok(Some(failed))
@@ -675,7 +717,18 @@ fn verify_with(
     }
     let records =
         drain(&outbox).map_err(|e| ("I2", format!("claim failed after recovery: {e}")))?;
-    check_records(&records, model)?;
+    let dead: BTreeMap<Seq, Vec<u8>> = outbox
+        .dead_letters(usize::MAX)
+        .map_err(|e| {
+            (
+                "I2",
+                format!("listing dead letters failed after recovery: {e}"),
+            )
+        })?
+        .iter()
+        .map(|d| (d.seq(), d.payload().to_vec()))
+        .collect();
+    check_records(&records, &dead, model)?;
     let verified = Verified {
         records: records.len() as u64,
         torn: report.torn_tail.is_some(),
@@ -695,7 +748,32 @@ fn verify_with(
 /// I1 to I3 on the records a recovery handed out: in order, each a payload the
 /// workload wrote, none twice, every acknowledged append there unless the relay
 /// acknowledged it.
-fn check_records(records: &[(Seq, Vec<u8>)], model: &Model) -> Result<(), (&'static str, String)> {
+fn check_records(
+    records: &[(Seq, Vec<u8>)],
+    dead: &BTreeMap<Seq, Vec<u8>>,
+    model: &Model,
+) -> Result<(), (&'static str, String)> {
+    // I11: a dead letter is one the workload parked, with its bytes; one
+    // parked durably is listed, and never delivered.
+    for (seq, bytes) in dead {
+        if !model.dead.contains_key(seq) {
+            return Err((
+                "I11",
+                format!("record {seq} is a dead letter nobody parked"),
+            ));
+        }
+        if model.acked.get(seq).is_some_and(|(p, _)| p != bytes) {
+            return Err(("I11", format!("dead letter {seq} has other bytes")));
+        }
+    }
+    for seq in model.durably_dead.keys() {
+        if !dead.contains_key(seq) {
+            return Err(("I11", format!("durable dead letter {seq} is not listed")));
+        }
+        if records.iter().any(|r| r.0 == *seq) {
+            return Err(("I11", format!("durable dead letter {seq} was delivered")));
+        }
+    }
     let mut seen = BTreeSet::new();
     let mut ids = BTreeSet::new();
     let mut last = Seq::from(0);
@@ -736,7 +814,7 @@ fn check_records(records: &[(Seq, Vec<u8>)], model: &Model) -> Result<(), (&'sta
         seen.insert(*seq);
     }
     for seq in model.acked.keys() {
-        if !model.consumed.contains_key(seq) && !seen.contains(seq) {
+        if !model.consumed.contains_key(seq) && !seen.contains(seq) && !dead.contains_key(seq) {
             return Err(("I1", format!("acknowledged append {seq} lost")));
         }
     }
@@ -765,6 +843,15 @@ fn recover_again(
     again
         .ack_many(&seqs2)
         .map_err(|e| ("I9", format!("ack failed: {e}")))?;
+    // Dead letters keep their segments: discarded, they go too.
+    let dead = again
+        .dead_letters(usize::MAX)
+        .map_err(|e| ("I9", format!("listing dead letters failed: {e}")))?;
+    for d in &dead {
+        again
+            .discard(d.seq())
+            .map_err(|e| ("I9", format!("discard failed: {e}")))?;
+    }
     again
         .sync()
         .map_err(|e| ("I9", format!("sync failed: {e}")))?;

@@ -179,6 +179,10 @@ fn negative_controls_every_known_bug_is_caught() {
         (Bug::UnalignedSyncGroups, crash(Bug::UnalignedSyncGroups)),
         (Bug::ForgetAcksAtRecovery, crash(Bug::ForgetAcksAtRecovery)),
         (
+            Bug::ForgetDeadLettersAtRecovery,
+            crash(Bug::ForgetDeadLettersAtRecovery),
+        ),
+        (
             Bug::TruncateMidLogCorruption,
             caught(|seed| {
                 harness::bit_rot(

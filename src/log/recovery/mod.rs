@@ -113,6 +113,31 @@ pub(crate) fn recover(
     if silent_cut {
         plan.dropped = None;
     }
+    // The delivery state of what is kept, read (and checked) before anything
+    // changes on disk: a strict open that refuses changes nothing.
+    let kept = plan.keep.iter().map(|k| {
+        let s = &scans[k.scan];
+        state::Kept {
+            path: &s.path,
+            salt: s
+                .header
+                .map_or(0, |h| crate::format::frame::salt(s.id, h.nonce)),
+            frames: s.frames.get(..k.frames).unwrap_or_default(),
+        }
+    });
+    let mut recorded = state::recorded_state(storage, kept, mode == RecoveryMode::Lossy)?;
+    // The negative controls forget what the log recorded.
+    if crate::injected!(options, ForgetAcksAtRecovery) {
+        recorded.retain(|r| !matches!(r, state::Recorded::Acks(..)));
+    }
+    if crate::injected!(options, ForgetDeadLettersAtRecovery) {
+        recorded.retain(|r| {
+            !matches!(
+                r,
+                state::Recorded::Change(crate::format::delivery::Change::DeadLetter { .. }, _)
+            )
+        });
+    }
     let mut recovered = apply::apply(
         storage,
         dir,
@@ -124,13 +149,7 @@ pub(crate) fn recover(
         plan,
         preallocate,
     )?;
-    recovered.state = state::recorded_state(storage, &recovered.segments);
-    // The negative control forgets every acknowledgement the log recorded.
-    if crate::injected!(options, ForgetAcksAtRecovery) {
-        recovered
-            .state
-            .retain(|r| !matches!(r, state::Recorded::Acks(..)));
-    }
+    recovered.state = recorded;
     Ok(recovered)
 }
 

@@ -4,17 +4,25 @@
 //!
 //! These are internal frames, found through each segment's frame list (the
 //! seal index of a sealed segment, the scan of the newest) without reading the
-//! records: a frame's 48-byte header says its kind, and only delivery-state
-//! frames are read whole. One that cannot be read or does not check is
-//! skipped: its records are delivered once more (or at once), as at-least-once
-//! allows; the records themselves are checked when they are claimed.
+//! records. They were fsynced (a torn one is cut with its batch), so one that
+//! does not check is damage: refused like any other, except by a lossy repair,
+//! which skips it (its records are then delivered once more). The records
+//! themselves are checked when they are claimed.
 
-use super::RecoveredSegment;
+use crate::error::{Error, Result};
 use crate::format::acks;
 use crate::format::delivery::{self, Change};
 use crate::format::frame::{self, FRAME_HEADER_LEN};
 use crate::format::seq::Seq;
 use crate::io::{Storage, read_exact_at};
+
+/// A segment recovery keeps, as the plan decided it: the file, its checksum
+/// seed, and the frames kept.
+pub(crate) struct Kept<'a> {
+    pub path: &'a std::path::Path,
+    pub salt: u32,
+    pub frames: &'a [crate::format::frame::FrameSpan],
+}
 
 /// One change of delivery state the log recorded.
 pub(crate) enum Recorded {
@@ -26,54 +34,80 @@ pub(crate) enum Recorded {
 }
 
 /// Every change the kept delivery-state frames record, in log order.
-pub(crate) fn recorded_state(
+///
+/// Each internal frame but a segment's seal (its index was checked when the
+/// segment was scanned) is read whole and checked: a delivery-state frame of a
+/// kept segment was fsynced (a torn one was cut with its batch), so one that
+/// fails its checksum is damage, refused as such (`Error::Corrupt`, naming the
+/// file and offset), unless `lossy`: then it is skipped, and its records are
+/// delivered once more.
+pub(crate) fn recorded_state<'a>(
     storage: &dyn Storage,
-    segments: &[RecoveredSegment],
-) -> Vec<Recorded> {
+    segments: impl IntoIterator<Item = Kept<'a>>,
+    lossy: bool,
+) -> Result<Vec<Recorded>> {
     let mut out = Vec::new();
     for seg in segments {
         let mut internal = seg.frames.iter().filter(|f| !f.is_record).peekable();
         if internal.peek().is_none() {
             continue;
         }
-        let Ok(file) = storage.open(&seg.path) else {
-            continue;
-        };
+        let path = seg.path;
+        let file = storage
+            .open(path)
+            .map_err(|e| Error::io("open segment", path, e))?;
+        let last = seg.frames.last().map(|f| f.offset);
         let mut header = [0u8; FRAME_HEADER_LEN];
         let mut whole = Vec::new();
         for span in internal {
             let at = u64::from(span.offset);
-            if read_exact_at(&*file, &mut header, at).is_err() {
-                continue;
-            }
-            let Some(kind) = frame::kind_of(&header) else {
-                continue;
-            };
-            let known = [
-                frame::ACKS,
-                delivery::RELEASE,
-                delivery::DEAD_LETTER,
-                delivery::REQUEUE_OR_DISCARD,
-            ];
-            if !known.contains(&kind) {
-                continue;
+            if Some(span.offset) == last {
+                read_exact_at(&*file, &mut header, at)
+                    .map_err(|e| Error::io("read segment", path, e))?;
+                if frame::kind_of(&header) == Some(frame::FrameKind::Seal) {
+                    continue;
+                }
             }
             whole.resize(span.len as usize, 0);
-            if read_exact_at(&*file, &mut whole, at).is_err() {
-                continue;
-            }
-            let Ok(f) = frame::decode(&whole, seg.salt) else {
-                continue;
+            read_exact_at(&*file, &mut whole, at)
+                .map_err(|e| Error::io("read segment", path, e))?;
+            let corrupt = |kind| Error::Corrupt {
+                path: path.to_path_buf(),
+                offset: at,
+                seq: None,
+                kind,
             };
-            if f.header.kind == frame::ACKS {
-                if let Ok(found) = acks::decode(f.payload) {
-                    out.extend(found.into_iter().map(|(a, b)| Recorded::Acks(a, b)));
+            let decoded = frame::decode(&whole, seg.salt).and_then(|f| {
+                let stamped = f.header.timestamp_us;
+                if f.header.kind == frame::ACKS {
+                    let ranges = acks::decode(f.payload)?;
+                    Ok(ranges
+                        .into_iter()
+                        .map(|(a, b)| Recorded::Acks(a, b))
+                        .collect())
+                } else if [
+                    delivery::RELEASE,
+                    delivery::DEAD_LETTER,
+                    delivery::REQUEUE_OR_DISCARD,
+                ]
+                .contains(&f.header.kind)
+                {
+                    let changes = delivery::decode(f.header.kind, f.payload)?;
+                    Ok(changes
+                        .into_iter()
+                        .map(|c| Recorded::Change(c, stamped))
+                        .collect())
+                } else {
+                    // A log start, or a kind this build may skip.
+                    Ok(Vec::new())
                 }
-            } else if let Ok(changes) = delivery::decode(f.header.kind, f.payload) {
-                let at = f.header.timestamp_us;
-                out.extend(changes.into_iter().map(|c| Recorded::Change(c, at)));
+            });
+            match decoded {
+                Ok(found) => out.extend(found),
+                Err(_) if lossy => {}
+                Err(kind) => return Err(corrupt(kind)),
             }
         }
     }
-    out
+    Ok(out)
 }
