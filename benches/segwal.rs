@@ -86,13 +86,13 @@ fn drain(c: &mut Criterion) {
         .sample_size(10)
         .measurement_time(Duration::from_secs(3));
     group.throughput(Throughput::Elements(1));
-    for through in [false, true] {
-        let name = if through {
-            "claim256+ack_through"
-        } else {
-            "claim256+ack"
-        };
-        drain_with(&mut group, name, through);
+    for (name, through, max_attempts) in [
+        ("claim256+ack", false, None),
+        ("claim256+ack_through", true, None),
+        // Every claim waits for its attempts to be fsynced.
+        ("claim256+ack_through max_attempts", true, Some(5)),
+    ] {
+        drain_with(&mut group, name, through, max_attempts);
     }
     group.finish();
 }
@@ -101,10 +101,14 @@ fn drain_with(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     name: &str,
     through: bool,
+    max_attempts: Option<u32>,
 ) {
     group.bench_function(name, |b| {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let options = Options::default().durability(Durability::Buffered);
+        let mut options = Options::default().durability(Durability::Buffered);
+        if let Some(max) = max_attempts {
+            options = options.max_attempts(max);
+        }
         let outbox = Outbox::open(tmp.path().join("o"), options).expect("open");
         let batch = vec![vec![7u8; 256]; 1024];
         b.iter_custom(|iters| {

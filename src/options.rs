@@ -118,6 +118,7 @@ pub struct Options {
     pub(crate) durability: Durability,
     pub(crate) ack_durability: Durability,
     pub(crate) lease: Duration,
+    pub(crate) max_attempts: Option<u32>,
     pub(crate) buffered_sync_interval: Duration,
     pub(crate) recovery: RecoveryMode,
     pub(crate) open_check: OpenCheck,
@@ -138,6 +139,7 @@ impl Default for Options {
             durability: Durability::Sync,
             ack_durability: Durability::Buffered,
             lease: Duration::from_secs(30),
+            max_attempts: None,
             buffered_sync_interval: Duration::from_millis(100),
             recovery: RecoveryMode::Strict,
             open_check: OpenCheck::SealIndex,
@@ -256,6 +258,20 @@ impl Options {
         self
     }
 
+    /// Deliveries a record gets without an acknowledgement before it becomes a
+    /// dead letter instead of being delivered again. Default: unlimited. Every
+    /// delivery counts: a claim, whatever ends it (an expired lease, a release,
+    /// a crash of the process while the record was claimed). So that a record
+    /// which crashes the process on every delivery ends up dead after
+    /// `max_attempts` restarts rather than looping, each delivery's number is
+    /// written to the log and fsynced before the record is handed out: with
+    /// this option a claim waits for an fsync (group-committed with everything
+    /// else). At least 1.
+    pub fn max_attempts(mut self, attempts: u32) -> Options {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
     /// When `ack`, `ack_many` and `ack_through` return. Default
     /// [`Durability::Buffered`]: once the acknowledgement is in memory (the
     /// record is never handed out again by this process) and queued for the
@@ -306,6 +322,9 @@ impl Options {
         }
         if self.segment_age < Duration::from_millis(1) {
             return invalid("segment_age", "must be at least 1 ms".into());
+        }
+        if self.max_attempts == Some(0) {
+            return invalid("max_attempts", "must be at least 1".into());
         }
         if self.linger > LINGER_MAX {
             return invalid(

@@ -387,25 +387,36 @@ impl Outbox {
     pub fn claim_bytes(&self, max_records: usize, max_bytes: u64) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let runs = self.claim_leased(&mut shared.table.lock(), max_records, max_bytes);
+        let (runs, durable_first) =
+            self.claim_leased(&mut shared.table.lock(), max_records, max_bytes);
+        if durable_first {
+            self.sync()?;
+        }
         self.read_claimed(runs)
     }
 
     /// Claims under the table lock: records whose lease ran out go back to
     /// pending first (ahead of newer ones), then the claimed ones are held
-    /// under a new lease and their deliveries numbered.
+    /// under a new lease and their deliveries numbered. Under `max_attempts`,
+    /// returns true when the attempts were queued for the log: the caller
+    /// makes them durable (`sync`) before it hands the records out.
     fn claim_leased(
         &self,
         table: &mut Table,
         max_records: usize,
         max_bytes: u64,
-    ) -> Vec<crate::state::table::ClaimRun> {
+    ) -> (Vec<crate::state::table::ClaimRun>, bool) {
         let shared = &self.handle.shared;
         let now = shared.clock.now_us();
         table.expire(now);
         let mut runs = table.claim(max_records, max_bytes);
-        table.lease(&mut runs, Clock::lease_deadline(now, shared.options.lease));
-        runs
+        let queued = table.lease(
+            &mut runs,
+            Clock::lease_deadline(now, shared.options.lease),
+            shared.options.max_attempts,
+            crate::io::segment_file::now_us(),
+        );
+        (runs, queued)
     }
 
     /// Renews the lease of the claimed record `seq` for `lease` from now (the
@@ -430,9 +441,12 @@ impl Outbox {
         let mut table = shared.table.lock();
         loop {
             shared.check_open()?;
-            let runs = self.claim_leased(&mut table, max_records, u64::MAX);
+            let (runs, durable_first) = self.claim_leased(&mut table, max_records, u64::MAX);
             if !runs.is_empty() || max_records == 0 {
                 drop(table);
+                if durable_first {
+                    self.sync()?;
+                }
                 return self.read_claimed(runs);
             }
             // Wake when the timeout ends, or when a lease runs out (its record

@@ -3,6 +3,8 @@
 //! letter (`0x83`), a requeue or a discard of a dead letter (`0x84`). Each
 //! payload is a list of entries, all little-endian:
 //!
+//! - attempts: `seq u64, attempts u32` (deliveries made, written before the
+//!   record is handed out when `max_attempts` is set);
 //! - release: `seq u64, not_before_us u64, reason_len u16, reason` (UTF-8);
 //! - dead letter: `seq u64, attempts u32, reason_len u16, reason`;
 //! - requeue / discard: `seq u64, what u8` (1 requeue, 2 discard).
@@ -14,6 +16,8 @@ use crate::error::Corruption;
 use crate::format::frame::FrameKind;
 use crate::format::seq::{SEQ_MAX, Seq};
 
+/// The kind of an attempts frame.
+pub(crate) const ATTEMPTS: FrameKind = FrameKind::Skippable(0x81);
 /// The kind of a release frame.
 pub(crate) const RELEASE: FrameKind = FrameKind::Skippable(0x82);
 /// The kind of a dead-letter frame.
@@ -28,6 +32,8 @@ pub const REASON_BYTES_MAX: usize = 1024;
 /// One change of a record's delivery state, as the log records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Change {
+    /// Delivered for the `attempts`-th time (about to be handed out).
+    Attempts { seq: Seq, attempts: u32 },
     /// Released, to be delivered again no earlier than `not_before_us`
     /// (wall clock, µs since the Unix epoch), with the reason of the failure.
     Release {
@@ -67,6 +73,7 @@ pub(crate) fn encode(changes: &[Change]) -> Vec<(FrameKind, Vec<u8>)> {
     let mut frames: Vec<(FrameKind, Vec<u8>)> = Vec::new();
     for change in changes {
         let kind = match change {
+            Change::Attempts { .. } => ATTEMPTS,
             Change::Release { .. } => RELEASE,
             Change::DeadLetter { .. } => DEAD_LETTER,
             Change::Requeue(_) | Change::Discard(_) => REQUEUE_OR_DISCARD,
@@ -78,6 +85,10 @@ pub(crate) fn encode(changes: &[Change]) -> Vec<(FrameKind, Vec<u8>)> {
             continue;
         };
         match change {
+            Change::Attempts { seq, attempts } => {
+                out.extend_from_slice(&seq.get().to_le_bytes());
+                out.extend_from_slice(&attempts.to_le_bytes());
+            }
             Change::Release {
                 seq,
                 not_before_us,
@@ -150,7 +161,11 @@ pub(crate) fn decode(kind: FrameKind, payload: &[u8]) -> Result<Vec<Change>, Cor
     let mut rest = payload;
     let mut out = Vec::new();
     while !rest.is_empty() {
-        let change = if kind == RELEASE {
+        let change = if kind == ATTEMPTS {
+            let seq = seq_of(&mut rest)?;
+            let attempts = u32::from_le_bytes(take(&mut rest, 4)?.try_into().unwrap_or_default());
+            Change::Attempts { seq, attempts }
+        } else if kind == RELEASE {
             Change::Release {
                 seq: seq_of(&mut rest)?,
                 not_before_us: u64_of(&mut rest)?,
@@ -192,6 +207,10 @@ mod tests {
     fn changes_round_trip_in_order_and_reasons_are_clipped() {
         let long = "é".repeat(REASON_BYTES_MAX);
         let changes = vec![
+            Change::Attempts {
+                seq: Seq::from(2),
+                attempts: 4,
+            },
             Change::Release {
                 seq: Seq::from(3),
                 not_before_us: 77,
@@ -212,19 +231,19 @@ mod tests {
         ];
         let frames = encode(&changes);
         let kinds: Vec<FrameKind> = frames.iter().map(|f| f.0).collect();
-        assert_eq!(kinds, [RELEASE, DEAD_LETTER, REQUEUE_OR_DISCARD]);
+        assert_eq!(kinds, [ATTEMPTS, RELEASE, DEAD_LETTER, REQUEUE_OR_DISCARD]);
         let back: Vec<Change> = frames
             .iter()
             .flat_map(|(k, p)| decode(*k, p).expect("decode"))
             .collect();
         let mut want = changes.clone();
-        if let Change::Release { reason, .. } = &mut want[1] {
+        if let Change::Release { reason, .. } = &mut want[2] {
             *reason = clip(&long);
             assert!(reason.len() <= REASON_BYTES_MAX && reason.len() > REASON_BYTES_MAX - 2);
         }
         assert_eq!(back, want);
         // Cut short, or a bad code: refused, never a panic.
-        let (k, p) = &frames[0];
+        let (k, p) = &frames[1];
         assert!(decode(*k, &p[..p.len() - 1]).is_err());
         assert!(decode(REQUEUE_OR_DISCARD, &[1, 0, 0, 0, 0, 0, 0, 0, 9]).is_err());
     }

@@ -122,6 +122,12 @@ impl Leases {
         }
     }
 
+    /// At open: `seq` was delivered `attempts` times (the log says so).
+    pub(crate) fn set_delivered(&mut self, seq: u64, attempts: u32) {
+        let n = self.delivered.entry(seq).or_insert(0);
+        *n = (*n).max(attempts);
+    }
+
     /// The record `seq` is done: nothing is kept of it.
     pub(crate) fn done(&mut self, seq: u64) {
         self.held.remove(&seq);

@@ -436,7 +436,8 @@ impl Table {
     /// Nothing is claimed yet, and a record done stays done.
     pub(crate) fn replay(&mut self, change: &Change, stamped_us: u64, now: u64, now_wall_us: u64) {
         let seq = match change {
-            Change::Release { seq: s, .. }
+            Change::Attempts { seq: s, .. }
+            | Change::Release { seq: s, .. }
             | Change::DeadLetter { seq: s, .. }
             | Change::Requeue(s)
             | Change::Discard(s) => *s,
@@ -451,6 +452,7 @@ impl Table {
         }
         let claimed = SegmentSlots::bit(&seg.claimed, i);
         match change {
+            Change::Attempts { attempts, .. } => self.leases.set_delivered(seq.get(), *attempts),
             Change::Discard(_) => self.set_done(si, i),
             Change::Release {
                 not_before_us,
@@ -504,7 +506,17 @@ impl Table {
     /// Holds the records of `runs`, just claimed, under a lease until
     /// `deadline` (µs on the outbox's monotonic clock, or
     /// [`NEVER`](crate::state::leases::NEVER)), and numbers their deliveries.
-    pub(crate) fn lease(&mut self, runs: &mut [ClaimRun], deadline: u64) {
+    /// With `max_attempts`, a record whose delivery would pass it becomes a
+    /// dead letter instead (taken out of `runs`), and the attempt of every
+    /// other one is queued for the log, to be made durable before it is handed
+    /// out; returns whether anything was queued.
+    pub(crate) fn lease(
+        &mut self,
+        runs: &mut Vec<ClaimRun>,
+        deadline: u64,
+        max_attempts: Option<u32>,
+        now_wall_us: u64,
+    ) -> bool {
         let seqs: Vec<u64> = runs
             .iter()
             .flat_map(|r| r.frames.iter().map(|f| f.seq.get()))
@@ -520,6 +532,46 @@ impl Table {
                 frame.reason = self.reasons.get(&frame.seq.get()).cloned();
             }
         }
+        let Some(max) = max_attempts else {
+            return false;
+        };
+        let mut over = Vec::new();
+        for run in runs.iter_mut() {
+            run.frames.retain(|f| {
+                let keep = f.attempt <= max;
+                if !keep {
+                    over.push((f.seq, f.attempt));
+                }
+                keep
+            });
+        }
+        runs.retain(|r| !r.frames.is_empty());
+        for (seq, attempt) in over {
+            let attempts = attempt - 1;
+            self.leases.done(seq.get());
+            let reason =
+                format!("delivered {attempts} times without an acknowledgement (max_attempts)");
+            self.dead.insert(
+                seq.get(),
+                DeadEntry {
+                    attempts,
+                    reason: reason.as_str().into(),
+                    since_us: now_wall_us,
+                },
+            );
+            self.unwritten.push(Change::DeadLetter {
+                seq,
+                attempts,
+                reason,
+            });
+        }
+        for f in runs.iter().flat_map(|r| r.frames.iter()) {
+            self.unwritten.push(Change::Attempts {
+                seq: f.seq,
+                attempts: f.attempt,
+            });
+        }
+        !self.unwritten.is_empty()
     }
 
     /// Makes pending again the claimed records whose lease ran out by `now`;
@@ -1131,7 +1183,7 @@ mod tests {
     /// Claims as the outbox does: under a lease (one that never runs out).
     fn take(t: &mut Table, max_records: usize, max_bytes: u64) -> Vec<ClaimRun> {
         let mut runs = t.claim(max_records, max_bytes);
-        t.lease(&mut runs, crate::state::leases::NEVER);
+        t.lease(&mut runs, crate::state::leases::NEVER, None, 0);
         runs
     }
 

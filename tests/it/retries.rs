@@ -143,3 +143,64 @@ fn dead_letters_are_parked_listed_survive_restarts_and_can_be_requeued_or_discar
     assert_eq!(last.iter().map(|r| r.seq()).collect::<Vec<_>>(), [seqs[0]]);
     outbox.close().expect("close");
 }
+
+#[test]
+fn a_record_delivered_max_attempts_times_becomes_a_dead_letter() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options().max_attempts(3)).expect("open");
+    let bad = outbox.append(b"bad").expect("append");
+    for attempt in 1..=3 {
+        let got = outbox.claim(1).expect("claim");
+        assert_eq!((got[0].seq(), got[0].attempt()), (bad, attempt));
+        outbox.release(bad).expect("release");
+    }
+    let good = outbox.append(b"good").expect("append");
+    // The fourth delivery would pass the limit: parked instead, and the next
+    // record comes out.
+    let got = outbox.claim(10).expect("claim");
+    assert_eq!(got.iter().map(|r| r.seq()).collect::<Vec<_>>(), [good]);
+    let dead = outbox.dead_letters(10).expect("dead_letters");
+    assert_eq!((dead[0].seq(), dead[0].attempts()), (bad, 3));
+    assert!(
+        dead[0].reason().contains("max_attempts"),
+        "{}",
+        dead[0].reason()
+    );
+    outbox.close().expect("close");
+}
+
+/// A record that kills the process each time it is delivered: every delivery
+/// is written to the log before the record is handed out, so the crashes
+/// count, and after `max_attempts` of them the record is dead and the rest
+/// flows (on the simulated disk, a power cut at each delivery).
+#[test]
+fn a_record_that_crashes_every_delivery_is_dead_after_max_attempts_restarts() {
+    use std::sync::Arc;
+
+    use segwal::sim::{CrashModel, SimDisk};
+
+    let disk = SimDisk::new(11);
+    let open = || {
+        Outbox::open_with_storage("/outbox", options().max_attempts(3), Arc::new(disk.clone()))
+            .expect("open")
+    };
+    let outbox = open();
+    let killer = outbox.append(b"kills the relay").expect("append");
+    let fine = outbox.append(b"fine").expect("append");
+    outbox.close().expect("close");
+    for attempt in 1..=3 {
+        let outbox = open();
+        let got = outbox.claim(1).expect("claim");
+        assert_eq!((got[0].seq(), got[0].attempt()), (killer, attempt));
+        // The relay dies publishing it: the process is gone, nothing synced
+        // after the claim.
+        std::mem::forget(outbox);
+        disk.crash(CrashModel::default());
+    }
+    let outbox = open();
+    let got = outbox.claim(10).expect("claim");
+    assert_eq!(got.iter().map(|r| r.seq()).collect::<Vec<_>>(), [fine]);
+    let dead = outbox.dead_letters(10).expect("dead_letters");
+    assert_eq!((dead[0].seq(), dead[0].attempts()), (killer, 3));
+    outbox.close().expect("close");
+}

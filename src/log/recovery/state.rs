@@ -86,6 +86,7 @@ pub(crate) fn recorded_state<'a>(
                         .map(|(a, b)| Recorded::Acks(a, b))
                         .collect())
                 } else if [
+                    delivery::ATTEMPTS,
                     delivery::RELEASE,
                     delivery::DEAD_LETTER,
                     delivery::REQUEUE_OR_DISCARD,
