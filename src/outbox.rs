@@ -409,14 +409,23 @@ impl Outbox {
         let shared = &self.handle.shared;
         let now = shared.clock.now_us();
         table.expire(now);
-        let mut runs = table.claim(max_records, max_bytes);
-        let queued = table.lease(
-            &mut runs,
-            Clock::lease_deadline(now, shared.options.lease),
-            shared.options.max_attempts,
-            crate::io::segment_file::now_us(),
-        );
-        (runs, queued)
+        let mut any_queued = false;
+        loop {
+            let mut runs = table.claim(max_records, max_bytes);
+            let (queued, parked) = table.lease(
+                &mut runs,
+                Clock::lease_deadline(now, shared.options.lease),
+                shared.options.max_attempts,
+                crate::io::segment_file::now_us(),
+            );
+            any_queued |= queued;
+            // Every record taken was parked (past `max_attempts`): take the
+            // next ones, so that a claim comes back empty only when nothing
+            // is pending.
+            if !runs.is_empty() || parked == 0 {
+                return (runs, any_queued);
+            }
+        }
     }
 
     /// Renews the lease of the claimed record `seq` for `lease` from now (the

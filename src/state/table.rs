@@ -509,14 +509,15 @@ impl Table {
     /// With `max_attempts`, a record whose delivery would pass it becomes a
     /// dead letter instead (taken out of `runs`), and the attempt of every
     /// other one is queued for the log, to be made durable before it is handed
-    /// out; returns whether anything was queued.
+    /// out; returns whether anything was queued, and how many records were
+    /// parked.
     pub(crate) fn lease(
         &mut self,
         runs: &mut Vec<ClaimRun>,
         deadline: u64,
         max_attempts: Option<u32>,
         now_wall_us: u64,
-    ) -> bool {
+    ) -> (bool, usize) {
         let seqs: Vec<u64> = runs
             .iter()
             .flat_map(|r| r.frames.iter().map(|f| f.seq.get()))
@@ -533,7 +534,7 @@ impl Table {
             }
         }
         let Some(max) = max_attempts else {
-            return false;
+            return (false, 0);
         };
         let mut over = Vec::new();
         for run in runs.iter_mut() {
@@ -546,6 +547,7 @@ impl Table {
             });
         }
         runs.retain(|r| !r.frames.is_empty());
+        let parked = over.len();
         for (seq, attempt) in over {
             let attempts = attempt - 1;
             self.leases.done(seq.get());
@@ -571,7 +573,7 @@ impl Table {
                 attempts: f.attempt,
             });
         }
-        !self.unwritten.is_empty()
+        (!self.unwritten.is_empty(), parked)
     }
 
     /// Makes pending again the claimed records whose lease ran out by `now`;
@@ -1183,7 +1185,7 @@ mod tests {
     /// Claims as the outbox does: under a lease (one that never runs out).
     fn take(t: &mut Table, max_records: usize, max_bytes: u64) -> Vec<ClaimRun> {
         let mut runs = t.claim(max_records, max_bytes);
-        t.lease(&mut runs, crate::state::leases::NEVER, None, 0);
+        let _ = t.lease(&mut runs, crate::state::leases::NEVER, None, 0);
         runs
     }
 

@@ -204,3 +204,72 @@ fn a_record_that_crashes_every_delivery_is_dead_after_max_attempts_restarts() {
     assert_eq!((dead[0].seq(), dead[0].attempts()), (killer, 3));
     outbox.close().expect("close");
 }
+
+/// Set in the environment of the child relay of the crash-loop test.
+const RELAY_CHILD: &str = "SEGWAL_TEST_CRASH_LOOP_DIR";
+
+/// The crash loop, with real processes: a child relay aborts (the process is
+/// gone, no destructor runs) every time it is handed one particular record.
+/// With `max_attempts(3)` the parent restarts it; after three crashes that
+/// record is a dead letter and the child delivers every other one.
+#[test]
+fn a_relay_that_crashes_on_one_record_stops_crashing_after_max_attempts() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options().max_attempts(3)).expect("open");
+    for i in 0..20u8 {
+        let payload: &[u8] = if i == 7 { b"poison" } else { &[i] };
+        outbox.append(payload).expect("append");
+    }
+    outbox.close().expect("close");
+    let mut crashes = 0;
+    let delivered = loop {
+        let out = std::process::Command::new(crate::this_binary())
+            .args(["--exact", "retries::child_relay_that_crashes_on_poison"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(RELAY_CHILD, &dir)
+            .output()
+            .expect("spawn the child relay");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            break stdout
+                .lines()
+                .filter_map(|l| l.strip_prefix("segwal-child: delivered "))
+                .count();
+        }
+        crashes += 1;
+        assert!(crashes <= 3, "the relay crashed {crashes} times: {stdout}");
+    };
+    assert_eq!(
+        crashes, 3,
+        "the poison record was delivered once per allowed attempt"
+    );
+    let outbox = Outbox::open(&dir, options()).expect("reopen");
+    let dead = outbox.dead_letters(10).expect("dead_letters");
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].payload(), dead[0].attempts()), (&b"poison"[..], 3));
+    // Every other record was delivered and acknowledged (some of them by the
+    // relays that crashed, before they met the poison).
+    assert!(outbox.claim(100).expect("claim").is_empty());
+    assert!(delivered > 0);
+    outbox.close().expect("close");
+}
+
+/// The child half: delivers records one at a time, and aborts on the poison.
+#[test]
+fn child_relay_that_crashes_on_poison() {
+    let Some(dir) = std::env::var_os(RELAY_CHILD) else {
+        return;
+    };
+    let outbox = Outbox::open(&dir, options().max_attempts(3)).expect("child open");
+    loop {
+        let got = outbox.claim(1).expect("claim");
+        let Some(record) = got.first() else { break };
+        if record.payload() == b"poison" {
+            std::process::abort();
+        }
+        println!("segwal-child: delivered {}", record.seq());
+        outbox.ack(record.seq()).expect("ack");
+        outbox.sync().expect("sync");
+    }
+    outbox.close().expect("child close");
+}
