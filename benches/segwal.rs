@@ -60,6 +60,60 @@ fn append(c: &mut Criterion) {
     group.finish();
 }
 
+/// Durable appends of 256 bytes while a relay drains at the same time (claim
+/// 256, `ack_through`, default acknowledgement durability): the end-to-end
+/// workload. Compare with `append/256B` of the same run.
+fn append_with_relay(c: &mut Criterion) {
+    let mut group = c.benchmark_group("append_with_relay");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(3));
+    for producers in [1usize, 4, 16, 64] {
+        group.throughput(Throughput::Elements(1));
+        let id = BenchmarkId::new("256B", format!("{producers}p"));
+        group.bench_function(id, |b| {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let outbox = open(&tmp.path().join("o"));
+            let payload = vec![7u8; 256];
+            b.iter_custom(|iters| {
+                let per = iters.div_ceil(producers as u64);
+                let done = std::sync::atomic::AtomicBool::new(false);
+                let started = Instant::now();
+                let elapsed = thread::scope(|s| {
+                    s.spawn(|| {
+                        while !done.load(Ordering::Relaxed) {
+                            let got = outbox
+                                .claim_wait(256, Duration::from_millis(5))
+                                .expect("claim");
+                            if let Some(last) = got.last() {
+                                outbox.ack_through(last.seq()).expect("ack");
+                            }
+                        }
+                    });
+                    let producers: Vec<_> = (0..producers)
+                        .map(|_| {
+                            s.spawn(|| {
+                                for _ in 0..per {
+                                    outbox.append(&payload).expect("append");
+                                }
+                            })
+                        })
+                        .collect();
+                    for p in producers {
+                        p.join().expect("producer");
+                    }
+                    let elapsed = started.elapsed();
+                    done.store(true, Ordering::Relaxed);
+                    elapsed
+                });
+                elapsed.mul_f64(iters as f64 / (per * producers as u64) as f64)
+            });
+            outbox.close().expect("close");
+        });
+    }
+    group.finish();
+}
+
 /// One producer appending batches of 64 records of 256 bytes.
 fn append_batch(c: &mut Criterion) {
     let mut group = c.benchmark_group("append_batch");
@@ -351,5 +405,12 @@ fn memory(dir: &Path) {
     }
 }
 
-criterion_group!(benches, append, append_batch, drain, open_log);
+criterion_group!(
+    benches,
+    append,
+    append_with_relay,
+    append_batch,
+    drain,
+    open_log
+);
 criterion_main!(benches);
