@@ -174,9 +174,12 @@ impl Outbox {
         // Then nothing is reserved ahead of the writer, so that the reserve's
         // space goes to what the open must write.
         let preallocate = first_allocation(options.segment_bytes);
-        let (recovered, sealed) = match recover_and_seal(&*storage, &dir, &options, preallocate) {
+        let mut effects = recovery::apply::Effects::default();
+        let first = recover_and_seal(&*storage, &dir, &options, preallocate, &mut effects);
+        let (recovered, sealed) = match first {
             Err(e) if e.is_no_space() && reserve::release(&*storage, &dir).unwrap_or(false) => {
-                let (mut again, sealed) = recover_and_seal(&*storage, &dir, &options, 0)?;
+                let (mut again, sealed) =
+                    recover_and_seal(&*storage, &dir, &options, 0, &mut effects)?;
                 again.report.reserve_released = true;
                 (again, sealed)
             }
@@ -773,8 +776,9 @@ fn recover_and_seal(
     dir: &Path,
     options: &Options,
     preallocate: u64,
+    effects: &mut recovery::apply::Effects,
 ) -> Result<(recovery::Recovered, bool)> {
-    let mut recovered = recovery::recover(storage, dir, options, preallocate)?;
+    let mut recovered = recovery::recover(storage, dir, options, preallocate, effects)?;
     let Some(seal) = recovered.seal.take() else {
         return Ok((recovered, false));
     };

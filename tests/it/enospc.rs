@@ -143,6 +143,13 @@ fn a_full_file_system_poisons_with_enospc_and_appends_work_again_once_space_retu
 
     // Fill the file system.
     let outbox = Outbox::open(&dir, options()).expect("open on the empty tmpfs");
+    // A creation a crash interrupted, its header garbled, for the next open:
+    // it sets it aside (the quarantine folder exists, so moving it needs no
+    // space) before it finds the disk full, and the report must say so after
+    // the retry.
+    std::fs::create_dir(dir.join(segwal::QUARANTINE_DIR)).expect("quarantine folder");
+    let unfinished = dir.join("00000000000000999999.seg.creating");
+    std::fs::write(&unfinished, vec![0xEE; 4096]).expect("unfinished creation");
     let mut acked = Vec::new();
     let error = loop {
         let i = acked.len();
@@ -188,6 +195,15 @@ fn a_full_file_system_poisons_with_enospc_and_appends_work_again_once_space_retu
     // which frees space without anyone else's help.
     let outbox = Outbox::open(&dir, options()).expect("reopen on the full file system");
     assert!(outbox.recovery_report().reserve_released);
+    assert!(
+        outbox
+            .recovery_report()
+            .quarantined
+            .iter()
+            .any(|q| q.from.file_name() == unfinished.file_name()),
+        "{:?}",
+        outbox.recovery_report()
+    );
     let recovered = check_recovered(&outbox, &[], &acked, Some(failed));
     outbox.sync().expect("sync");
     let deleted = outbox.stats().segments_deleted;

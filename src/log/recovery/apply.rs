@@ -22,6 +22,15 @@ use crate::format::segment::FRAMES_AT;
 use crate::io::Storage;
 use crate::io::segment_file::{self, FreshSegment, PendingSeal, SegmentFile};
 
+/// What recoveries of one open removed and set aside so far: an open that
+/// retries (a full disk, once the reserve is released) reports the first
+/// attempt's changes too.
+#[derive(Default)]
+pub(crate) struct Effects {
+    pub removed: Vec<PathBuf>,
+    pub quarantined: Vec<Quarantined>,
+}
+
 /// What recovery found in the directory.
 pub(crate) struct Found {
     /// Every segment file, scanned, in log order.
@@ -40,6 +49,7 @@ pub(crate) fn apply(
     found: Found,
     plan: Plan,
     preallocate: u64,
+    effects: &mut Effects,
 ) -> Result<Recovered> {
     let Found {
         scans,
@@ -60,7 +70,7 @@ pub(crate) fn apply(
         if scan::creation_holds_nothing(storage, &file)? {
             unfinished.push(file);
         } else {
-            report.quarantined.push(aside(
+            effects.quarantined.push(aside(
                 storage,
                 dir,
                 file,
@@ -68,14 +78,12 @@ pub(crate) fn apply(
             )?);
         }
     }
-    report.removed.extend(unfinished.iter().cloned());
-    remove_all(
-        storage,
-        dir,
-        unfinished
-            .into_iter()
-            .chain(plan.remove_empty.iter().map(|&k| path(k))),
-    )?;
+    let removed: Vec<PathBuf> = unfinished
+        .into_iter()
+        .chain(plan.remove_empty.iter().map(|&k| path(k)))
+        .collect();
+    remove_all(storage, dir, removed.iter().cloned())?;
+    effects.removed.extend(removed);
     let active = match plan.active {
         ActivePlan::Reuse { scan } => {
             reuse(storage, dir, &scans[scan], &opened[scan], preallocate)?
@@ -101,7 +109,7 @@ pub(crate) fn apply(
     // each file it cuts: it never deletes what it cannot prove it may.
     for &k in &plan.remove {
         let moved = aside(storage, dir, path(k), QuarantineReason::DroppedByRepair)?;
-        report.quarantined.push(moved);
+        effects.quarantined.push(moved);
     }
     if plan.dropped.is_some() {
         for keep in plan.keep.iter().filter(|k| k.cut.is_some()) {
@@ -112,7 +120,7 @@ pub(crate) fn apply(
                 QuarantineReason::CutByRepair.as_str(),
             )
             .map_err(|f| f.into_error())?;
-            report.quarantined.push(Quarantined {
+            effects.quarantined.push(Quarantined {
                 from: path(keep.scan),
                 to: copy,
                 reason: QuarantineReason::CutByRepair,
@@ -120,13 +128,12 @@ pub(crate) fn apply(
         }
     }
     remove_all(storage, dir, plan.leftovers.iter().map(|&k| path(k)))?;
-    report.removed.extend(
-        plan.remove_empty
-            .iter()
-            .chain(&plan.leftovers)
-            .map(|&k| path(k)),
-    );
+    effects
+        .removed
+        .extend(plan.leftovers.iter().map(|&k| path(k)));
     let (segments, seal) = keep_segments(storage, scans, opened, &plan)?;
+    report.removed.clone_from(&effects.removed);
+    report.quarantined.clone_from(&effects.quarantined);
     report.torn_tail = plan.torn;
     report.dropped = plan.dropped;
     Ok(Recovered {

@@ -19,7 +19,7 @@
 //!   headers) are leftovers of an interrupted deletion and are removed; a segment
 //!   missing at or after it is corruption.
 
-mod apply;
+pub(crate) mod apply;
 mod plan;
 mod report;
 mod scan;
@@ -75,6 +75,7 @@ pub(crate) fn recover(
     dir: &Path,
     options: &Options,
     preallocate: u64,
+    effects: &mut apply::Effects,
 ) -> Result<Recovered> {
     // The negative control treats any damage as the end of the log, silently.
     let silent_cut = crate::injected!(options, TruncateMidLogCorruption);
@@ -148,6 +149,7 @@ pub(crate) fn recover(
         },
         plan,
         preallocate,
+        effects,
     )?;
     recovered.state = recorded;
     Ok(recovered)
