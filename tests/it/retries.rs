@@ -1,12 +1,15 @@
 //! Deliveries that fail: released with a delay and a reason, or parked as
 //! dead letters; all of it durable across restarts.
 
-use std::thread::sleep;
 use std::time::Duration;
 
 use segwal::{Error, Options, Outbox, Seq};
 
 use crate::tmp;
+
+/// A delay long enough that no stall of a loaded test machine lets it pass
+/// between two consecutive calls.
+const DELAY: Duration = Duration::from_secs(3);
 
 fn options() -> Options {
     Options::default().lease(Duration::from_secs(3600))
@@ -20,7 +23,7 @@ fn a_release_with_a_delay_holds_the_record_back_and_hands_out_the_reason() {
     let b = outbox.append(b"b").expect("append");
     assert_eq!(outbox.claim(1).expect("claim")[0].seq(), a);
     outbox
-        .release_after(a, Duration::from_millis(300), "broker said 503")
+        .release_after(a, DELAY, "broker said 503")
         .expect("release_after");
     assert_eq!(outbox.stats().delayed, 1);
     assert_eq!(outbox.stats().claimed, 0);
@@ -28,8 +31,10 @@ fn a_release_with_a_delay_holds_the_record_back_and_hands_out_the_reason() {
     let next = outbox.claim(10).expect("claim");
     assert_eq!(next.iter().map(|r| r.seq()).collect::<Vec<_>>(), [b]);
     assert_eq!(next[0].last_error(), None);
-    sleep(Duration::from_millis(400));
-    let again = outbox.claim(10).expect("claim");
+    // It comes back once the delay has passed (the wait ends then).
+    let again = outbox
+        .claim_wait(10, Duration::from_secs(60))
+        .expect("claim_wait");
     assert_eq!(again.len(), 1);
     assert_eq!((again[0].seq(), again[0].attempt()), (a, 2));
     assert_eq!(again[0].last_error(), Some("broker said 503"));
@@ -59,7 +64,7 @@ fn a_delay_and_its_reason_survive_a_restart() {
     let a = outbox.append(b"a").expect("append");
     outbox.claim(1).expect("claim");
     outbox
-        .release_after(a, Duration::from_millis(500), "timed out")
+        .release_after(a, DELAY, "timed out")
         .expect("release_after");
     outbox.close().expect("close");
     let outbox = Outbox::open(&dir, options()).expect("reopen");
