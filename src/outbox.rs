@@ -115,6 +115,18 @@ pub struct Stats {
     pub records_per_fsync: f64,
     /// Segment files deleted since open.
     pub segments_deleted: u64,
+    /// Sealed segments still on disk because some of their records are not
+    /// acknowledged: those a relay has yet to read, and those kept by a few
+    /// records nobody acknowledges (dead letters, long delays, claims a stuck
+    /// relay holds) until relocation carries those records forward
+    /// (docs/FORMAT.md, "Relocation").
+    pub held_segments: usize,
+    /// The records not yet acknowledged in the
+    /// [`held_segments`](Stats::held_segments).
+    pub held_by_records: u64,
+    /// Records carried forward out of an old segment into the active one
+    /// since open, so that they do not keep the old one on disk.
+    pub relocated: u64,
     /// Records set aside by the read path since open because their frame no
     /// longer matched its checksum.
     pub corrupt_records: u64,
@@ -202,6 +214,9 @@ impl Outbox {
             match recorded {
                 Recorded::Acks(first, last) => table.ack_recovered(*first, *last),
                 Recorded::Change(change, at) => table.replay(change, *at, now, now_wall),
+                Recorded::Relocated { seq, at, carried } => {
+                    table.relocated_recovered(*seq, *at, carried, now, now_wall);
+                }
             }
         }
         let mut report = recovered.report;
@@ -420,6 +435,8 @@ impl Outbox {
                 Clock::lease_deadline(now, shared.options.lease),
                 shared.options.max_attempts,
                 crate::io::segment_file::now_us(),
+                // The negative control counts attempts in memory only.
+                !crate::injected!(shared.options, AttemptsInMemoryOnly),
             );
             any_queued |= queued;
             // Every record taken was parked (past `max_attempts`): take the
@@ -482,12 +499,42 @@ impl Outbox {
         }
     }
 
+    /// Reads and checks the frames of `runs` into `out`. A run whose segment
+    /// was deleted since it was claimed (its records carried forward by
+    /// relocation meanwhile) is looked up again in the table and read where
+    /// its records lie now.
+    fn read_runs(
+        &self,
+        runs: &[crate::state::table::ClaimRun],
+        out: &mut Vec<Record>,
+    ) -> std::result::Result<(), reader::ReadFailure> {
+        let shared = &self.handle.shared;
+        let skip_crc = crate::injected!(shared.options, SkipReadCrc);
+        for run in runs {
+            let mut found = Vec::new();
+            let mut runs = vec![run.clone()];
+            // Moved at most once per relocation step, and a step needs a
+            // whole segment of appends before the next: a few tries suffice.
+            for tries_left in (0..4).rev() {
+                found.clear();
+                match reader::read_runs(&runs, &shared.files, &mut found, skip_crc) {
+                    Ok(()) => break,
+                    Err(failure) if failure.gone && tries_left > 0 => {
+                        let frames: Vec<_> = runs.iter().flat_map(|r| r.frames.clone()).collect();
+                        runs = shared.table.lock().runs_of(&frames);
+                    }
+                    Err(failure) => return Err(failure),
+                }
+            }
+            out.append(&mut found);
+        }
+        Ok(())
+    }
+
     fn read_claimed(&self, runs: Vec<crate::state::table::ClaimRun>) -> Result<Vec<Record>> {
         let claimed: usize = runs.iter().map(|r| r.frames.len()).sum();
         let mut records = Vec::with_capacity(claimed);
-        let skip_crc = crate::injected!(self.handle.shared.options, SkipReadCrc);
-        let files = &self.handle.shared.files;
-        match reader::read_runs(&runs, files, &mut records, skip_crc) {
+        match self.read_runs(&runs, &mut records) {
             Ok(()) => Ok(records),
             Err(failure) => {
                 let shared = &self.handle.shared;
@@ -646,14 +693,8 @@ impl Outbox {
         let mut out = Vec::with_capacity(found.len());
         for (run, entry) in found {
             let mut records = Vec::with_capacity(1);
-            let skip_crc = crate::injected!(shared.options, SkipReadCrc);
-            reader::read_runs(
-                std::slice::from_ref(&run),
-                &shared.files,
-                &mut records,
-                skip_crc,
-            )
-            .map_err(|f| f.error)?;
+            self.read_runs(std::slice::from_ref(&run), &mut records)
+                .map_err(|f| f.error)?;
             if let Some(record) = records.pop() {
                 out.push(DeadLetter {
                     record,
@@ -728,7 +769,7 @@ impl Outbox {
         let records = load(&c.records_appended);
         Stats {
             pending: t.pending,
-            claimed: t.claimed - t.delayed - t.dead_letters,
+            claimed: t.claimed.saturating_sub(t.delayed + t.dead_letters),
             backlog_bytes: t.backlog_bytes,
             segments: t.segments,
             disk_bytes: t.disk_bytes,
@@ -748,6 +789,9 @@ impl Outbox {
             records_per_batch: ratio(records, batches),
             records_per_fsync: ratio(records, load(&c.fsyncs)),
             segments_deleted: load(&c.segments_deleted),
+            held_segments: t.held_segments,
+            held_by_records: t.held_by_records,
+            relocated: t.relocated,
             corrupt_records: load(&c.corrupt_records),
             claimed_expired: t.expired_leases,
             delayed: t.delayed,

@@ -19,6 +19,9 @@ pub(crate) const TAG_NOT_BEFORE: u8 = 0x02;
 /// The sequence number of a record carried forward into a later segment
 /// (frame kind 4): u64.
 pub(crate) const TAG_ORIGIN_SEQ: u8 = 0x03;
+/// The delivery state of a relocated record (frame kind 4), carried with it
+/// (`format::relocated`).
+pub(crate) const TAG_CARRIED: u8 = 0x04;
 /// Deduplication id: 1 to [`DEDUP_ID_BYTES_MAX`] bytes. Skippable.
 pub(crate) const TAG_DEDUP_ID: u8 = 0x81;
 
@@ -34,6 +37,8 @@ pub(crate) struct RecordFields<'a> {
     pub not_before_us: Option<u64>,
     pub origin_seq: Option<Seq>,
     pub dedup_id: Option<&'a [u8]>,
+    /// The encoded delivery state of a relocated record.
+    pub carried: Option<&'a [u8]>,
 }
 
 /// Decodes and checks an `ext` area. Never panics; every length is checked
@@ -70,7 +75,8 @@ pub(crate) fn decode(mut ext: &[u8]) -> Result<RecordFields<'_>, Corruption> {
             {
                 fields.dedup_id = Some(value);
             }
-            TAG_KEY | TAG_NOT_BEFORE | TAG_ORIGIN_SEQ | TAG_DEDUP_ID => {
+            TAG_CARRIED if fields.carried.is_none() => fields.carried = Some(value),
+            TAG_KEY | TAG_NOT_BEFORE | TAG_ORIGIN_SEQ | TAG_DEDUP_ID | TAG_CARRIED => {
                 return bad("optional field repeated or out of its limits");
             }
             // Unknown, and skippable.
@@ -87,9 +93,8 @@ pub(crate) fn decode(mut ext: &[u8]) -> Result<RecordFields<'_>, Corruption> {
     Ok(fields)
 }
 
-/// Encodes `fields` as an `ext` area (for the producer features that write
-/// them; today only the tests and the fuzz seeds do).
-#[cfg(any(test, feature = "testing"))]
+/// Encodes `fields` as an `ext` area (relocated records; the producer
+/// features will write the others).
 pub(crate) fn encode(fields: &RecordFields<'_>, out: &mut Vec<u8>) {
     let mut put = |tag: u8, value: &[u8]| {
         out.push(tag);
@@ -104,6 +109,9 @@ pub(crate) fn encode(fields: &RecordFields<'_>, out: &mut Vec<u8>) {
     }
     if let Some(seq) = fields.origin_seq {
         put(TAG_ORIGIN_SEQ, &seq.get().to_le_bytes());
+    }
+    if let Some(carried) = fields.carried {
+        put(TAG_CARRIED, carried);
     }
     if let Some(id) = fields.dedup_id {
         put(TAG_DEDUP_ID, id);
@@ -122,6 +130,7 @@ mod tests {
             not_before_us: Some(1_764_000_000_000_000),
             origin_seq: Some(Seq::from(77)),
             dedup_id: Some(b"order-7781/created"),
+            carried: Some(b"\x01\x02"),
         };
         let mut ext = Vec::new();
         encode(&fields, &mut ext);
@@ -174,6 +183,7 @@ mod tests {
                 not_before_us: Some(5),
                 origin_seq: None,
                 dedup_id: Some(b"id"),
+                carried: None,
             },
             &mut ext,
         );

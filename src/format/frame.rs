@@ -75,6 +75,11 @@ pub(crate) enum FrameKind {
     /// (`format::seal`), or empty for a segment too large to index. It lets
     /// recovery tell a lost newest segment from one that was never created.
     Seal,
+    /// A record carried forward from an older segment (`format::relocated`):
+    /// the user's bytes, its own sequence number in the optional field
+    /// `origin_seq`, and its delivery state in the field `carried`. Counted
+    /// among the internal frames (its frame's number is not the record's).
+    Relocated,
     /// A kind this build may skip (kinds 0x80..=0xFF): delivery state, such as
     /// [`ACKS`], or a kind from a later format.
     Skippable(u8),
@@ -95,6 +100,7 @@ impl FrameKind {
             FrameKind::Record => 1,
             FrameKind::LogStart => 2,
             FrameKind::Seal => 3,
+            FrameKind::Relocated => 4,
             FrameKind::Skippable(b) => b,
         }
     }
@@ -104,6 +110,7 @@ impl FrameKind {
             1 => Some(FrameKind::Record),
             2 => Some(FrameKind::LogStart),
             3 => Some(FrameKind::Seal),
+            4 => Some(FrameKind::Relocated),
             0x80..=0xFF => Some(FrameKind::Skippable(byte)),
             _ => None,
         }
@@ -296,7 +303,7 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<Frame<'_>, Corruption> {
     // Optional fields belong to records; the must-understand ones are checked
     // here, so that no reader hands out a record whose promise it ignores.
     if !ext.is_empty() {
-        if header.kind != FrameKind::Record {
+        if !matches!(header.kind, FrameKind::Record | FrameKind::Relocated) {
             return Err(Corruption::Unsupported {
                 what: "optional field area of length",
                 value: ext_len as u64,

@@ -2,7 +2,8 @@
 //!
 //! Owns the byte layout of everything segwal writes: frames (`frame`), the
 //! segment header (`segment`), the seal index (`seal`), the payloads of
-//! delivery-state frames (`acks`, `delivery`), and the identities
+//! delivery-state frames (`acks`, `delivery`), relocated records
+//! (`relocated`), and the identities
 //! that name files and frames (`seq`). The layout is documented once, in
 //! `docs/FORMAT.md`; the offsets here chain from each other and point to it.
 //!
@@ -13,6 +14,7 @@ pub(crate) mod acks;
 pub(crate) mod delivery;
 pub(crate) mod ext;
 pub(crate) mod frame;
+pub(crate) mod relocated;
 pub(crate) mod seal;
 pub(crate) mod segment;
 pub(crate) mod seq;

@@ -93,6 +93,10 @@ pub(crate) struct ReadFailure {
     /// open, so that a failing range of the disk cannot wedge the queue and a
     /// passing failure loses nothing.
     pub corrupt: bool,
+    /// The segment file was not found: its records may have been carried
+    /// forward (relocated) and the file deleted since they were claimed; the
+    /// caller looks them up again.
+    pub gone: bool,
 }
 
 /// Reads and checks every claimed frame; stops at the first failure.
@@ -108,6 +112,7 @@ pub(crate) fn read_runs(
             Some(file) => file.clone(),
             None => files.get(&run.path).map_err(|e| ReadFailure {
                 seq: run.frames.first().map_or(Seq::from(0), |f| f.seq),
+                gone: e.kind() == std::io::ErrorKind::NotFound,
                 error: Error::io("open segment", &*run.path, e),
                 corrupt: false,
             })?,
@@ -141,6 +146,7 @@ pub(crate) fn read_runs(
                         seq: run.frames[i].seq,
                         error,
                         corrupt,
+                        gone: false,
                     });
                 }
             };
@@ -196,6 +202,7 @@ fn check(
 ) -> Result<Record, ReadFailure> {
     let ClaimedFrame {
         seq,
+        at: frame_seq,
         offset,
         len,
         attempt,
@@ -211,6 +218,7 @@ fn check(
             kind,
         },
         corrupt: true,
+        gone: false,
     };
     let window = all.get(at..at + len as usize).ok_or_else(|| {
         fail(Corruption::Truncated {
@@ -231,9 +239,18 @@ fn check(
         });
     }
     let f = frame::decode(window, run.salt).map_err(fail)?;
-    if f.header.seq != seq || f.header.kind != FrameKind::Record || f.len != len as usize {
+    // The record's own frame, or a relocated copy that names it.
+    let holds_it = match f.header.kind {
+        FrameKind::Record => f.header.seq == seq,
+        FrameKind::Relocated => {
+            f.header.seq == frame_seq
+                && crate::format::relocated::decode_ext(f.ext).is_ok_and(|(own, _)| own == seq)
+        }
+        _ => false,
+    };
+    if !holds_it || f.len != len as usize {
         return Err(fail(Corruption::WrongFrame {
-            expected: seq,
+            expected: frame_seq,
             found: f.header.seq,
         }));
     }

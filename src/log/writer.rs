@@ -762,12 +762,165 @@ impl Writer {
         Ok(())
     }
 
+    /// Deletes the oldest segments that are sealed and fully acknowledged, and
+    /// carries forward the few records that keep the oldest one when the rule
+    /// of relocation says so (`state::table::moved`), copying at most
+    /// [`RELOCATE_BYTES`] per call.
+    fn reclaim(&mut self) {
+        self.delete_finished();
+        let mut budget = RELOCATE_BYTES;
+        while budget > 0 {
+            let Some(copied) = self.relocate(budget) else {
+                break;
+            };
+            budget = budget.saturating_sub(copied.max(1));
+            self.delete_finished();
+        }
+    }
+
+    /// Carries forward the records the state table names (if it names any):
+    /// reads each frame from the oldest segment and checks it, writes the
+    /// copies as relocated frames (kind 4) in a batch of their own, makes them
+    /// durable, and only then hands each record's state to its copy. Copies
+    /// at most `budget` bytes of frames (at least one frame); returns how many
+    /// it copied, or `None` if it did nothing.
+    ///
+    /// A frame that fails its check is set aside, as the read path does; one
+    /// that cannot be read now is tried again at the next step.
+    fn relocate(&mut self, budget: u64) -> Option<u64> {
+        if self.shared.poison.get().is_some() {
+            return None;
+        }
+        let found = self.shared.table.lock().stragglers(
+            self.shared.options.segment_bytes,
+            budget,
+            self.shared.clock.now_us(),
+            now_us(),
+        );
+        let relocation = found?;
+        let file = match &relocation.file {
+            Some(file) => file.clone(),
+            None => self.shared.files.get(&relocation.path).ok()?,
+        };
+        let mut copies: Vec<(Seq, Vec<u8>, Vec<u8>, u64)> = Vec::new();
+        let mut whole = Vec::new();
+        let mut set_aside = Vec::new();
+        for st in &relocation.stragglers {
+            whole.resize(st.len as usize, 0);
+            io::read_exact_at(&*file, &mut whole, u64::from(st.offset)).ok()?;
+            let Ok(f) = frame::decode(&whole, relocation.salt) else {
+                set_aside.push(st.seq);
+                continue;
+            };
+            let holds_it = match f.header.kind {
+                FrameKind::Record => f.header.seq == st.seq && st.at == st.seq,
+                FrameKind::Relocated => {
+                    f.header.seq == st.at
+                        && crate::format::relocated::decode_ext(f.ext)
+                            .is_ok_and(|(own, _)| own == st.seq)
+                }
+                _ => false,
+            };
+            let fields = crate::format::ext::decode(f.ext);
+            let (true, Ok(fields)) = (holds_it, fields) else {
+                set_aside.push(st.seq);
+                continue;
+            };
+            let mut ext = Vec::new();
+            crate::format::relocated::encode_ext(&fields, st.seq, &st.carried, &mut ext);
+            copies.push((st.seq, ext, f.payload.to_vec(), f.header.timestamp_us));
+        }
+        if !set_aside.is_empty() {
+            let mut table = self.shared.table.lock();
+            for &seq in &set_aside {
+                if table.set_aside(seq) {
+                    Counters::add(&self.shared.counters.corrupt_records, 1);
+                }
+            }
+        }
+        // The negative control leaves the first record behind uncopied, and
+        // lets its old place go as if it had been moved.
+        let dropped = if crate::injected!(self.shared.options, RelocationDropsRecord) {
+            copies.first().map(|c| c.0)
+        } else {
+            None
+        };
+        let copies = if dropped.is_some() {
+            &copies[1..]
+        } else {
+            &copies[..]
+        };
+        let moves = self.write_relocated(copies).ok()?;
+        let mut table = self.shared.table.lock();
+        if let Some(seq) = dropped {
+            table.set_aside(seq);
+        }
+        table.moved_in(&moves);
+        let copied = relocation.stragglers.iter().map(|s| u64::from(s.len)).sum();
+        Some(copied)
+    }
+
+    /// Writes `copies` (each a record's number, its optional fields, its
+    /// payload and its first timestamp) as relocated frames, one write batch,
+    /// fsynced; returns each record's number with its copy's.
+    fn write_relocated(
+        &mut self,
+        copies: &[(Seq, Vec<u8>, Vec<u8>, u64)],
+    ) -> Result<Vec<(Seq, Seq)>> {
+        let written = copies;
+        let encoded: u64 = written
+            .iter()
+            .map(|(_, ext, payload, _)| frame::frame_len(ext.len() + payload.len()) as u64)
+            .sum();
+        if self.active.len + encoded > self.shared.options.segment_bytes
+            && self.active.len > FRAMES_AT as u64
+        {
+            self.rotate()?;
+        }
+        self.begin_write();
+        let salt = self.active.salt;
+        let mut offset = self.active.len;
+        let mut moves = Vec::with_capacity(copies.len());
+        for (k, (own, ext, payload, stamped)) in written.iter().enumerate() {
+            let seq = self.next_seq;
+            let group = *self.group.get_or_insert(seq);
+            frame::encode_with(
+                &mut self.buf,
+                &FrameHeader {
+                    kind: FrameKind::Relocated,
+                    batch_end: k + 1 == written.len(),
+                    seq,
+                    group,
+                    timestamp_us: *stamped,
+                },
+                ext,
+                payload,
+                salt,
+            );
+            let span = FrameSpan {
+                offset: offset32(offset),
+                len: frame::frame_len(ext.len() + payload.len()) as u32,
+                is_record: false,
+            };
+            self.staged.push(span);
+            offset = span.end();
+            self.next_seq = seq.next();
+            moves.push((*own, seq));
+        }
+        if !written.is_empty() {
+            self.write_buf()?;
+            self.active.state_frames += written.len() as u64;
+        }
+        self.sync()?;
+        Ok(moves)
+    }
+
     /// Deletes the oldest segments once they are sealed and fully acknowledged.
     ///
     /// The new log start is written and fsynced in a `LogStart` frame *before* any
     /// file is removed, so that recovery can tell a deleted segment from a missing
     /// one (docs/FORMAT.md, "Crash during deletion").
-    fn reclaim(&mut self) {
+    fn delete_finished(&mut self) {
         if self.shared.poison.get().is_some() {
             return;
         }
@@ -850,6 +1003,11 @@ pub(crate) fn request_bytes(r: &Request) -> u64 {
         _ => 0,
     }
 }
+
+/// The most frame bytes one step of relocation copies: the step runs on the
+/// writer thread, between two batches, so it is kept short (the next step
+/// follows the next batch).
+const RELOCATE_BYTES: u64 = 1 << 20;
 
 /// A frame offset within a segment. The option limits keep every segment below
 /// 4 GiB (`Options::validate`), so a larger offset is a bug.

@@ -43,6 +43,14 @@ pub enum Bug {
     /// Ignore the dead-letter frames of the log at recovery: dead letters
     /// delivered again.
     ForgetDeadLettersAtRecovery,
+    /// Leave the first record of each relocation step behind, uncopied, and
+    /// let its old place go as if it had been carried forward: a live record
+    /// lost when its old segment is deleted.
+    RelocationDropsRecord,
+    /// Count a delivery's attempt in memory only: no attempts frame is
+    /// written before a record is handed out under `max_attempts`, so a
+    /// crash forgets deliveries.
+    AttemptsInMemoryOnly,
 }
 
 impl Options {

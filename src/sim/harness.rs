@@ -53,6 +53,9 @@ pub enum Step {
     /// Append one record of this many bytes from each of this many threads at
     /// once: the writer may gather them into one batch, in any order.
     Concurrent(usize, usize),
+    /// The oldest claimed record stays claimed for the rest of the run, as
+    /// by a stuck relay (no acknowledgement step takes it), then sync.
+    Hold,
 }
 
 /// A workload: the steps and the options it runs with.
@@ -67,6 +70,9 @@ pub struct Workload {
     /// Segment age: an hour (never reached), or short where the workload
     /// rotates by age (see [`Workload::with_age_rotation`]).
     pub segment_age: std::time::Duration,
+    /// `Options::max_attempts`: set where the workload checks that attempts
+    /// survive crashes (see [`Workload::stragglers`]).
+    pub max_attempts: Option<u32>,
 }
 
 impl Workload {
@@ -100,6 +106,7 @@ impl Workload {
             segment_bytes,
             open_check,
             segment_age: std::time::Duration::from_secs(3600),
+            max_attempts: None,
         }
     }
 
@@ -123,6 +130,46 @@ impl Workload {
             segment_bytes: 12288,
             open_check: OpenCheck::SealIndex,
             segment_age: std::time::Duration::from_secs(3600),
+            max_attempts: None,
+        }
+    }
+
+    /// A random workload of `len` steps whose relay keeps up, save for a few
+    /// records it parks as dead letters or holds claimed for ever: the
+    /// stragglers that relocation carries forward out of old segments. With
+    /// `max_attempts` set (high enough never to park a record), so that every
+    /// delivery's attempt is durable before it is handed out.
+    pub fn stragglers(seed: u64, len: usize) -> Workload {
+        let mut rng = Rng::new(seed);
+        let mut steps = Vec::with_capacity(len);
+        while steps.len() < len {
+            steps.push(match rng.below(10) {
+                0..=5 => Step::Append(8 + rng.below(300) as usize),
+                _ => Step::AppendBatch(1 + rng.below(4) as usize, 8 + rng.below(200) as usize),
+            });
+            steps.push(Step::Claim(8));
+            match rng.below(20) {
+                0..=1 => steps.push(Step::DeadLetterOne),
+                2 => steps.push(Step::Hold),
+                3 => steps.push(Step::ReleaseOne),
+                4 => steps.push(Step::Reopen),
+                _ => {}
+            }
+            steps.push(Step::AckAll);
+        }
+        steps.truncate(len);
+        Workload {
+            steps,
+            // Segments of five to seven blocks: relocation pays only when a
+            // segment is well larger than the blocks a copy takes.
+            segment_bytes: 24576 + 4096 * rng.below(3),
+            open_check: if rng.below(4) == 0 {
+                OpenCheck::EveryFrame
+            } else {
+                OpenCheck::SealIndex
+            },
+            segment_age: std::time::Duration::from_secs(3600),
+            max_attempts: Some(1000),
         }
     }
 
@@ -169,6 +216,10 @@ impl Workload {
             .segment_bytes(self.segment_bytes)
             .segment_age(self.segment_age)
             .open_check(self.open_check);
+        let options = match self.max_attempts {
+            Some(max) => options.max_attempts(max),
+            None => options,
+        };
         match bug {
             Some(bug) => options.inject_bug(bug),
             None => options,
@@ -224,6 +275,9 @@ pub struct Figures {
     /// [`Step::Concurrent`] steps whose records took fewer batches than threads:
     /// one batch held several producers' records.
     pub shared_batches: u64,
+    /// Records relocated (carried forward out of an old segment) while the
+    /// workloads ran.
+    pub relocated: u64,
 }
 
 impl Figures {
@@ -238,6 +292,7 @@ impl Figures {
         self.faults += o.faults;
         self.age_rotations += o.age_rotations;
         self.shared_batches += o.shared_batches;
+        self.relocated += o.relocated;
     }
 }
 
@@ -335,6 +390,11 @@ struct Model {
     age_rotations: u64,
     /// Concurrent steps whose records shared a batch.
     shared_batches: u64,
+    /// Each delivery a claim handed out under `max_attempts`: its attempt,
+    /// durable before it was handed out, with the operations done by then.
+    attempts: BTreeMap<Seq, Vec<(u32, u64)>>,
+    /// Records relocated while the workload ran.
+    relocated: u64,
 }
 
 impl Model {
@@ -392,6 +452,16 @@ impl Model {
             next_id: self.next_id,
             age_rotations: self.age_rotations,
             shared_batches: self.shared_batches,
+            attempts: self
+                .attempts
+                .iter()
+                .filter_map(|(s, seen)| {
+                    let seen: Vec<(u32, u64)> =
+                        seen.iter().filter(|(_, at)| *at <= ops).copied().collect();
+                    (!seen.is_empty()).then_some((*s, seen))
+                })
+                .collect(),
+            relocated: self.relocated,
         }
     }
 }
@@ -446,6 +516,7 @@ fn execute_rotting(
         model,
         outbox,
         claimed: Vec::new(),
+        held: Vec::new(),
         rot,
     };
     for step in &w.steps {
@@ -461,6 +532,7 @@ fn execute_rotting(
             return Err(format!("step {step:?} failed on a healthy disk"));
         }
     }
+    run.model.relocated += run.outbox.stats().relocated;
     let _ = run.outbox.close();
     disk.rot_reads(0);
     disk.fail_reads(0);
@@ -475,6 +547,8 @@ struct Run<'a> {
     outbox: Outbox,
     /// Records claimed and not yet acknowledged or released.
     claimed: Vec<Seq>,
+    /// Records claimed and held for the rest of the run ([`Step::Hold`]).
+    held: Vec<Seq>,
     rot: u64,
 }
 
@@ -573,6 +647,13 @@ impl Run<'_> {
                 }
                 None => false,
             },
+            Step::Hold => {
+                if !self.claimed.is_empty() {
+                    let seq = self.claimed.remove(0);
+                    self.held.push(seq);
+                }
+                self.outbox.sync().is_err()
+            }
             Step::Reopen => return Ok(self.reopen().then_some(false)),
         };
         Ok(Some(failed))
@@ -604,6 +685,19 @@ impl Run<'_> {
                         && p.as_slice() != r.payload()
                     {
                         return Err(format!("claim returned other bytes for record {}", r.seq()));
+                    }
+                    if self.options.max_attempts.is_some() {
+                        let at = self.disk.ops();
+                        let seen = self.model.attempts.entry(r.seq()).or_default();
+                        if seen.iter().any(|&(a, _)| a >= r.attempt()) {
+                            return Err(format!(
+                                "record {} delivered as attempt {} after attempt {:?}",
+                                r.seq(),
+                                r.attempt(),
+                                seen.last()
+                            ));
+                        }
+                        seen.push((r.attempt(), at));
                     }
                     self.claimed.push(r.seq());
                 }
@@ -656,8 +750,10 @@ impl Run<'_> {
     /// Closes and reopens the outbox (reads healthy while it recovers);
     /// whether both succeeded.
     fn reopen(&mut self) -> bool {
+        self.model.relocated += self.outbox.stats().relocated;
         let closed = self.outbox.close();
         self.claimed.clear();
+        self.held.clear();
         self.disk.rot_reads(0);
         self.disk.fail_reads(0);
         let reopened = open(self.disk, self.options.clone());
@@ -715,8 +811,11 @@ fn verify_with(
     {
         return Err(("I4", format!("strict recovery set aside {q:?}")));
     }
-    let records =
-        drain(&outbox).map_err(|e| ("I2", format!("claim failed after recovery: {e}")))?;
+    let (records, attempts) =
+        drain_attempts(&outbox).map_err(|e| ("I2", format!("claim failed after recovery: {e}")))?;
+    if options.max_attempts.is_some() {
+        check_attempts(&attempts, model)?;
+    }
     let dead: BTreeMap<Seq, Vec<u8>> = outbox
         .dead_letters(usize::MAX)
         .map_err(|e| {
@@ -869,14 +968,50 @@ fn recover_again(
 
 /// Claims every pending record, keeping (seq, payload).
 fn drain(outbox: &Outbox) -> Result<Vec<(Seq, Vec<u8>)>, Error> {
+    drain_attempts(outbox).map(|(all, _)| all)
+}
+
+/// Records drained (seq, payload), and which attempt each delivery was.
+type Drained = (Vec<(Seq, Vec<u8>)>, BTreeMap<Seq, u32>);
+
+/// [`drain`], and which attempt each delivery was.
+fn drain_attempts(outbox: &Outbox) -> Result<Drained, Error> {
     let mut all = Vec::new();
+    let mut attempts = BTreeMap::new();
     loop {
         let got = outbox.claim(256)?;
         if got.is_empty() {
-            return Ok(all);
+            return Ok((all, attempts));
         }
         all.extend(got.iter().map(|r| (r.seq(), r.payload().to_vec())));
+        attempts.extend(got.iter().map(|r| (r.seq(), r.attempt())));
     }
+}
+
+/// I12: under `max_attempts`, attempts never decrease: a record handed out
+/// as attempt k before the crash (that attempt was durable first) is
+/// delivered after it as attempt k + 1 or later.
+fn check_attempts(
+    attempts: &BTreeMap<Seq, u32>,
+    model: &Model,
+) -> Result<(), (&'static str, String)> {
+    for (seq, &now) in attempts {
+        let before = model
+            .attempts
+            .get(seq)
+            .and_then(|seen| seen.iter().map(|s| s.0).max());
+        if let Some(before) = before
+            && now <= before
+        {
+            return Err((
+                "I12",
+                format!(
+                    "record {seq} delivered as attempt {now} after a crash, once attempt {before} was handed out"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Crashes `workload` at every mutating operation, `draws` damage draws each,
@@ -905,6 +1040,7 @@ pub fn crash_every_step(
     execute(&disk, workload, &options, &mut model).map_err(|d| violation("I2", d, u64::MAX, 0))?;
     figures.age_rotations = model.age_rotations;
     figures.shared_batches = model.shared_batches;
+    figures.relocated = model.relocated;
     for (point, snapshot) in disk.take_snapshots().into_iter().enumerate() {
         let point = point as u64;
         let view = model.at(point);
@@ -1331,6 +1467,7 @@ pub fn frame_seed(k: usize, header: bool) -> Vec<u8> {
             not_before_us: Some(1),
             origin_seq: None,
             dedup_id: Some(b"order-7781"),
+            carried: None,
         },
         &mut fields,
     );

@@ -128,6 +128,22 @@ impl Leases {
         *n = (*n).max(attempts);
     }
 
+    /// At open: `seq` was delivered exactly `attempts` times (a relocated
+    /// record's state says so).
+    pub(crate) fn set_exact(&mut self, seq: u64, attempts: u32) {
+        if attempts == 0 {
+            self.delivered.remove(&seq);
+        } else {
+            self.delivered.insert(seq, attempts);
+        }
+    }
+
+    /// Deliveries of `seq` counted so far, the one held now included.
+    pub(crate) fn delivered(&self, seq: u64) -> u32 {
+        let held = self.held.get(&seq).map_or(0, |h| h.attempt);
+        held.max(self.delivered.get(&seq).copied().unwrap_or(0))
+    }
+
     /// The record `seq` is done: nothing is kept of it.
     pub(crate) fn done(&mut self, seq: u64) {
         self.held.remove(&seq);

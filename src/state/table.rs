@@ -41,7 +41,9 @@ use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan};
 use crate::format::segment::{BLOCK, align_up};
 use crate::format::seq::{SegmentId, Seq};
 use crate::io::StorageFile;
-use crate::state::leases::Leases;
+use crate::state::leases::{Leases, SeqMap};
+
+mod moved;
 
 /// One segment's slots.
 pub(crate) struct SegmentSlots {
@@ -165,6 +167,7 @@ impl SegmentSlots {
 }
 
 /// A run of claimed frames from one segment, to be read outside the table lock.
+#[derive(Clone)]
 pub(crate) struct ClaimRun {
     pub path: Arc<Path>,
     /// The segment's checksum seed.
@@ -180,6 +183,9 @@ pub(crate) struct ClaimRun {
 #[derive(Clone, Debug)]
 pub(crate) struct ClaimedFrame {
     pub seq: Seq,
+    /// The frame's own number: `seq`, or for a relocated record the number
+    /// of the frame that carried it forward.
+    pub at: Seq,
     /// Byte offset of the frame in its segment.
     pub offset: u32,
     /// Encoded length of the frame.
@@ -236,6 +242,12 @@ pub(crate) struct TableStats {
     pub first_unacked: Option<SlotRef>,
     pub first_pending: Option<SlotRef>,
     pub last_seq: Option<Seq>,
+    /// Sealed segments kept on disk by records not yet acknowledged.
+    pub held_segments: usize,
+    /// The records not yet acknowledged in those segments.
+    pub held_by_records: u64,
+    /// Records relocated since open.
+    pub relocated: u64,
 }
 
 /// The state table. See the module documentation for its states and invariants.
@@ -266,6 +278,17 @@ pub(crate) struct Table {
     /// The reason of the last failed delivery of records released with one,
     /// handed out with their next delivery.
     reasons: HashMap<u64, Arc<str>>,
+    /// Records carried forward into a later segment (relocated, `moved.rs`):
+    /// each one's own number and the number of the frame that holds it now.
+    /// That frame's slot holds the record's state.
+    moved: BTreeMap<u64, u64>,
+    /// The reverse of `moved`: a relocated frame's number and its record's.
+    origin: SeqMap<u64>,
+    /// The relocated records that are Pending, which a claim hands out before
+    /// any other (they are the oldest). The cursor does not cover them.
+    moved_pending: BTreeSet<u64>,
+    /// Records relocated since the outbox was opened.
+    relocated: u64,
 }
 
 /// A dead letter's state.
@@ -292,6 +315,10 @@ impl Table {
             due: HashMap::new(),
             dead: BTreeMap::new(),
             reasons: HashMap::new(),
+            moved: BTreeMap::new(),
+            origin: SeqMap::default(),
+            moved_pending: BTreeSet::new(),
+            relocated: 0,
         }
     }
 
@@ -398,9 +425,10 @@ impl Table {
     pub(crate) fn dead_letters(&self, max: usize) -> Vec<(ClaimRun, DeadEntry)> {
         let mut out = Vec::new();
         for (&seq, entry) in self.dead.iter().take(max) {
-            let Some(si) = self.locate(seq) else { continue };
+            let Ok(Some((si, i))) = self.slot(Seq::from(seq)) else {
+                continue;
+            };
             let seg = &self.segments[si];
-            let i = (seq - seg.first()) as usize;
             let (offset, len) = seg.frame_range(i);
             let run = ClaimRun {
                 path: seg.path.clone(),
@@ -408,6 +436,7 @@ impl Table {
                 file: seg.file.clone(),
                 frames: vec![ClaimedFrame {
                     seq: Seq::from(seq),
+                    at: Seq::from(seg.first() + i as u64),
                     offset,
                     len,
                     attempt: entry.attempts,
@@ -476,6 +505,9 @@ impl Table {
                 } else if !claimed {
                     self.claim_slot(si, i);
                 }
+                // Its attempts are the dead letter's: a requeue starts them
+                // again from zero.
+                self.leases.done(seq.get());
                 self.dead.insert(
                     seq.get(),
                     DeadEntry {
@@ -496,6 +528,10 @@ impl Table {
 
     /// Takes the pending slot `i` of segment `si` out of the claimable ones.
     fn claim_slot(&mut self, si: usize, i: usize) {
+        if !self.moved_pending.is_empty() {
+            let seq = self.seq_at(si, i);
+            self.moved_pending.remove(&seq);
+        }
         let seg = &mut self.segments[si];
         SegmentSlots::set(&mut seg.claimed, i, true);
         seg.claimed_count += 1;
@@ -517,6 +553,7 @@ impl Table {
         deadline: u64,
         max_attempts: Option<u32>,
         now_wall_us: u64,
+        record_attempts: bool,
     ) -> (bool, usize) {
         let seqs: Vec<u64> = runs
             .iter()
@@ -567,7 +604,11 @@ impl Table {
                 reason,
             });
         }
-        for f in runs.iter().flat_map(|r| r.frames.iter()) {
+        for f in runs
+            .iter()
+            .flat_map(|r| r.frames.iter())
+            .filter(|_| record_attempts)
+        {
             self.unwritten.push(Change::Attempts {
                 seq: f.seq,
                 attempts: f.attempt,
@@ -624,6 +665,23 @@ impl Table {
     /// whether the oldest segment became deletable.
     pub(crate) fn ack_through(&mut self, seq: Seq) -> (u64, bool) {
         let mut count = 0;
+        // Relocated records held by a claim (their frames' numbers are not
+        // theirs, so the walk below does not see them).
+        if !self.moved.is_empty() {
+            let held: Vec<u64> = self
+                .moved
+                .range(..=seq.get())
+                .map(|(&own, _)| own)
+                .filter(|&own| self.leases.is_held(own))
+                .collect();
+            for own in held {
+                if let Ok(Some((si, i))) = self.slot(Seq::from(own)) {
+                    self.set_done(si, i);
+                    crate::format::acks::push(&mut self.unwritten_acks, Seq::from(own));
+                    count += 1;
+                }
+            }
+        }
         for si in 0..self.segments.len() {
             let seg = &self.segments[si];
             if seg.first() > seq.get() {
@@ -668,6 +726,20 @@ impl Table {
     /// (those still in the log and not Done; nothing is claimed yet, but a
     /// record replayed as delayed or dead holds the claimed bit).
     pub(crate) fn ack_recovered(&mut self, first: Seq, last: Seq) {
+        if !self.moved.is_empty() {
+            let named: Vec<u64> = self
+                .moved
+                .range(first.get()..=last.get())
+                .map(|(&own, _)| own)
+                .collect();
+            for own in named {
+                if let Ok(Some((si, i))) = self.slot(Seq::from(own))
+                    && !SegmentSlots::bit(&self.segments[si].done, i)
+                {
+                    self.set_done(si, i);
+                }
+            }
+        }
         let mut s = first.get();
         while s <= last.get() {
             let Some(si) = self.locate(s) else {
@@ -685,7 +757,10 @@ impl Table {
             for n in s..end {
                 let i = (n - seg_first) as usize;
                 let seg = &self.segments[si];
-                if !SegmentSlots::bit(&seg.done, i) {
+                // A relocated frame's number names no record.
+                if !SegmentSlots::bit(&seg.done, i)
+                    && (self.origin.is_empty() || !self.origin.contains_key(&n))
+                {
                     self.set_done(si, i);
                 }
             }
@@ -798,6 +873,16 @@ impl Table {
         }
         let mut taken = 0usize;
         let mut bytes = 0u64;
+        // Relocated records first: they are older than every other.
+        if !self.moved_pending.is_empty() {
+            let stopped =
+                self.claim_moved(&mut runs, &mut taken, &mut bytes, max_records, max_bytes);
+            if stopped || taken == max_records {
+                self.pending -= taken as u64;
+                self.claimed += taken as u64;
+                return runs;
+            }
+        }
         // The first segment holding anything at or after the cursor. Numbers are
         // not contiguous across segments (seal frames, skipped numbers), so the
         // cursor may point into a gap.
@@ -805,6 +890,8 @@ impl Table {
             .segments
             .partition_point(|s| s.end_seq() <= self.cursor);
         if start_seg == self.segments.len() {
+            self.pending -= taken as u64;
+            self.claimed += taken as u64;
             return runs;
         }
         let mut stop_at = self.end_seq();
@@ -842,6 +929,7 @@ impl Table {
                     .frames
                     .push(ClaimedFrame {
                         seq,
+                        at: seq,
                         offset,
                         len: frame_len,
                         attempt: 1,
@@ -873,6 +961,17 @@ impl Table {
     /// The state of `seq`'s slot, or the error `ack` and `release` give for it.
     fn slot(&self, seq: Seq) -> Result<Option<(usize, usize)>> {
         let s = seq.get();
+        if !self.moved.is_empty() {
+            if let Some(&at) = self.moved.get(&s) {
+                return Ok(self
+                    .locate(at)
+                    .map(|si| (si, (at - self.segments[si].first()) as usize)));
+            }
+            if self.origin.contains_key(&s) {
+                // The frame of a relocated record: not a record number.
+                return Err(Error::UnknownSeq { seq });
+            }
+        }
         match self.locate(s) {
             Some(si) => Ok(Some((si, (s - self.segments[si].first()) as usize))),
             // Below the oldest live segment: acknowledged and deleted long ago.
@@ -906,7 +1005,14 @@ impl Table {
     }
 
     fn set_done(&mut self, si: usize, i: usize) {
-        let seq = self.segments[si].first() + i as u64;
+        let mut seq = self.segments[si].first() + i as u64;
+        if !self.origin.is_empty()
+            && let Some(own) = self.origin.remove(&seq)
+        {
+            self.moved.remove(&own);
+            self.moved_pending.remove(&own);
+            seq = own;
+        }
         self.leases.done(seq);
         if !self.reasons.is_empty() {
             self.reasons.remove(&seq);
@@ -991,7 +1097,11 @@ impl Table {
         seg.claimed_count -= 1;
         self.claimed -= 1;
         self.pending += 1;
-        self.cursor = self.cursor.min(seq.get());
+        if !self.moved.is_empty() && self.moved.contains_key(&seq.get()) {
+            self.moved_pending.insert(seq.get());
+        } else {
+            self.cursor = self.cursor.min(seq.get());
+        }
         if cfg!(debug_assertions) {
             seg.check_invariants();
         }
@@ -1071,6 +1181,19 @@ impl Table {
                 } else {
                     self.pending -= 1;
                 }
+                let mut seq = seg.first() + i as u64;
+                if let Some(own) = self.origin.remove(&seq) {
+                    self.moved.remove(&own);
+                    self.moved_pending.remove(&own);
+                    seq = own;
+                }
+                // Nothing is kept of a record that went with its segment.
+                self.leases.done(seq);
+                self.dead.remove(&seq);
+                self.reasons.remove(&seq);
+                if let Some(due) = self.due.remove(&seq) {
+                    self.delayed.remove(&(due, seq));
+                }
                 let (_, len) = seg.frame_range(i);
                 self.backlog_bytes -= u64::from(len) - FRAME_HEADER_LEN as u64;
             }
@@ -1103,8 +1226,29 @@ impl Table {
             .rev()
             .find(|s| s.len() > 0)
             .map(|s| Seq::from(s.end_seq() - 1));
-        stats.first_unacked = self.find_first(0, |_, d| !d);
-        stats.first_pending = self.find_first(self.cursor, |c, d| !(c | d));
+        // Relocated records are older than any other still in their place.
+        let first_moved = self.moved.keys().next().copied();
+        let first_moved_pending = self.moved_pending.first().copied();
+        let older = |a: Option<SlotRef>, b: Option<SlotRef>| match (a, b) {
+            (Some(a), Some(b)) => Some(if a.seq <= b.seq { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        stats.first_unacked = older(
+            first_moved.and_then(|own| self.slot_ref(own)),
+            self.find_first(0, |_, d| !d),
+        );
+        stats.first_pending = older(
+            first_moved_pending.and_then(|own| self.slot_ref(own)),
+            self.find_first(self.cursor, |c, d| !(c | d)),
+        );
+        for seg in &self.segments {
+            let live = seg.len() - u64::from(seg.done_count);
+            if seg.sealed && live > 0 {
+                stats.held_segments += 1;
+                stats.held_by_records += live;
+            }
+        }
+        stats.relocated = self.relocated;
         stats
     }
 
@@ -1117,9 +1261,16 @@ impl Table {
             let start = from.saturating_sub(seg.first()) as usize;
             let len = seg.offsets.len();
             for w in start / 64..len.div_ceil(64) {
-                let bits = pick(seg.claimed[w], seg.done[w]) & word_mask(w, start, len);
-                if bits != 0 {
+                let mut bits = pick(seg.claimed[w], seg.done[w]) & word_mask(w, start, len);
+                while bits != 0 {
                     let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    // A relocated record's slot: not in its place in the order.
+                    if !self.origin.is_empty()
+                        && self.origin.contains_key(&(seg.first() + i as u64))
+                    {
+                        continue;
+                    }
                     return Some(SlotRef {
                         seq: Seq::from(seg.first() + i as u64),
                         path: seg.path.clone(),
@@ -1144,7 +1295,15 @@ impl Table {
             claimed += u64::from(seg.claimed_count);
             pending += seg.len() - u64::from(seg.claimed_count) - u64::from(seg.done_count);
             for i in 0..seg.offsets.len() {
-                if seg.first() + (i as u64) < self.cursor {
+                let n = seg.first() + i as u64;
+                if let Some(&own) = self.origin.get(&n) {
+                    assert_eq!(self.moved.get(&own), Some(&n), "moved and origin disagree");
+                    let pending =
+                        !SegmentSlots::bit(&seg.claimed, i) && !SegmentSlots::bit(&seg.done, i);
+                    assert_eq!(pending, self.moved_pending.contains(&own));
+                    continue;
+                }
+                if n < self.cursor {
                     assert!(
                         SegmentSlots::bit(&seg.claimed, i) || SegmentSlots::bit(&seg.done, i),
                         "pending slot below the cursor"
@@ -1154,6 +1313,12 @@ impl Table {
         }
         assert_eq!(claimed, self.claimed);
         assert_eq!(pending, self.pending);
+        assert_eq!(self.moved.len(), self.origin.len());
+        assert!(
+            self.moved_pending
+                .iter()
+                .all(|s| self.moved.contains_key(s))
+        );
     }
 }
 
@@ -1185,7 +1350,7 @@ mod tests {
     /// Claims as the outbox does: under a lease (one that never runs out).
     fn take(t: &mut Table, max_records: usize, max_bytes: u64) -> Vec<ClaimRun> {
         let mut runs = t.claim(max_records, max_bytes);
-        let _ = t.lease(&mut runs, crate::state::leases::NEVER, None, 0);
+        let _ = t.lease(&mut runs, crate::state::leases::NEVER, None, 0, true);
         runs
     }
 

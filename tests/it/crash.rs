@@ -114,6 +114,35 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
     }
 }
 
+/// Relocation under crashes: workloads whose relay keeps up but parks a few
+/// records as dead letters or holds them claimed, so that the records are
+/// carried forward out of old segments, with `max_attempts` set so that every
+/// attempt is durable. Every invariant holds at every crash point, including
+/// I12 (attempts never decrease); and relocation does happen.
+#[test]
+fn crash_at_every_io_step_while_stragglers_are_relocated() {
+    let seeds = env("SEGWAL_RELOCATION_SEEDS", 300);
+    let steps = env("SEGWAL_CRASH_STEPS", 40) as usize * 5 / 2;
+    let started = Instant::now();
+    let first = env("SEGWAL_CRASH_FIRST_SEED", 1);
+    let total = over_seeds(first, seeds, |seed| {
+        harness::crash_every_step(seed, &Workload::stragglers(seed, steps), 2, None)
+    });
+    println!(
+        "crash harness, stragglers: {seeds} seeds, {} crash points, {} simulated crashes, \
+         {} records checked, {} records relocated, {:.1} s",
+        total.crash_points,
+        total.recoveries,
+        total.records_checked,
+        total.relocated,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        total.relocated > 0,
+        "no workload relocated a record: the harness does not test relocation"
+    );
+}
+
 /// Workloads whose every operation the fault loop fails, once and persistently.
 fn canonical_workloads() -> Vec<(u64, Workload)> {
     (1..=env("SEGWAL_FAULT_WORKLOADS", 6))
@@ -181,6 +210,28 @@ fn negative_controls_every_known_bug_is_caught() {
         (
             Bug::ForgetDeadLettersAtRecovery,
             crash(Bug::ForgetDeadLettersAtRecovery),
+        ),
+        (
+            Bug::RelocationDropsRecord,
+            caught(|seed| {
+                harness::crash_every_step(
+                    seed,
+                    &Workload::stragglers(seed, 60),
+                    1,
+                    Some(Bug::RelocationDropsRecord),
+                )
+            }),
+        ),
+        (
+            Bug::AttemptsInMemoryOnly,
+            caught(|seed| {
+                harness::crash_every_step(
+                    seed,
+                    &Workload::stragglers(seed, 60),
+                    1,
+                    Some(Bug::AttemptsInMemoryOnly),
+                )
+            }),
         ),
         (
             Bug::TruncateMidLogCorruption,

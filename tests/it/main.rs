@@ -16,6 +16,7 @@ mod lock;
 mod model;
 mod process;
 mod recovery;
+mod relocation;
 mod retries;
 mod segments;
 

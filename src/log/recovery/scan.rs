@@ -860,6 +860,11 @@ fn fit_frame(walk: &Walk, f: &frame::Frame<'_>, scan: &mut SegmentScan) -> Resul
             check_seal_index(f.payload, walk.offset as u64, scan)?;
             scan.seal = Some(SealAt { seq: h.seq, offset });
         }
+        FrameKind::Relocated => {
+            // Its record must be named, with a state this build knows: a
+            // relocated record that cannot be placed is refused, not skipped.
+            crate::format::relocated::decode_ext(f.ext)?;
+        }
         FrameKind::Record | FrameKind::Skippable(_) => {}
     }
     scan.frames.push(FrameSpan {

@@ -31,6 +31,13 @@ pub(crate) enum Recorded {
     /// Another change, with the time its frame was written (µs since the Unix
     /// epoch).
     Change(Change, u64),
+    /// The record `seq` carried forward into the frame `at`, with its
+    /// delivery state.
+    Relocated {
+        seq: Seq,
+        at: Seq,
+        carried: crate::format::relocated::Carried,
+    },
 }
 
 /// Every change the kept delivery-state frames record, in log order.
@@ -98,6 +105,13 @@ pub(crate) fn recorded_state<'a>(
                         .into_iter()
                         .map(|c| Recorded::Change(c, stamped))
                         .collect())
+                } else if f.header.kind == frame::FrameKind::Relocated {
+                    let (seq, carried) = crate::format::relocated::decode_ext(f.ext)?;
+                    Ok(vec![Recorded::Relocated {
+                        seq,
+                        at: f.header.seq,
+                        carried,
+                    }])
                 } else {
                     // A log start, or a kind this build may skip.
                     Ok(Vec::new())
