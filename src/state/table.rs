@@ -166,6 +166,18 @@ impl SegmentSlots {
     }
 }
 
+/// Why the scan of the segments' slots in a claim stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ScanStop {
+    /// The claim has its records or its bytes.
+    Limit,
+    /// The next pending slot is numbered above the oldest pending relocated
+    /// record, which goes first.
+    Bound,
+    /// No pending slot is left after the cursor.
+    Exhausted,
+}
+
 /// A run of claimed frames from one segment, to be read outside the table lock.
 #[derive(Clone)]
 pub(crate) struct ClaimRun {
@@ -866,6 +878,12 @@ impl Table {
     /// Marks up to `max_records` of the oldest Pending records Claimed, stopping
     /// before the payload total would exceed `max_bytes` (but always taking at
     /// least one record if any is pending).
+    ///
+    /// Oldest means lowest sequence number, relocated records included: a
+    /// relocated record (found through `moved_pending`) is merged into the
+    /// scan of the segments by its own number, so that a record which came
+    /// back after a crash in an old segment is still handed out before a
+    /// younger one that relocation carried forward.
     pub(crate) fn claim(&mut self, max_records: usize, max_bytes: u64) -> Vec<ClaimRun> {
         let mut runs: Vec<ClaimRun> = Vec::new();
         if max_records == 0 || self.pending == 0 {
@@ -873,28 +891,54 @@ impl Table {
         }
         let mut taken = 0usize;
         let mut bytes = 0u64;
-        // Relocated records first: they are older than every other.
-        if !self.moved_pending.is_empty() {
-            let stopped =
-                self.claim_moved(&mut runs, &mut taken, &mut bytes, max_records, max_bytes);
-            if stopped || taken == max_records {
-                self.pending -= taken as u64;
-                self.claimed += taken as u64;
-                return runs;
+        loop {
+            let bound = self.moved_pending.first().copied();
+            let stop = self.claim_slots(
+                &mut runs,
+                &mut taken,
+                &mut bytes,
+                max_records,
+                max_bytes,
+                bound.unwrap_or(u64::MAX),
+            );
+            if stop == ScanStop::Limit || bound.is_none() {
+                break;
+            }
+            // The oldest relocated record is older than every slot left.
+            let cap = (taken + 1).min(max_records);
+            if self.claim_moved(&mut runs, &mut taken, &mut bytes, cap, max_bytes)
+                || taken == max_records
+            {
+                break;
             }
         }
+        self.pending -= taken as u64;
+        self.claimed += taken as u64;
+        runs
+    }
+
+    /// The scan of [`Table::claim`] over the segments' slots from the cursor:
+    /// claims pending slots numbered below `bound` into `runs` until a limit
+    /// stops it, it reaches a slot at or above `bound`, or nothing is left.
+    /// Slots of relocated records are never taken here: their own numbers, and
+    /// so `bound`, are below their slots' numbers.
+    fn claim_slots(
+        &mut self,
+        runs: &mut Vec<ClaimRun>,
+        taken: &mut usize,
+        bytes: &mut u64,
+        max_records: usize,
+        max_bytes: u64,
+        bound: u64,
+    ) -> ScanStop {
         // The first segment holding anything at or after the cursor. Numbers are
         // not contiguous across segments (seal frames, skipped numbers), so the
         // cursor may point into a gap.
         let start_seg = self
             .segments
             .partition_point(|s| s.end_seq() <= self.cursor);
-        if start_seg == self.segments.len() {
-            self.pending -= taken as u64;
-            self.claimed += taken as u64;
-            return runs;
-        }
         let mut stop_at = self.end_seq();
+        let mut stop = ScanStop::Exhausted;
         'segments: for si in start_seg..self.segments.len() {
             let seg = &mut self.segments[si];
             let len = seg.offsets.len();
@@ -906,10 +950,20 @@ impl Table {
                 while free != 0 {
                     let i = w * 64 + free.trailing_zeros() as usize;
                     free &= free - 1;
+                    let n = seg.first() + i as u64;
+                    if n >= bound {
+                        stop_at = n;
+                        stop = ScanStop::Bound;
+                        if let Some(run) = run.take() {
+                            runs.push(run);
+                        }
+                        break 'segments;
+                    }
                     let (offset, frame_len) = seg.frame_range(i);
                     let payload = u64::from(frame_len) - FRAME_HEADER_LEN as u64;
-                    if taken > 0 && bytes + payload > max_bytes {
-                        stop_at = seg.first() + i as u64;
+                    if *taken > 0 && *bytes + payload > max_bytes {
+                        stop_at = n;
+                        stop = ScanStop::Limit;
                         if let Some(run) = run.take() {
                             runs.push(run);
                         }
@@ -917,9 +971,9 @@ impl Table {
                     }
                     SegmentSlots::set(&mut seg.claimed, i, true);
                     seg.claimed_count += 1;
-                    taken += 1;
-                    bytes += payload;
-                    let seq = Seq::from(seg.first() + i as u64);
+                    *taken += 1;
+                    *bytes += payload;
+                    let seq = Seq::from(n);
                     run.get_or_insert_with(|| ClaimRun {
                         path: seg.path.clone(),
                         salt: seg.salt,
@@ -935,8 +989,9 @@ impl Table {
                         attempt: 1,
                         reason: None,
                     });
-                    if taken == max_records {
-                        stop_at = seq.get() + 1;
+                    if *taken == max_records {
+                        stop_at = n + 1;
+                        stop = ScanStop::Limit;
                         if let Some(run) = run.take() {
                             runs.push(run);
                         }
@@ -953,9 +1008,7 @@ impl Table {
             }
         }
         self.cursor = self.cursor.max(stop_at);
-        self.pending -= taken as u64;
-        self.claimed += taken as u64;
-        runs
+        stop
     }
 
     /// The state of `seq`'s slot, or the error `ack` and `release` give for it.
