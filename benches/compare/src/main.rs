@@ -21,6 +21,8 @@ const PRODUCERS: [usize; 4] = [1, 4, 16, 64];
 const RECORD_BYTES: [usize; 2] = [256, 4096];
 /// Records per claim and acknowledgement in the drain.
 const DRAIN_BATCH: usize = 256;
+/// Record size of the end-to-end workload.
+const RELAY_BYTES: usize = 256;
 
 /// How big the run is.
 #[derive(Clone, Debug)]
@@ -85,6 +87,8 @@ impl Plan {
 pub enum Workload {
     Append,
     Drain,
+    /// Appends while one relay drains: the end-to-end workload.
+    AppendWithRelay,
 }
 
 /// One engine, one workload, one producer count, one record size.
@@ -102,6 +106,9 @@ pub struct Cell {
     pub raw_records_per_s: Option<f64>,
     /// Records/s of every round, in the order they ran.
     pub rounds: Vec<f64>,
+    /// The same engine's append-only records/s in the same producers and
+    /// size, same run (the end-to-end workload only).
+    pub append_only_per_s: Option<f64>,
 }
 
 impl Cell {
@@ -302,10 +309,45 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
                     raw_records_per_s: raw,
                     sample,
                     rounds,
+                    append_only_per_s: None,
                 };
                 progress(&cell);
                 cells.push(cell);
             }
+        }
+    }
+    // The end-to-end workload: 256 B, each engine with a queue, appends while
+    // one relay drains, against the same engine's append-only cell above.
+    for &producers in &plan.producers {
+        for &kind in plan.engines.iter().filter(|k| k.has_queue()) {
+            let mut samples = Vec::new();
+            for round in 0..plan.rounds {
+                let sample = relay_cell(plan, tmp, kind, producers, RELAY_BYTES, round)?;
+                progress_round(kind, producers, RELAY_BYTES, round, plan.rounds, &sample);
+                samples.push(sample);
+            }
+            let rounds: Vec<f64> = samples.iter().map(Sample::records_per_s).collect();
+            let append_only_per_s = cells
+                .iter()
+                .find(|c| {
+                    c.workload == Workload::Append
+                        && c.engine == kind
+                        && c.producers == producers
+                        && c.record_bytes == RELAY_BYTES
+                })
+                .map(|c| c.sample.records_per_s());
+            let cell = Cell {
+                workload: Workload::AppendWithRelay,
+                engine: kind,
+                producers,
+                record_bytes: RELAY_BYTES,
+                sample: median_round(samples),
+                raw_records_per_s: None,
+                rounds,
+                append_only_per_s,
+            };
+            progress(&cell);
+            cells.push(cell);
         }
     }
     for &size in &RECORD_BYTES {
@@ -318,6 +360,7 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
                 sample: drain_cell(plan, tmp, kind, size)?,
                 raw_records_per_s: None,
                 rounds: Vec::new(),
+                append_only_per_s: None,
             };
             progress(&cell);
             cells.push(cell);
@@ -404,6 +447,42 @@ fn append_cell(
     Ok(sample)
 }
 
+/// Like [`append_cell`], with one relay draining the engine in batches of
+/// [`DRAIN_BATCH`] during the warm-up and the timed appends.
+fn relay_cell(
+    plan: &Plan,
+    tmp: &Path,
+    kind: Kind,
+    producers: usize,
+    size: usize,
+    round: usize,
+) -> Result<Sample> {
+    let dir = cell_dir(tmp, kind, &format!("relay-{producers}p-{size}B-{round}"))?;
+    let engine = kind.open(&dir)?;
+    let queue = engine.queue().ok_or("engine has no queue")?;
+    let probe = workload::append_with_relay(
+        &*engine,
+        queue,
+        DRAIN_BATCH,
+        producers,
+        size,
+        Stop::After(plan.probe),
+    )?;
+    let total = (probe.records_per_s() * plan.target.as_secs_f64()).max(plan.min_records as f64);
+    let per_producer = (total / producers as f64).ceil() as u64;
+    let sample = workload::append_with_relay(
+        &*engine,
+        queue,
+        DRAIN_BATCH,
+        producers,
+        size,
+        Stop::PerProducer(per_producer),
+    )?;
+    engine.close()?;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(sample)
+}
+
 /// Opens `kind` on a fresh directory, drains a small fill to measure its rate,
 /// then fills and times a drain sized to take about `plan.target`.
 fn drain_cell(plan: &Plan, tmp: &Path, kind: Kind, size: usize) -> Result<Sample> {
@@ -435,7 +514,7 @@ fn progress(cell: &Cell) {
         })
         .unwrap_or_default();
     eprintln!(
-        "{:?} {:>13} {:>2}p {:>4} B: {:>9.0} records/s in {:.2} s, p50 {:.0} µs, p99 {:.0} µs, {:.1} CPU µs/record{}{}",
+        "{:?} {:>13} {:>2}p {:>4} B: {:>9.0} records/s in {:.2} s, p50 {:.0} µs, p99 {:.0} µs, {:.1} CPU µs/record{}{}{}",
         cell.workload,
         cell.engine.name(),
         cell.producers,
@@ -448,6 +527,14 @@ fn progress(cell: &Cell) {
         cell.ratio_to_raw()
             .map(|r| format!(", {r:.2} of raw"))
             .unwrap_or_default(),
+        match (s.relayed_per_s(), cell.append_only_per_s) {
+            (Some(acks), Some(alone)) => format!(
+                ", {acks:.0} acks/s, {:.2} of append-only",
+                s.records_per_s() / alone
+            ),
+            (Some(acks), None) => format!(", {acks:.0} acks/s"),
+            _ => String::new(),
+        },
         per_fsync,
     );
 }

@@ -1,5 +1,6 @@
-//! The two workloads: durable appends from many producer threads, and a drain
-//! (claim and acknowledge in batches) by one relay.
+//! The workloads: durable appends from many producer threads, a drain (claim
+//! and acknowledge in batches) by one relay, and both at once (the end-to-end
+//! workload: producers appending while a relay drains).
 
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +20,9 @@ pub struct Sample {
     pub latency: Percentiles,
     /// The engine's batches and fsyncs during the run, when it counts them.
     pub counters: Option<Counters>,
+    /// Records a relay claimed and acknowledged during the run (the
+    /// end-to-end workload only).
+    pub relayed: Option<u64>,
 }
 
 impl Sample {
@@ -32,6 +36,11 @@ impl Sample {
 
     pub fn cpu_us_per_record(&self) -> f64 {
         self.cpu.as_secs_f64() * 1e6 / self.records as f64
+    }
+
+    /// Acknowledgements per second of the relay, in the end-to-end workload.
+    pub fn relayed_per_s(&self) -> Option<f64> {
+        self.relayed.map(|n| n as f64 / self.wall.as_secs_f64())
     }
 }
 
@@ -63,10 +72,54 @@ pub fn payload(size: usize, seed: u64) -> Vec<u8> {
 /// Runs `producers` threads, each appending records of `size` bytes to
 /// `engine` one at a time, each waiting for durability, until `stop`.
 pub fn append(engine: &dyn Engine, producers: usize, size: usize, stop: Stop) -> Result<Sample> {
-    let start_line = Barrier::new(producers + 1);
+    append_relayed(engine, None, producers, size, stop)
+}
+
+/// [`append`] while one relay thread drains `queue` (the same engine's) in
+/// batches of `batch` for the whole run: the end-to-end workload. The sample
+/// counts the appends, and in `relayed` what the relay acknowledged.
+pub fn append_with_relay(
+    engine: &dyn Engine,
+    queue: &dyn Queue,
+    batch: usize,
+    producers: usize,
+    size: usize,
+    stop: Stop,
+) -> Result<Sample> {
+    append_relayed(engine, Some((queue, batch)), producers, size, stop)
+}
+
+fn append_relayed(
+    engine: &dyn Engine,
+    relay: Option<(&dyn Queue, usize)>,
+    producers: usize,
+    size: usize,
+    stop: Stop,
+) -> Result<Sample> {
+    let start_line = Barrier::new(producers + 1 + usize::from(relay.is_some()));
     let finished = AtomicBool::new(false);
+    let producers_done = AtomicBool::new(false);
     let counters_before = engine.counters();
-    let (wall, cpu, per_thread) = std::thread::scope(|scope| {
+    let (wall, cpu, per_thread, relayed) = std::thread::scope(|scope| {
+        let relay_thread = relay.map(|(queue, batch)| {
+            let start_line = &start_line;
+            let producers_done = &producers_done;
+            scope.spawn(move || -> Result<u64> {
+                start_line.wait();
+                let mut acked = 0u64;
+                while !producers_done.load(Ordering::Relaxed) {
+                    let n = queue.drain(batch)?;
+                    acked += n as u64;
+                    if n == 0 {
+                        // Nothing pending: the relay keeps up. A short nap
+                        // instead of a spin, so it leaves the CPU to the
+                        // producers and the writer.
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+                Ok(acked)
+            })
+        });
         let threads: Vec<_> = (0..producers)
             .map(|p| {
                 let start_line = &start_line;
@@ -109,12 +162,18 @@ pub fn append(engine: &dyn Engine, producers: usize, size: usize, stop: Stop) ->
             .into_iter()
             .map(|t| t.join().unwrap_or_else(|_| Err("producer panicked".into())))
             .collect();
-        (t0.elapsed(), cpu_time().saturating_sub(cpu0), per_thread)
+        let wall = t0.elapsed();
+        let cpu = cpu_time().saturating_sub(cpu0);
+        producers_done.store(true, Ordering::Relaxed);
+        let relayed =
+            relay_thread.map(|t| t.join().unwrap_or_else(|_| Err("relay panicked".into())));
+        (wall, cpu, per_thread, relayed)
     });
     let mut latencies = Vec::new();
     for thread in per_thread {
         latencies.extend(thread?);
     }
+    let relayed = relayed.transpose()?;
     let records = latencies.len() as u64;
     let counters = match (counters_before, engine.counters()) {
         (Some(before), Some(after)) => Some(before.delta(after)),
@@ -127,6 +186,7 @@ pub fn append(engine: &dyn Engine, producers: usize, size: usize, stop: Stop) ->
         cpu,
         latency: Percentiles::of(&mut latencies),
         counters,
+        relayed,
     })
 }
 
@@ -159,5 +219,6 @@ pub fn drain(queue: &dyn Queue, count: u64, size: usize, batch: usize) -> Result
         cpu,
         latency: Percentiles::of(&mut latencies),
         counters: None,
+        relayed: None,
     })
 }

@@ -34,7 +34,7 @@ pub trait Engine: Send + Sync {
 }
 
 /// An outbox queue: records come out oldest first and leave once acknowledged.
-pub trait Queue {
+pub trait Queue: Sync {
     /// Appends `count` copies of `payload` as fast as the engine allows (in
     /// batches or one transaction); the setup of a drain, not timed.
     fn fill(&self, payload: &[u8], count: u64) -> Result<()>;
