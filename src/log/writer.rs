@@ -785,8 +785,13 @@ impl Writer {
     /// at most `budget` bytes of frames (at least one frame); returns how many
     /// it copied, or `None` if it did nothing.
     ///
-    /// A frame that fails its check is set aside, as the read path does; one
-    /// that cannot be read now is tried again at the next step.
+    /// A frame that fails its check, or cannot be read now, is left where it
+    /// is for this step (and the segment with it): the relay that holds it
+    /// may hold good bytes of it, a read may have failed only this once, and
+    /// a claim or `dead_letters` that reads it reports the damage itself
+    /// (`Error::Corrupt`, with the file and offset). Returns `None` if
+    /// nothing could be copied, so that a damaged frame is read at most once
+    /// per call of [`Writer::reclaim`].
     fn relocate(&mut self, budget: u64) -> Option<u64> {
         if self.shared.poison.get().is_some() {
             return None;
@@ -804,12 +809,12 @@ impl Writer {
         };
         let mut copies: Vec<(Seq, Vec<u8>, Vec<u8>, u64)> = Vec::new();
         let mut whole = Vec::new();
-        let mut set_aside = Vec::new();
         for st in &relocation.stragglers {
             whole.resize(st.len as usize, 0);
-            io::read_exact_at(&*file, &mut whole, u64::from(st.offset)).ok()?;
+            if io::read_exact_at(&*file, &mut whole, u64::from(st.offset)).is_err() {
+                continue;
+            }
             let Ok(f) = frame::decode(&whole, relocation.salt) else {
-                set_aside.push(st.seq);
                 continue;
             };
             let holds_it = match f.header.kind {
@@ -823,20 +828,14 @@ impl Writer {
             };
             let fields = crate::format::ext::decode(f.ext);
             let (true, Ok(fields)) = (holds_it, fields) else {
-                set_aside.push(st.seq);
                 continue;
             };
             let mut ext = Vec::new();
             crate::format::relocated::encode_ext(&fields, st.seq, &st.carried, &mut ext);
             copies.push((st.seq, ext, f.payload.to_vec(), f.header.timestamp_us));
         }
-        if !set_aside.is_empty() {
-            let mut table = self.shared.table.lock();
-            for &seq in &set_aside {
-                if table.set_aside(seq) {
-                    Counters::add(&self.shared.counters.corrupt_records, 1);
-                }
-            }
+        if copies.is_empty() {
+            return None;
         }
         // The negative control leaves the first record behind uncopied, and
         // lets its old place go as if it had been moved.
@@ -856,7 +855,10 @@ impl Writer {
             table.set_aside(seq);
         }
         table.moved_in(&moves);
-        let copied = relocation.stragglers.iter().map(|s| u64::from(s.len)).sum();
+        let copied = copies
+            .iter()
+            .map(|(_, ext, payload, _)| frame::frame_len(ext.len() + payload.len()) as u64)
+            .sum();
         Some(copied)
     }
 

@@ -13,7 +13,13 @@
 //! - I5: recovery is idempotent: reopening again finds the same records and
 //!   nothing left to repair;
 //! - I7: deleting segments never loses a live record (I1 after deletions);
-//! - I9: once everything is acknowledged, every sealed segment is deleted.
+//! - I9: once everything is acknowledged, every sealed segment is deleted;
+//! - I10: a record whose acknowledgement was made durable is never delivered
+//!   again;
+//! - I11: a dead letter made durable is listed and never delivered;
+//! - I12: under `max_attempts`, attempts never decrease;
+//! - I13: a record whose delayed release was made durable is not delivered
+//!   before its delay ends, and is counted as delayed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -45,6 +51,9 @@ pub enum Step {
     ReleaseOne,
     /// Park the newest claimed record as a dead letter, then sync.
     DeadLetterOne,
+    /// Release the newest claimed record with a delay of an hour (never
+    /// reached in a run) and a reason, then sync.
+    DelayOne,
     /// Close the outbox and open it again.
     Reopen,
     /// Wait past the segment age, then sync: the writer rotates the active
@@ -90,6 +99,7 @@ impl Workload {
                 75..=84 => Step::AckOne,
                 85..=90 => Step::ReleaseOne,
                 91..=93 => Step::DeadLetterOne,
+                94 => Step::DelayOne,
                 _ => Step::Reopen,
             })
             .collect();
@@ -153,6 +163,7 @@ impl Workload {
                 2 => steps.push(Step::Hold),
                 3 => steps.push(Step::ReleaseOne),
                 4 => steps.push(Step::Reopen),
+                5 => steps.push(Step::DelayOne),
                 _ => {}
             }
             steps.push(Step::AckAll);
@@ -383,6 +394,12 @@ struct Model {
     /// Records parked as dead letters durably (a `sync` after it returned Ok):
     /// never delivered again, always listed.
     durably_dead: BTreeMap<Seq, u64>,
+    /// Records released with a delay of an hour (they may or may not be
+    /// delayed after a crash).
+    delayed: BTreeMap<Seq, u64>,
+    /// Records whose delayed release was made durable: never delivered
+    /// before the delay ends (not in a run), counted in `Stats::delayed`.
+    durably_delayed: BTreeMap<Seq, u64>,
     /// Every payload id ever handed to `append`.
     attempted: BTreeSet<u64>,
     next_id: u64,
@@ -444,6 +461,18 @@ impl Model {
                 .collect(),
             durably_dead: self
                 .durably_dead
+                .iter()
+                .filter(|(_, at)| **at <= ops)
+                .map(|(s, at)| (*s, *at))
+                .collect(),
+            delayed: self
+                .delayed
+                .iter()
+                .filter(|(_, at)| **at <= ops)
+                .map(|(s, at)| (*s, *at))
+                .collect(),
+            durably_delayed: self
+                .durably_delayed
                 .iter()
                 .filter(|(_, at)| **at <= ops)
                 .map(|(s, at)| (*s, *at))
@@ -647,6 +676,25 @@ impl Run<'_> {
                 }
                 None => false,
             },
+            Step::DelayOne => match self.claimed.pop() {
+                Some(seq) => {
+                    let at = self.disk.ops();
+                    let hour = std::time::Duration::from_secs(3600);
+                    if self.outbox.release_after(seq, hour, "later").is_err() {
+                        true
+                    } else {
+                        self.model.delayed.insert(seq, at);
+                        if self.outbox.sync().is_err() {
+                            true
+                        } else {
+                            let at = self.disk.ops();
+                            self.model.durably_delayed.insert(seq, at);
+                            false
+                        }
+                    }
+                }
+                None => false,
+            },
             Step::Hold => {
                 if !self.claimed.is_empty() {
                     let seq = self.claimed.remove(0);
@@ -685,6 +733,12 @@ impl Run<'_> {
                         && p.as_slice() != r.payload()
                     {
                         return Err(format!("claim returned other bytes for record {}", r.seq()));
+                    }
+                    if self.model.delayed.contains_key(&r.seq()) {
+                        return Err(format!(
+                            "claim returned record {} during its delay of an hour",
+                            r.seq()
+                        ));
                     }
                     if self.options.max_attempts.is_some() {
                         let at = self.disk.ops();
@@ -828,6 +882,7 @@ fn verify_with(
         .map(|d| (d.seq(), d.payload().to_vec()))
         .collect();
     check_records(&records, &dead, model)?;
+    check_delayed(&records, &dead, model, outbox.stats().delayed)?;
     let verified = Verified {
         records: records.len() as u64,
         torn: report.torn_tail.is_some(),
@@ -913,9 +968,52 @@ fn check_records(
         seen.insert(*seq);
     }
     for seq in model.acked.keys() {
-        if !model.consumed.contains_key(seq) && !seen.contains(seq) && !dead.contains_key(seq) {
+        if !model.consumed.contains_key(seq)
+            && !seen.contains(seq)
+            && !dead.contains_key(seq)
+            && !model.delayed.contains_key(seq)
+        {
             return Err(("I1", format!("acknowledged append {seq} lost")));
         }
+    }
+    Ok(())
+}
+
+/// I13: a record whose delayed release was made durable is not delivered
+/// before its delay ends (an hour: never in a run), and every record neither
+/// delivered, acknowledged nor dead is held back as delayed, one the
+/// workload released with a delay (I1 for delayed records): the outbox counts
+/// at least those.
+fn check_delayed(
+    records: &[(Seq, Vec<u8>)],
+    dead: &BTreeMap<Seq, Vec<u8>>,
+    model: &Model,
+    delayed: u64,
+) -> Result<(), (&'static str, String)> {
+    let seen: BTreeSet<Seq> = records.iter().map(|r| r.0).collect();
+    if let Some(seq) = model.durably_delayed.keys().find(|s| seen.contains(s)) {
+        return Err((
+            "I13",
+            format!("record {seq} delivered before the end of its durable delay"),
+        ));
+    }
+    let held = model
+        .acked
+        .keys()
+        .filter(|s| !model.consumed.contains_key(s) && !seen.contains(s) && !dead.contains_key(s))
+        .count() as u64;
+    // A record whose append was in doubt (not in `acked`) may have been
+    // claimed after a reopen and delayed too: the count may be higher, never
+    // higher than the delays the workload asked for.
+    if held > delayed || delayed > model.delayed.len() as u64 {
+        return Err((
+            "I13",
+            format!(
+                "{held} records held back by a delay, the outbox counts {delayed}, \
+                 the workload delayed {}",
+                model.delayed.len()
+            ),
+        ));
     }
     Ok(())
 }
@@ -954,8 +1052,11 @@ fn recover_again(
     again
         .sync()
         .map_err(|e| ("I9", format!("sync failed: {e}")))?;
-    let segments = again.stats().segments;
-    if segments != 1 {
+    // A record delayed for an hour is live, so it may keep its segment (until
+    // the log is large enough for relocation to pay).
+    let stats = again.stats();
+    let segments = stats.segments;
+    if segments != 1 && stats.delayed == 0 {
         return Err((
             "I9",
             format!("{segments} segments left after everything was acknowledged"),
