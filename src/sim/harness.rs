@@ -568,6 +568,10 @@ fn execute_rotting(
     Ok(Stop::Done)
 }
 
+/// The model's two maps of one way of parking records: parked, and parked
+/// durably (seq to the operations done by then).
+type ParkedMaps<'a> = (&'a mut BTreeMap<Seq, u64>, &'a mut BTreeMap<Seq, u64>);
+
 /// One workload running against an open outbox.
 struct Run<'a> {
     disk: &'a SimDisk,
@@ -654,47 +658,14 @@ impl Run<'_> {
                 Some(seq) => self.outbox.release(seq).is_err(),
                 None => false,
             },
-            Step::DeadLetterOne => match self.claimed.pop() {
-                Some(seq) => {
-                    let at = self.disk.ops();
-                    if self
-                        .outbox
-                        .dead_letter(seq, "refused by the harness")
-                        .is_err()
-                    {
-                        true
-                    } else {
-                        self.model.dead.insert(seq, at);
-                        if self.outbox.sync().is_err() {
-                            true
-                        } else {
-                            let at = self.disk.ops();
-                            self.model.durably_dead.insert(seq, at);
-                            false
-                        }
-                    }
-                }
-                None => false,
-            },
-            Step::DelayOne => match self.claimed.pop() {
-                Some(seq) => {
-                    let at = self.disk.ops();
-                    let hour = std::time::Duration::from_secs(3600);
-                    if self.outbox.release_after(seq, hour, "later").is_err() {
-                        true
-                    } else {
-                        self.model.delayed.insert(seq, at);
-                        if self.outbox.sync().is_err() {
-                            true
-                        } else {
-                            let at = self.disk.ops();
-                            self.model.durably_delayed.insert(seq, at);
-                            false
-                        }
-                    }
-                }
-                None => false,
-            },
+            Step::DeadLetterOne => self.park_newest(
+                |o, seq| o.dead_letter(seq, "refused by the harness"),
+                |m| (&mut m.dead, &mut m.durably_dead),
+            ),
+            Step::DelayOne => self.park_newest(
+                |o, seq| o.release_after(seq, std::time::Duration::from_secs(3600), "later"),
+                |m| (&mut m.delayed, &mut m.durably_delayed),
+            ),
             Step::Hold => {
                 if !self.claimed.is_empty() {
                     let seq = self.claimed.remove(0);
@@ -707,7 +678,30 @@ impl Run<'_> {
         Ok(Some(failed))
     }
 
-    /// Claims up to `n` records and checks each against what was appended.
+    /// Parks the newest claimed record with `park` (a dead letter, a long
+    /// delay), then syncs: the model learns it as parked, then as durably
+    /// parked, in the two maps `maps` picks. Returns whether a call failed.
+    fn park_newest(
+        &mut self,
+        park: impl FnOnce(&Outbox, Seq) -> crate::Result<()>,
+        maps: fn(&mut Model) -> ParkedMaps<'_>,
+    ) -> bool {
+        let Some(seq) = self.claimed.pop() else {
+            return false;
+        };
+        let at = self.disk.ops();
+        if park(&self.outbox, seq).is_err() {
+            return true;
+        }
+        maps(self.model).0.insert(seq, at);
+        if self.outbox.sync().is_err() {
+            return true;
+        }
+        let at = self.disk.ops();
+        maps(self.model).1.insert(seq, at);
+        false
+    }
+
     /// Makes the acknowledgements of `seqs` durable with a `sync`; once it
     /// returned Ok, those records must never be delivered again. Returns
     /// whether the sync failed.
@@ -722,6 +716,7 @@ impl Run<'_> {
         false
     }
 
+    /// Claims up to `n` records and checks each against what was appended.
     fn claim(&mut self, n: usize) -> Result<bool, String> {
         match self.outbox.claim(n) {
             Ok(records) => {

@@ -289,7 +289,7 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
             let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); plan.engines.len()];
             for round in 0..plan.rounds {
                 for (i, &kind) in plan.engines.iter().enumerate() {
-                    let sample = append_cell(plan, tmp, kind, producers, size, round)?;
+                    let sample = append_cell(plan, tmp, kind, producers, size, round, false)?;
                     progress_round(kind, producers, size, round, plan.rounds, &sample);
                     samples[i].push(sample);
                 }
@@ -322,7 +322,7 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
         for &kind in plan.engines.iter().filter(|k| k.has_queue()) {
             let mut samples = Vec::new();
             for round in 0..plan.rounds {
-                let sample = relay_cell(plan, tmp, kind, producers, RELAY_BYTES, round)?;
+                let sample = append_cell(plan, tmp, kind, producers, RELAY_BYTES, round, true)?;
                 progress_round(kind, producers, RELAY_BYTES, round, plan.rounds, &sample);
                 samples.push(sample);
             }
@@ -427,7 +427,9 @@ fn cell_dir(tmp: &Path, kind: Kind, what: &str) -> Result<PathBuf> {
 }
 
 /// Opens `kind` on a fresh directory, warms it up while measuring its rate,
-/// then times a fixed number of appends sized to take about `plan.target`.
+/// then times a fixed number of appends sized to take about `plan.target`;
+/// with `relayed`, one relay drains the engine in batches of [`DRAIN_BATCH`]
+/// during both (the end-to-end workload).
 fn append_cell(
     plan: &Plan,
     tmp: &Path,
@@ -435,49 +437,20 @@ fn append_cell(
     producers: usize,
     size: usize,
     round: usize,
+    relayed: bool,
 ) -> Result<Sample> {
-    let dir = cell_dir(tmp, kind, &format!("append-{producers}p-{size}B-{round}"))?;
+    let what = if relayed { "relay" } else { "append" };
+    let dir = cell_dir(tmp, kind, &format!("{what}-{producers}p-{size}B-{round}"))?;
     let engine = kind.open(&dir)?;
-    let probe = workload::append(&*engine, producers, size, Stop::After(plan.probe))?;
+    let relay = match relayed {
+        true => Some((engine.queue().ok_or("engine has no queue")?, DRAIN_BATCH)),
+        false => None,
+    };
+    let run = |stop| workload::append(&*engine, relay, producers, size, stop);
+    let probe = run(Stop::After(plan.probe))?;
     let total = (probe.records_per_s() * plan.target.as_secs_f64()).max(plan.min_records as f64);
     let per_producer = (total / producers as f64).ceil() as u64;
-    let sample = workload::append(&*engine, producers, size, Stop::PerProducer(per_producer))?;
-    engine.close()?;
-    std::fs::remove_dir_all(&dir)?;
-    Ok(sample)
-}
-
-/// Like [`append_cell`], with one relay draining the engine in batches of
-/// [`DRAIN_BATCH`] during the warm-up and the timed appends.
-fn relay_cell(
-    plan: &Plan,
-    tmp: &Path,
-    kind: Kind,
-    producers: usize,
-    size: usize,
-    round: usize,
-) -> Result<Sample> {
-    let dir = cell_dir(tmp, kind, &format!("relay-{producers}p-{size}B-{round}"))?;
-    let engine = kind.open(&dir)?;
-    let queue = engine.queue().ok_or("engine has no queue")?;
-    let probe = workload::append_with_relay(
-        &*engine,
-        queue,
-        DRAIN_BATCH,
-        producers,
-        size,
-        Stop::After(plan.probe),
-    )?;
-    let total = (probe.records_per_s() * plan.target.as_secs_f64()).max(plan.min_records as f64);
-    let per_producer = (total / producers as f64).ceil() as u64;
-    let sample = workload::append_with_relay(
-        &*engine,
-        queue,
-        DRAIN_BATCH,
-        producers,
-        size,
-        Stop::PerProducer(per_producer),
-    )?;
+    let sample = run(Stop::PerProducer(per_producer))?;
     engine.close()?;
     std::fs::remove_dir_all(&dir)?;
     Ok(sample)

@@ -71,25 +71,12 @@ pub fn payload(size: usize, seed: u64) -> Vec<u8> {
 
 /// Runs `producers` threads, each appending records of `size` bytes to
 /// `engine` one at a time, each waiting for durability, until `stop`.
-pub fn append(engine: &dyn Engine, producers: usize, size: usize, stop: Stop) -> Result<Sample> {
-    append_relayed(engine, None, producers, size, stop)
-}
-
-/// [`append`] while one relay thread drains `queue` (the same engine's) in
-/// batches of `batch` for the whole run: the end-to-end workload. The sample
-/// counts the appends, and in `relayed` what the relay acknowledged.
-pub fn append_with_relay(
-    engine: &dyn Engine,
-    queue: &dyn Queue,
-    batch: usize,
-    producers: usize,
-    size: usize,
-    stop: Stop,
-) -> Result<Sample> {
-    append_relayed(engine, Some((queue, batch)), producers, size, stop)
-}
-
-fn append_relayed(
+///
+/// With `relay` = `(queue, batch)`, one relay thread drains
+/// `queue` (the same engine's) in batches of `batch` for the whole run: the
+/// end-to-end workload. The sample counts the appends, and in `relayed` what
+/// the relay acknowledged.
+pub fn append(
     engine: &dyn Engine,
     relay: Option<(&dyn Queue, usize)>,
     producers: usize,
