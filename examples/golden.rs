@@ -6,7 +6,14 @@
 //!
 //! ```text
 //! cargo run --example golden -- tests/golden/vN
+//! cargo run --example golden -- --delivery tests/golden/vN-delivery
 //! ```
+//!
+//! With `--delivery`, the directory holds delivery state as well: acks
+//! frames, a dead letter and a record delayed for a century, both carried
+//! forward by relocation (kind 4 frames) out of segments since deleted.
+//! `dead.txt` then lists the dead letters as `seq attempts reason|payload`
+//! lines, and `delayed.txt` the number of delayed records.
 //!
 //! Run once per format version: the test suite never regenerates golden files,
 //! so that a format change cannot silently stop reading directories that exist.
@@ -17,18 +24,33 @@ use std::path::{Path, PathBuf};
 use segwal::{Options, Outbox};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = std::env::args()
-        .nth(1)
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let delivery = args.first().is_some_and(|a| a == "--delivery");
+    if delivery {
+        args.remove(0);
+    }
+    let dir = args
+        .first()
         .map(PathBuf::from)
-        .ok_or("usage: golden DIR (DIR must not exist)")?;
+        .ok_or("usage: golden [--delivery] DIR (DIR must not exist)")?;
     if dir.exists() {
         return Err(format!("{} exists: golden files are never rewritten", dir.display()).into());
     }
-    write_log(&dir)?;
+    if delivery {
+        write_delivery_log(&dir)?;
+    } else {
+        write_log(&dir)?;
+    }
     let manifest = expected_records(&dir)?;
     std::fs::write(dir.join("records.txt"), manifest)?;
-    // The owner file is not part of the format.
+    if delivery {
+        let (dead, delayed) = expected_delivery_state(&dir)?;
+        std::fs::write(dir.join("dead.txt"), dead)?;
+        std::fs::write(dir.join("delayed.txt"), format!("{delayed}\n"))?;
+    }
+    // The owner file and the reserve are not part of the format.
     let _ = std::fs::remove_file(dir.join("OWNER"));
+    let _ = std::fs::remove_file(dir.join("RESERVE"));
     println!("wrote {}", dir.display());
     Ok(())
 }
@@ -57,6 +79,67 @@ fn write_log(dir: &Path) -> segwal::Result<()> {
         outbox.append(payload(n).as_bytes())?;
     }
     outbox.close()
+}
+
+/// Segments of eight blocks (relocation pays once the copies take at most
+/// half a segment); a dead letter and a record delayed for a century
+/// among the first records, every other record acknowledged as it comes, until
+/// relocation has carried both forward and their first segments are gone;
+/// then a few records left pending.
+fn write_delivery_log(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let outbox = Outbox::open(dir, Options::default().segment_bytes(8 * 4096))?;
+    let century = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+    let mut n = 0;
+    while outbox.stats().relocated < 2 || n < 200 {
+        if n > 5000 {
+            return Err("relocation never ran".into());
+        }
+        let batch: Vec<String> = (n..n + 10).map(payload).collect();
+        outbox.append_batch(&batch)?;
+        for record in outbox.claim(10)? {
+            match n {
+                0 if record.payload() == payload(3).as_bytes() => {
+                    outbox.dead_letter(record.seq(), "refused by the golden broker")?
+                }
+                0 if record.payload() == payload(6).as_bytes() => {
+                    outbox.release_after(record.seq(), century, "retry in a century")?
+                }
+                _ => outbox.ack(record.seq())?,
+            }
+        }
+        outbox.sync()?;
+        n += 10;
+    }
+    let batch: Vec<String> = (n..n + 5).map(payload).collect();
+    outbox.append_batch(&batch)?;
+    outbox.close()?;
+    Ok(())
+}
+
+/// The dead letters (`seq attempts reason|payload` lines) and the number of
+/// delayed records a reopen of `dir` finds, read from a copy.
+fn expected_delivery_state(dir: &Path) -> Result<(String, u64), Box<dyn std::error::Error>> {
+    let copy = tempfile::tempdir()?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        std::fs::copy(entry.path(), copy.path().join(entry.file_name()))?;
+    }
+    let outbox = Outbox::open(copy.path(), Options::default())?;
+    let mut out = String::new();
+    for dead in outbox.dead_letters(usize::MAX)? {
+        let text = std::str::from_utf8(dead.payload())?;
+        writeln!(
+            out,
+            "{} {} {}|{}",
+            dead.seq(),
+            dead.attempts(),
+            dead.reason(),
+            text
+        )?;
+    }
+    let delayed = outbox.stats().delayed;
+    outbox.close()?;
+    Ok((out, delayed))
 }
 
 /// What a reopen of `dir` hands out, read from a copy (a reopen seals the

@@ -74,6 +74,51 @@ fn format_version_2_directories_open_with_every_record() {
     check_version("v2", OpenCheck::EveryFrame);
 }
 
+/// Delivery state written by version 2: acks frames, and a dead letter and a
+/// record delayed for a century that relocation carried forward (kind 4
+/// frames) out of segments deleted since, so that only their copies hold them.
+#[test]
+fn format_version_2_delivery_state_and_relocated_records_survive() {
+    for check in [OpenCheck::SealIndex, OpenCheck::EveryFrame] {
+        check_version("v2-delivery", check);
+        let copy = copy_of("v2-delivery");
+        let outbox = Outbox::open(copy.path(), Options::default().open_check(check)).expect("open");
+        let dead: String = outbox
+            .dead_letters(usize::MAX)
+            .expect("dead_letters")
+            .iter()
+            .map(|d| {
+                let payload = std::str::from_utf8(d.payload()).expect("utf-8");
+                format!("{} {} {}|{payload}\n", d.seq(), d.attempts(), d.reason())
+            })
+            .collect();
+        let want =
+            std::fs::read_to_string(golden("v2-delivery").join("dead.txt")).expect("dead.txt");
+        assert_eq!(dead, want);
+        let delayed: u64 = std::fs::read_to_string(golden("v2-delivery").join("delayed.txt"))
+            .expect("delayed.txt")
+            .trim()
+            .parse()
+            .expect("a count");
+        let stats = outbox.stats();
+        assert_eq!((stats.delayed, delayed), (1, 1));
+        // Both live only in copies: every segment now on disk starts after
+        // their own numbers.
+        let first_segment: u64 = crate::segment_files(copy.path())[0]
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("name")[..20]
+            .parse()
+            .expect("numeric");
+        let dead_seq = outbox.dead_letters(1).expect("dead_letters")[0].seq();
+        assert!(
+            dead_seq.get() < first_segment,
+            "{dead_seq} in {first_segment}"
+        );
+        outbox.close().expect("close");
+    }
+}
+
 /// Format version 1 is refused, by number and with the way forward, and
 /// nothing in the directory changes: the records are still there for a release
 /// that reads version 1 to drain.
@@ -132,6 +177,10 @@ fn the_golden_files_are_as_they_were_made() {
         ("v2", "00000000000000000056.seg", 0xdf15_2990),
         ("v2", "00000000000000000060.seg", 0xeaf9_7463),
         ("v2", "records.txt", 0x8426_4915),
+        ("v2-delivery", "00000000000000000224.seg", 0x120c_70fc),
+        ("v2-delivery", "dead.txt", 0x2b64_2825),
+        ("v2-delivery", "delayed.txt", 0x6751_fc53),
+        ("v2-delivery", "records.txt", 0x3b27_a50a),
     ];
     for (version, name, crc) in files {
         let bytes = std::fs::read(golden(version).join(name)).expect("golden file");
