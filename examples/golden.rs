@@ -119,12 +119,7 @@ fn write_delivery_log(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
 /// The dead letters (`seq attempts reason|payload` lines) and the number of
 /// delayed records a reopen of `dir` finds, read from a copy.
 fn expected_delivery_state(dir: &Path) -> Result<(String, u64), Box<dyn std::error::Error>> {
-    let copy = tempfile::tempdir()?;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        std::fs::copy(entry.path(), copy.path().join(entry.file_name()))?;
-    }
-    let outbox = Outbox::open(copy.path(), Options::default())?;
+    let (_copy, outbox) = reopen_copy(dir)?;
     let mut out = String::new();
     for dead in outbox.dead_letters(usize::MAX)? {
         let text = std::str::from_utf8(dead.payload())?;
@@ -142,15 +137,21 @@ fn expected_delivery_state(dir: &Path) -> Result<(String, u64), Box<dyn std::err
     Ok((out, delayed))
 }
 
-/// What a reopen of `dir` hands out, read from a copy (a reopen seals the
-/// newest segment, and the golden directory must stay as the close left it).
-fn expected_records(dir: &Path) -> Result<String, Box<dyn std::error::Error>> {
+/// A copy of `dir`, opened: a reopen seals the newest segment, and the golden
+/// directory must stay as the close left it.
+fn reopen_copy(dir: &Path) -> Result<(tempfile::TempDir, Outbox), Box<dyn std::error::Error>> {
     let copy = tempfile::tempdir()?;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         std::fs::copy(entry.path(), copy.path().join(entry.file_name()))?;
     }
     let outbox = Outbox::open(copy.path(), Options::default())?;
+    Ok((copy, outbox))
+}
+
+/// What a reopen of `dir` hands out, read from a copy.
+fn expected_records(dir: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    let (_copy, outbox) = reopen_copy(dir)?;
     let mut out = String::new();
     for record in outbox.claim(usize::MAX)? {
         let text = std::str::from_utf8(record.payload())?;

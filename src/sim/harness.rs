@@ -441,42 +441,12 @@ impl Model {
                 .filter(|(_, (_, at))| *at <= ops)
                 .map(|(s, v)| (*s, v.clone()))
                 .collect(),
-            consumed: self
-                .consumed
-                .iter()
-                .filter(|(_, at)| **at <= ops)
-                .map(|(s, at)| (*s, *at))
-                .collect(),
-            durably_consumed: self
-                .durably_consumed
-                .iter()
-                .filter(|(_, at)| **at <= ops)
-                .map(|(s, at)| (*s, *at))
-                .collect(),
-            dead: self
-                .dead
-                .iter()
-                .filter(|(_, at)| **at <= ops)
-                .map(|(s, at)| (*s, *at))
-                .collect(),
-            durably_dead: self
-                .durably_dead
-                .iter()
-                .filter(|(_, at)| **at <= ops)
-                .map(|(s, at)| (*s, *at))
-                .collect(),
-            delayed: self
-                .delayed
-                .iter()
-                .filter(|(_, at)| **at <= ops)
-                .map(|(s, at)| (*s, *at))
-                .collect(),
-            durably_delayed: self
-                .durably_delayed
-                .iter()
-                .filter(|(_, at)| **at <= ops)
-                .map(|(s, at)| (*s, *at))
-                .collect(),
+            consumed: learned_by(&self.consumed, ops),
+            durably_consumed: learned_by(&self.durably_consumed, ops),
+            dead: learned_by(&self.dead, ops),
+            durably_dead: learned_by(&self.durably_dead, ops),
+            delayed: learned_by(&self.delayed, ops),
+            durably_delayed: learned_by(&self.durably_delayed, ops),
             attempted: self.attempted.clone(),
             next_id: self.next_id,
             age_rotations: self.age_rotations,
@@ -493,6 +463,16 @@ impl Model {
             relocated: self.relocated,
         }
     }
+}
+
+/// The entries of `facts` (seq to the operations done when the workload
+/// learned it) learned by `ops` operations.
+fn learned_by(facts: &BTreeMap<Seq, u64>, ops: u64) -> BTreeMap<Seq, u64> {
+    facts
+        .iter()
+        .filter(|(_, at)| **at <= ops)
+        .map(|(s, at)| (*s, *at))
+        .collect()
 }
 
 const DIR: &str = "/outbox";
