@@ -122,6 +122,34 @@ pub enum Error {
         /// Why it was refused.
         reason: String,
     },
+    /// A [`Message`](crate::Message) field is out of its documented range
+    /// (an empty key, an id longer than 256 bytes); nothing was written.
+    InvalidMessage {
+        /// The field: `"key"` or `"dedup_id"`.
+        field: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A record with this deduplication id and a *different* payload was
+    /// appended within the deduplication window; nothing was written.
+    Conflict {
+        /// The deduplication id.
+        dedup_id: Vec<u8>,
+        /// The record appended first with it.
+        existing: Seq,
+    },
+    /// An append would take the outbox past a quota; nothing was written.
+    /// Acknowledged records free room; so does free disk space.
+    QuotaExceeded {
+        /// The quota: `"max_backlog_bytes"`, `"max_backlog_records"` or
+        /// `"min_free_disk_bytes"`.
+        quota: &'static str,
+        /// Its configured limit.
+        limit: u64,
+        /// The value the append found: the backlog (bytes or records), or the
+        /// free bytes of the file system.
+        current: u64,
+    },
 }
 
 impl Error {
@@ -206,6 +234,28 @@ impl fmt::Display for Error {
                 write!(f, "cannot open an outbox at {:?}: {reason}", path)
             }
             Error::InvalidOption { name, reason } => write!(f, "invalid option {name}: {reason}"),
+            Error::InvalidMessage { field, reason } => {
+                write!(f, "invalid message field {field}: {reason}")
+            }
+            Error::Conflict { dedup_id, existing } => write!(
+                f,
+                "deduplication id {} was appended as record {existing} with another payload; nothing written",
+                String::from_utf8_lossy(dedup_id).escape_debug()
+            ),
+            Error::QuotaExceeded {
+                quota,
+                limit,
+                current,
+            } => match *quota {
+                "min_free_disk_bytes" => write!(
+                    f,
+                    "quota {quota}: the file system has {current} bytes free, below the floor of {limit}; nothing written"
+                ),
+                _ => write!(
+                    f,
+                    "quota {quota} of {limit} exceeded (the backlog is at {current}); nothing written"
+                ),
+            },
         }
     }
 }

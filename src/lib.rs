@@ -61,6 +61,7 @@ pub mod io;
 #[cfg(not(feature = "testing"))]
 mod io;
 mod log;
+mod message;
 mod options;
 mod outbox;
 // The simulated disk, the crash harness and the known bugs of the negative
@@ -79,9 +80,10 @@ pub struct ReadmeDoctests;
 pub use format::delivery::REASON_BYTES_MAX;
 pub use format::seq::{QUARANTINE_DIR, Seq};
 pub use io::reader::Record;
+pub use message::{Appended, DEDUP_ID_BYTES_MAX, KEY_BYTES_MAX, Message};
 pub use log::recovery::{Dropped, QuarantineReason, Quarantined, RecoveryReport, TornTail};
 pub use options::{
-    BATCH_BYTES_MAX, Durability, LINGER_MAX, MAX_RECORD_BYTES_LIMIT, OpenCheck, Options,
+    BATCH_BYTES_MAX, DEDUP_CAPACITY_MAX, DEDUP_WINDOW_MAX, Durability, LINGER_MAX, MAX_RECORD_BYTES_LIMIT, MIN_FREE_DISK_BYTES_DEFAULT, OpenCheck, Options,
     QUEUE_BYTES_MAX, QUEUE_CAPACITY_MAX, RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
 };
 pub use outbox::{DeadLetter, Outbox, Stats};

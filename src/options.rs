@@ -24,6 +24,13 @@ pub const QUEUE_CAPACITY_MAX: usize = 1 << 20;
 /// Largest accepted [`Options::linger`] (1 second).
 pub const LINGER_MAX: Duration = Duration::from_secs(1);
 
+/// The longest [`Options::dedup_window`]: 30 days.
+pub const DEDUP_WINDOW_MAX: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The largest [`Options::dedup_capacity`]: 2^26 ids (about 2.7 GB of memory).
+pub const DEDUP_CAPACITY_MAX: usize = 1 << 26;
+/// The default of [`Options::min_free_disk_bytes`]: 128 MiB.
+pub const MIN_FREE_DISK_BYTES_DEFAULT: u64 = 128 * MIB;
+
 /// Largest accepted [`Options::batch_bytes`] (1 GiB).
 ///
 /// With [`SEGMENT_BYTES_MAX`] and [`QUEUE_BYTES_MAX`] it keeps every segment file
@@ -122,6 +129,11 @@ pub struct Options {
     pub(crate) buffered_sync_interval: Duration,
     pub(crate) recovery: RecoveryMode,
     pub(crate) open_check: OpenCheck,
+    pub(crate) dedup_window: Duration,
+    pub(crate) dedup_capacity: usize,
+    pub(crate) max_backlog_bytes: Option<u64>,
+    pub(crate) max_backlog_records: Option<u64>,
+    pub(crate) min_free_disk_bytes: u64,
     #[cfg(feature = "testing")]
     pub(crate) bugs: Vec<crate::sim::Bug>,
 }
@@ -143,6 +155,11 @@ impl Default for Options {
             buffered_sync_interval: Duration::from_millis(100),
             recovery: RecoveryMode::Strict,
             open_check: OpenCheck::SealIndex,
+            dedup_window: Duration::from_secs(10 * 60),
+            dedup_capacity: 1_000_000,
+            max_backlog_bytes: None,
+            max_backlog_records: None,
+            min_free_disk_bytes: MIN_FREE_DISK_BYTES_DEFAULT,
             #[cfg(feature = "testing")]
             bugs: Vec::new(),
         }
@@ -309,6 +326,56 @@ impl Options {
         self
     }
 
+    /// How long a deduplication id is remembered after its record was
+    /// appended. Default 10 minutes (SQS FIFO keeps 5, NATS JetStream 2); from
+    /// 1 ms to [`DEDUP_WINDOW_MAX`] (30 days). An id is also forgotten, oldest
+    /// first, once [`dedup_capacity`](Options::dedup_capacity) newer ids are
+    /// remembered. Measured on the wall clock of each record's append
+    /// (docs/GUARANTEES.md, 15).
+    pub fn dedup_window(mut self, window: Duration) -> Options {
+        self.dedup_window = window;
+        self
+    }
+
+    /// The most deduplication ids remembered; beyond it the oldest are
+    /// forgotten first. Default 1,000,000; from 1 to [`DEDUP_CAPACITY_MAX`]
+    /// (2^26). Memory is about 40 bytes per id remembered (never more than 48
+    /// on average: docs/BENCHMARKS.md), taken as ids arrive, not up front.
+    pub fn dedup_capacity(mut self, ids: usize) -> Options {
+        self.dedup_capacity = ids;
+        self
+    }
+
+    /// An append that would take the payload bytes of the records not yet
+    /// acknowledged (dead letters included) past `bytes` fails at once with
+    /// [`Error::QuotaExceeded`]; nothing is written. Default: no quota.
+    /// Acknowledged records free room at once.
+    pub fn max_backlog_bytes(mut self, bytes: u64) -> Options {
+        self.max_backlog_bytes = Some(bytes);
+        self
+    }
+
+    /// Like [`max_backlog_bytes`](Options::max_backlog_bytes), counting records.
+    /// Default: no quota.
+    pub fn max_backlog_records(mut self, records: u64) -> Options {
+        self.max_backlog_records = Some(records);
+        self
+    }
+
+    /// Appends fail with [`Error::QuotaExceeded`] while the file system holding
+    /// the outbox has fewer free bytes than this (for an unprivileged user), so
+    /// that an outbox never fills a disk to its last byte; 0 turns the floor
+    /// off. Default [`MIN_FREE_DISK_BYTES_DEFAULT`] (128 MiB: room for two
+    /// segments of the default size, the one the next rotation reserves and
+    /// one for relocation's copies, and for the rest of the system to log
+    /// that the disk is filling). Recovery, claims, acknowledgements and the
+    /// relay need no free space and are never refused. Checked by the writer
+    /// at most every 10 ms.
+    pub fn min_free_disk_bytes(mut self, bytes: u64) -> Options {
+        self.min_free_disk_bytes = bytes;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         let invalid = |name, reason: String| Err(Error::InvalidOption { name, reason });
         if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&self.segment_bytes) {
@@ -366,6 +433,21 @@ impl Options {
         if self.buffered_sync_interval < Duration::from_millis(1) {
             return invalid("buffered_sync_interval", "must be at least 1 ms".into());
         }
+        if !(Duration::from_millis(1)..=DEDUP_WINDOW_MAX).contains(&self.dedup_window) {
+            return invalid(
+                "dedup_window",
+                format!("{:?} is outside 1ms..={DEDUP_WINDOW_MAX:?}", self.dedup_window),
+            );
+        }
+        if !(1..=DEDUP_CAPACITY_MAX).contains(&self.dedup_capacity) {
+            return invalid(
+                "dedup_capacity",
+                format!(
+                    "{} is outside 1..={DEDUP_CAPACITY_MAX}",
+                    self.dedup_capacity
+                ),
+            );
+        }
         Ok(())
     }
 }
@@ -411,6 +493,16 @@ mod tests {
             (Options::default().batch_bytes(usize::MAX), "batch_bytes"),
             (Options::default().queue_bytes(1), "queue_bytes"),
             (Options::default().batch_bytes(0), "batch_bytes"),
+            (Options::default().dedup_window(Duration::ZERO), "dedup_window"),
+            (
+                Options::default().dedup_window(Duration::MAX),
+                "dedup_window",
+            ),
+            (Options::default().dedup_capacity(0), "dedup_capacity"),
+            (
+                Options::default().dedup_capacity(usize::MAX),
+                "dedup_capacity",
+            ),
         ];
         for (options, expected) in cases {
             match options.validate() {

@@ -25,10 +25,10 @@ pub(crate) const TAG_CARRIED: u8 = 0x04;
 /// Deduplication id: 1 to [`DEDUP_ID_BYTES_MAX`] bytes. Skippable.
 pub(crate) const TAG_DEDUP_ID: u8 = 0x81;
 
-/// Longest ordering key.
-pub(crate) const KEY_BYTES_MAX: usize = 256;
-/// Longest deduplication id.
-pub(crate) const DEDUP_ID_BYTES_MAX: usize = 256;
+/// The longest ordering key, in bytes.
+pub const KEY_BYTES_MAX: usize = 256;
+/// The longest deduplication id, in bytes.
+pub const DEDUP_ID_BYTES_MAX: usize = 256;
 
 /// The optional fields of one record, borrowed from its frame.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -80,6 +80,11 @@ pub(crate) enum FrameKind {
     /// `origin_seq`, and its delivery state in the field `carried`. Counted
     /// among the internal frames (its frame's number is not the record's).
     Relocated,
+    /// Internal: what producers said about the records of its write batch
+    /// (ordering keys, not-before times, deduplication ids), so that recovery
+    /// learns it without reading the records (`format::fields`). Must be
+    /// understood: skipping it would break per-key order and delays.
+    Fields,
     /// A kind this build may skip (kinds 0x80..=0xFF): delivery state, such as
     /// [`ACKS`], or a kind from a later format.
     Skippable(u8),
@@ -101,6 +106,7 @@ impl FrameKind {
             FrameKind::LogStart => 2,
             FrameKind::Seal => 3,
             FrameKind::Relocated => 4,
+            FrameKind::Fields => 5,
             FrameKind::Skippable(b) => b,
         }
     }
@@ -111,6 +117,7 @@ impl FrameKind {
             2 => Some(FrameKind::LogStart),
             3 => Some(FrameKind::Seal),
             4 => Some(FrameKind::Relocated),
+            5 => Some(FrameKind::Fields),
             0x80..=0xFF => Some(FrameKind::Skippable(byte)),
             _ => None,
         }

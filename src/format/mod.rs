@@ -3,7 +3,8 @@
 //! Owns the byte layout of everything segwal writes: frames (`frame`), the
 //! segment header (`segment`), the seal index (`seal`), the payloads of
 //! delivery-state frames (`acks`, `delivery`), relocated records
-//! (`relocated`), and the identities
+//! (`relocated`), what producers said of their records (`fields`), the
+//! digests that name ids and keys (`hash`), and the identities
 //! that name files and frames (`seq`). The layout is documented once, in
 //! `docs/FORMAT.md`; the offsets here chain from each other and point to it.
 //!
@@ -13,7 +14,9 @@
 pub(crate) mod acks;
 pub(crate) mod delivery;
 pub(crate) mod ext;
+pub(crate) mod fields;
 pub(crate) mod frame;
+pub(crate) mod hash;
 pub(crate) mod relocated;
 pub(crate) mod seal;
 pub(crate) mod segment;

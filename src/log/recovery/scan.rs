@@ -865,6 +865,11 @@ fn fit_frame(walk: &Walk, f: &frame::Frame<'_>, scan: &mut SegmentScan) -> Resul
             // relocated record that cannot be placed is refused, not skipped.
             crate::format::relocated::decode_ext(f.ext)?;
         }
+        FrameKind::Fields => {
+            // Every entry must read: a fields frame that cannot be applied
+            // is refused, not skipped.
+            crate::format::fields::decode(f.payload)?;
+        }
         FrameKind::Record | FrameKind::Skippable(_) => {}
     }
     scan.frames.push(FrameSpan {
