@@ -22,7 +22,12 @@ use crate::log::clock::Clock;
 use crate::log::recovery::state::Recorded;
 use crate::log::recovery::{self, RecoveryReport};
 use crate::log::shared::{Budget, Completion, Counters, Shared, Ticket};
-use crate::log::writer::{Payloads, Request, Writer};
+use crate::format::ext::RecordFields;
+use crate::format::fields::DedupDigest;
+use crate::format::hash::{Digest, Hasher};
+use crate::log::writer::{MessageFields, OwnedMessage, Payloads, Request, Verdict, Writer};
+use crate::message::{Appended, Message};
+use crate::state::dedup::Dedup;
 use crate::options::Options;
 use crate::state::table::{SegmentSlots, SlotRef, Table};
 
@@ -63,8 +68,21 @@ pub struct Stats {
     /// Records claimed by a relay and not yet acknowledged (delayed records
     /// and dead letters not counted).
     pub claimed: u64,
-    /// Records released with a delay, waiting for it to pass.
+    /// Records waiting out a delay: released with one
+    /// ([`release_after`](Outbox::release_after)), or appended with a
+    /// not-before time ([`Message::not_before`]) still ahead.
     pub delayed: u64,
+    /// Ordering keys with a record held back behind an earlier one of the
+    /// key (claimed, delayed, or pending ahead of it).
+    pub blocked_keys: u64,
+    /// Records held back behind an earlier one of their key (not counted in
+    /// `pending` or `claimed`; a record both held back and delayed is counted
+    /// in `delayed`).
+    pub held_by_key: u64,
+    /// Deduplication ids remembered ([`Options::dedup_capacity`] bounds them).
+    pub dedup_ids: u64,
+    /// Appends answered as duplicates since open.
+    pub duplicates: u64,
     /// Dead letters: parked, never handed out until requeued.
     pub dead_letters: u64,
     /// Claimed records whose lease ran out (they went back to pending) since
@@ -210,15 +228,57 @@ impl Outbox {
         // records are never handed out, delayed ones wait, dead letters stay.
         let clock = Clock::new(recovered.active.segment.id.first_seq());
         let (now, now_wall) = (clock.now_us(), crate::io::segment_file::now_us());
+        // What producers said of the records (keys, not-before times, ids),
+        // applied once the rest is replayed, in sequence order; and the
+        // deduplication ids, with their records' times and the frames that
+        // keep them.
+        let mut described = Vec::new();
+        let mut ids = Vec::new();
         for recorded in &recovered.state {
             match recorded {
                 Recorded::Acks(first, last) => table.ack_recovered(*first, *last),
                 Recorded::Change(change, at) => table.replay(change, *at, now, now_wall),
-                Recorded::Relocated { seq, at, carried } => {
+                Recorded::Relocated {
+                    seq,
+                    at,
+                    carried,
+                    described: d,
+                    stamped_us,
+                } => {
                     table.relocated_recovered(*seq, *at, carried, now, now_wall);
+                    if let Some(d) = d {
+                        described.push(*d);
+                        if let Some(id) = d.dedup {
+                            ids.push((*seq, *at, id, *stamped_us));
+                        }
+                    }
+                }
+                Recorded::Fields {
+                    described: ds,
+                    at,
+                    stamped_us,
+                } => {
+                    for d in ds {
+                        described.push(*d);
+                        if let Some(id) = d.dedup {
+                            ids.push((d.seq, *at, id, *stamped_us));
+                        }
+                    }
+                }
+                Recorded::Tombstones { stones, at } => {
+                    for t in stones {
+                        ids.push((t.seq, *at, t.dedup, t.appended_us));
+                    }
                 }
             }
         }
+        // A record described twice (its batch's fields frame, then a
+        // relocated copy) keeps the later word.
+        described.reverse();
+        described.sort_by_key(|d| d.seq);
+        described.dedup_by_key(|d| d.seq);
+        table.apply_fields(&described, now, now_wall);
+        let dedup = recovered_ids(ids, &options, now_wall);
         let mut report = recovered.report;
         report.records_recovered = table.pending();
         if cfg!(debug_assertions) {
@@ -229,6 +289,7 @@ impl Outbox {
         let (tx, rx) = crossbeam_channel::unbounded();
         let outbox_id = recovered.active.outbox_id;
         let shared = Arc::new(Shared {
+            hasher: crate::format::hash::Hasher::new(outbox_id),
             clock,
             dir,
             files: FileCache::new(storage.clone()),
@@ -243,7 +304,13 @@ impl Outbox {
             lock: Mutex::new(Some(lock)),
         });
         Counters::add(&shared.counters.fsyncs, u64::from(sealed));
-        let writer = Writer::start(shared.clone(), rx, recovered.active, recovered.log_start)?;
+        let writer = Writer::start(
+            shared.clone(),
+            rx,
+            recovered.active,
+            recovered.log_start,
+            dedup,
+        )?;
         let thread = std::thread::Builder::new()
             .name("segwal-writer".into())
             .spawn(move || writer.run())
@@ -368,9 +435,86 @@ impl Outbox {
             payloads: copy(),
             ticket,
             done,
+            verdicts: None,
         };
         self.send(request)?;
         completion.wait()
+    }
+
+    /// Appends one [`Message`]: a record with an ordering key, a not-before
+    /// time or a deduplication id (any of them). Durable on return, like
+    /// [`append`](Outbox::append).
+    ///
+    /// With a deduplication id already appended within
+    /// [`Options::dedup_window`] and the same payload, nothing is written and
+    /// the answer is the first record's seq with `duplicate: true` (even if
+    /// that record was acknowledged and deleted since); with another payload,
+    /// [`Error::Conflict`]. Two producers racing with one id get one record
+    /// and one duplicate answer. A backlog quota or the free-disk floor
+    /// refuses the append with [`Error::QuotaExceeded`] (a duplicate is never
+    /// refused: it writes nothing).
+    pub fn append_message(&self, message: &Message<'_>) -> Result<Appended> {
+        let mut v = self.append_messages(std::slice::from_ref(message))?;
+        v.pop().ok_or(Error::Closed)
+    }
+
+    /// Appends many [`Message`]s with one wait, like
+    /// [`append_batch`](Outbox::append_batch): the records written are
+    /// numbered in order and become durable together. One answer per
+    /// message, in order. All or nothing: a conflict or a quota refuses
+    /// every message of the call, and nothing is written.
+    pub fn append_messages(&self, messages: &[Message<'_>]) -> Result<Vec<Appended>> {
+        self.handle.shared.check_usable()?;
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut bytes = 0u64;
+        for m in messages {
+            self.check_record(m.payload)?;
+            m.check()?;
+            bytes += frame_len(m.payload.len() + ext_len(m)) as u64;
+        }
+        let max = self.handle.shared.options.queue_bytes;
+        if bytes > max {
+            return Err(Error::BatchTooLarge { len: bytes, max });
+        }
+        let hasher = self.handle.shared.hasher;
+        let copy = || Payloads::Messages(messages.iter().map(|m| owned(&hasher, m)).collect());
+        let ticket = Ticket::take(&self.handle.shared, bytes, true)?;
+        let (completion, done) = Completion::new();
+        let verdicts = Arc::new(Mutex::new(Vec::new()));
+        self.send(Request::Append {
+            payloads: copy(),
+            ticket,
+            done,
+            verdicts: Some(verdicts.clone()),
+        })?;
+        let outcome = completion.wait();
+        let verdicts = std::mem::take(&mut *verdicts.lock());
+        match outcome {
+            Ok(_) => Ok(verdicts
+                .into_iter()
+                .map(|v| match v {
+                    Verdict::Written(seq) => Appended {
+                        seq,
+                        duplicate: false,
+                    },
+                    Verdict::Duplicate(seq) | Verdict::Conflict(seq) => Appended {
+                        seq,
+                        duplicate: true,
+                    },
+                })
+                .collect()),
+            Err(Error::Conflict { existing, .. }) => {
+                let k = verdicts
+                    .iter()
+                    .position(|v| matches!(v, Verdict::Conflict(_)))
+                    .unwrap_or(0);
+                let dedup_id = messages.get(k).map_or_else(Vec::new, |m| dedup_id_of(&hasher, m));
+                Err(Error::Conflict { dedup_id, existing })
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Hands `request` to the writer (never waits: the queue's bounds were
@@ -769,7 +913,9 @@ impl Outbox {
         let records = load(&c.records_appended);
         Stats {
             pending: t.pending,
-            claimed: t.claimed.saturating_sub(t.delayed + t.dead_letters),
+            claimed: t
+                .claimed
+                .saturating_sub(t.delayed + t.dead_letters + t.held_by_key),
             backlog_bytes: t.backlog_bytes,
             segments: t.segments,
             disk_bytes: t.disk_bytes,
@@ -778,7 +924,7 @@ impl Outbox {
                     .iter()
                     .map(|f| f.allocated().unwrap_or(0))
                     .sum::<u64>(),
-            state_bytes: t.state_bytes,
+            state_bytes: t.state_bytes + t.keys_bytes + load(&c.dedup_bytes),
             first_seq: t.first_unacked.as_ref().map(|f| f.seq),
             last_seq: t.last_seq,
             oldest_pending_age: age(&t.first_pending),
@@ -795,6 +941,10 @@ impl Outbox {
             corrupt_records: load(&c.corrupt_records),
             claimed_expired: t.expired_leases,
             delayed: t.delayed,
+            blocked_keys: t.blocked_keys,
+            held_by_key: t.held_by_key,
+            dedup_ids: load(&c.dedup_ids),
+            duplicates: load(&c.duplicates),
             dead_letters: t.dead_letters,
             poisoned: shared.poison.get().is_some(),
             queued_bytes: shared.budget.used(),
@@ -957,3 +1107,89 @@ const _: () = {
     const fn is_send_sync<T: Send + Sync + Clone>() {}
     is_send_sync::<Outbox>();
 };
+
+/// The deduplication id of `m`: its own, or for a unique item the one derived
+/// from its payload.
+fn dedup_id_of(hasher: &Hasher, m: &Message<'_>) -> Vec<u8> {
+    match (m.dedup_id, m.unique) {
+        (Some(id), _) => id.to_vec(),
+        (None, true) => format!(
+            "unique:{:016x}",
+            hasher.digest(Digest::Unique, m.payload)
+        )
+        .into_bytes(),
+        (None, false) => Vec::new(),
+    }
+}
+
+/// `m`'s not-before time, µs since the Unix epoch (a time before the epoch is
+/// no delay).
+fn not_before_us(m: &Message<'_>) -> Option<u64> {
+    m.not_before.map(|t| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    })
+}
+
+/// The bytes of `m`'s optional-field area, as [`owned`] encodes it.
+fn ext_len(m: &Message<'_>) -> usize {
+    let id = match (m.dedup_id, m.unique) {
+        (Some(id), _) => id.len(),
+        (None, true) => 23,
+        (None, false) => 0,
+    };
+    m.key.map_or(0, |k| 3 + k.len())
+        + if m.not_before.is_some() { 11 } else { 0 }
+        + if id > 0 { 3 + id } else { 0 }
+}
+
+/// `m` copied for the writer, its fields encoded and digested.
+fn owned(hasher: &Hasher, m: &Message<'_>) -> OwnedMessage {
+    let id = dedup_id_of(hasher, m);
+    let id = (!id.is_empty()).then_some(id);
+    let not_before_us = not_before_us(m);
+    let mut ext = Vec::new();
+    crate::format::ext::encode(
+        &RecordFields {
+            key: m.key,
+            not_before_us,
+            origin_seq: None,
+            dedup_id: id.as_deref(),
+            carried: None,
+        },
+        &mut ext,
+    );
+    debug_assert_eq!(ext.len(), ext_len(m));
+    OwnedMessage {
+        payload: m.payload.to_vec(),
+        ext,
+        fields: MessageFields {
+            key: m.key.map(|k| hasher.digest(Digest::Key, k)),
+            not_before_us,
+            dedup: id.map(|id| DedupDigest {
+                id: hasher.digest(Digest::DedupId, &id),
+                content: hasher.digest(Digest::Content, m.payload),
+            }),
+        },
+    }
+}
+
+/// The deduplication ids the log keeps (each with its record, the frame that
+/// keeps it, its digest and its record's time), remembered again in sequence
+/// order; those out of the window or past the capacity are forgotten.
+fn recovered_ids(
+    mut ids: Vec<(Seq, Seq, DedupDigest, u64)>,
+    options: &Options,
+    now_wall_us: u64,
+) -> Dedup {
+    let window_us = u64::try_from(options.dedup_window.as_micros()).unwrap_or(u64::MAX);
+    let mut dedup = Dedup::new(window_us, options.dedup_capacity, now_wall_us);
+    // One entry per record: the one kept by the newest frame.
+    ids.sort_by_key(|&(seq, home, _, _)| (seq, std::cmp::Reverse(home)));
+    ids.dedup_by_key(|e| e.0);
+    for (seq, home, id, appended_us) in ids {
+        dedup.insert(id, seq, appended_us, home);
+    }
+    dedup.expire(now_wall_us);
+    dedup
+}

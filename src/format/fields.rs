@@ -26,6 +26,9 @@ use crate::format::seq::{SEQ_MAX, Seq};
 /// The kind of a tombstones frame.
 pub(crate) const TOMBSTONES: FrameKind = FrameKind::Skippable(0x85);
 
+/// The longest entry of a fields frame.
+pub(crate) const ENTRY_MAX: usize = 8 + 1 + 8 + 8 + 16;
+
 const HAS_KEY: u8 = 0x01;
 const HAS_NOT_BEFORE: u8 = 0x02;
 const HAS_DEDUP: u8 = 0x04;

@@ -79,6 +79,13 @@ pub trait Storage: Send + Sync + fmt::Debug {
         );
         h.finish() | 1
     }
+    /// Bytes free for an unprivileged user on the file system holding `dir`,
+    /// or `None` where the storage cannot tell (the free-disk floor is then
+    /// not applied).
+    fn free_bytes(&self, dir: &Path) -> io::Result<Option<u64>> {
+        let _ = dir;
+        Ok(None)
+    }
     /// The outbox is closed: let go of anything held for it (a descriptor on
     /// its directory). Nothing is asked of the storage afterwards.
     fn close(&self) {}

@@ -36,6 +36,9 @@ pub struct Record {
     timestamp_us: u64,
     attempt: u32,
     last_error: Option<Arc<str>>,
+    /// Where the frame's optional fields lie in `bytes` (`start..start+len`
+    /// of the frame's `ext` area), empty for a record with none.
+    ext: (usize, usize),
 }
 
 impl Record {
@@ -49,6 +52,38 @@ impl Record {
         let all: &[u8] = (*self.bytes).as_ref();
         all.get(self.start..self.start + self.len)
             .unwrap_or_default()
+    }
+
+    /// The ordering key it was appended with
+    /// ([`Message::key`](crate::Message::key)), if any.
+    pub fn key(&self) -> Option<&[u8]> {
+        self.fields().key
+    }
+
+    /// The not-before time it was appended with
+    /// ([`Message::not_before`](crate::Message::not_before)), if any.
+    pub fn not_before(&self) -> Option<SystemTime> {
+        self.fields()
+            .not_before_us
+            .map(|us| UNIX_EPOCH + Duration::from_micros(us))
+    }
+
+    /// The deduplication id it was appended with
+    /// ([`Message::dedup_id`](crate::Message::dedup_id)); for a unique item
+    /// ([`Message::unique`](crate::Message::unique)), the id derived from its
+    /// payload.
+    pub fn dedup_id(&self) -> Option<&[u8]> {
+        self.fields().dedup_id
+    }
+
+    /// The optional fields, checked when the frame was read (its checksum
+    /// covers them).
+    fn fields(&self) -> crate::format::ext::RecordFields<'_> {
+        let all: &[u8] = (*self.bytes).as_ref();
+        let ext = all
+            .get(self.ext.0..self.ext.0 + self.ext.1)
+            .unwrap_or_default();
+        crate::format::ext::decode(ext).unwrap_or_default()
     }
 
     /// When the writer thread wrote the record (its wall clock, microsecond
@@ -236,6 +271,7 @@ fn check(
             timestamp_us: 0,
             attempt,
             last_error: reason,
+            ext: (0, 0),
         });
     }
     let f = frame::decode(window, run.salt).map_err(fail)?;
@@ -263,6 +299,7 @@ fn check(
         timestamp_us: f.header.timestamp_us,
         attempt,
         last_error: reason,
+        ext: (at + FRAME_HEADER_LEN, f.ext.len()),
     })
 }
 

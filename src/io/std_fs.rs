@@ -152,6 +152,25 @@ impl Storage for StdStorage {
         File::open(self.at(dir))?.sync_all()
     }
 
+    fn free_bytes(&self, dir: &Path) -> io::Result<Option<u64>> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(self.at(dir).as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))?;
+        // SAFETY: `statvfs` reads the NUL-terminated path `path` owns and
+        // writes only into `out`, a plain struct of integers this frame owns
+        // (zero-initialised, valid for any bit pattern), for the duration of
+        // the call.
+        #[expect(unsafe_code, reason = "statvfs(3) has no safe wrapper in std")]
+        let (rc, out) = unsafe {
+            let mut out: libc::statvfs = std::mem::zeroed();
+            (libc::statvfs(path.as_ptr(), &mut out), out)
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Some(u64::from(out.f_bavail).saturating_mul(out.f_frsize)))
+    }
+
     fn close(&self) {
         self.home.lock().take();
     }

@@ -33,6 +33,9 @@ pub(crate) struct Shared {
     pub lock: Mutex<Option<LockGuard>>,
     /// The clock records' ages are measured on.
     pub clock: Clock,
+    /// The digests of deduplication ids, payloads and keys (keyed by the
+    /// outbox's identity).
+    pub hasher: crate::format::hash::Hasher,
 }
 
 impl Shared {
@@ -65,9 +68,19 @@ pub(crate) struct Counters {
     pub bytes_appended: AtomicU64,
     pub segments_deleted: AtomicU64,
     pub corrupt_records: AtomicU64,
+    /// Deduplication ids remembered (set by the writer).
+    pub dedup_ids: AtomicU64,
+    /// Appends answered as duplicates since open.
+    pub duplicates: AtomicU64,
+    /// The writer's deduplication memory, in bytes (set by the writer).
+    pub dedup_bytes: AtomicU64,
 }
 
 impl Counters {
+    pub(crate) fn set(counter: &AtomicU64, n: u64) {
+        counter.store(n, Ordering::Relaxed);
+    }
+
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }

@@ -25,6 +25,8 @@ use crate::io;
 use crate::io::segment_file::{FreshSegment, SegmentFile, now_us};
 use crate::log::shared::{Answers, Completer, Counters, Notifier, Shared, Ticket};
 use crate::options::Durability;
+use crate::format::fields::{DedupDigest, Described};
+use crate::state::dedup::{Dedup, Seen};
 use crate::state::table::SegmentSlots;
 
 /// Batches answering more producers than this have them woken by the notifier
@@ -44,22 +46,93 @@ const BUF_KEEP_MIN: usize = 1 << 16;
 pub(crate) enum Payloads {
     One(Vec<u8>),
     Many(Vec<Vec<u8>>),
+    /// Records with what their producers said about them.
+    Messages(Vec<OwnedMessage>),
+}
+
+/// A [`Message`](crate::Message) copied for the writer: its payload, its
+/// encoded optional fields, and their digests.
+pub(crate) struct OwnedMessage {
+    pub payload: Vec<u8>,
+    /// The frame's optional-field area (`format::ext`).
+    pub ext: Vec<u8>,
+    pub fields: MessageFields,
+}
+
+/// What the state table and the deduplication need of a message.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct MessageFields {
+    pub key: Option<u64>,
+    pub not_before_us: Option<u64>,
+    pub dedup: Option<DedupDigest>,
 }
 
 impl Payloads {
-    fn len(&self) -> usize {
+    /// Each record's optional-field area and payload.
+    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let (one, many, messages) = match self {
+            Payloads::One(p) => (Some(p.as_slice()), &[][..], &[][..]),
+            Payloads::Many(ps) => (None, ps.as_slice(), &[][..]),
+            Payloads::Messages(ms) => (None, &[][..], ms.as_slice()),
+        };
+        one.into_iter()
+            .chain(many.iter().map(Vec::as_slice))
+            .map(|p| (&[][..], p))
+            .chain(messages.iter().map(|m| (m.ext.as_slice(), m.payload.as_slice())))
+    }
+
+    /// The fields of the `k`-th record, if it is a message.
+    fn fields(&self, k: usize) -> Option<MessageFields> {
         match self {
-            Payloads::One(_) => 1,
-            Payloads::Many(ps) => ps.len(),
+            Payloads::Messages(ms) => ms.get(k).map(|m| m.fields),
+            _ => None,
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = &[u8]> {
-        let (one, many) = match self {
-            Payloads::One(p) => (Some(p.as_slice()), &[][..]),
-            Payloads::Many(ps) => (None, ps.as_slice()),
-        };
-        one.into_iter().chain(many.iter().map(Vec::as_slice))
+    /// How many records the fields frame may describe.
+    fn described_max(&self) -> usize {
+        match self {
+            Payloads::Messages(ms) => ms.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// What became of one message of an append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Written(Seq),
+    Duplicate(Seq),
+    Conflict(Seq),
+}
+
+/// What one append of a batch writes, as [`Writer::plan`] decided.
+struct Plan {
+    /// Refused (a quota) or not.
+    outcome: Result<()>,
+    /// One per record of the append (empty if refused).
+    verdicts: Vec<Verdict>,
+    /// The first record written.
+    first: Option<Seq>,
+    /// What the fields frame says of its records.
+    described: Vec<Described>,
+}
+
+impl Default for Plan {
+    fn default() -> Plan {
+        Plan {
+            outcome: Ok(()),
+            verdicts: Vec::new(),
+            first: None,
+            described: Vec::new(),
+        }
+    }
+}
+
+impl Plan {
+    /// Whether the `k`-th record of the append is written.
+    fn writes(&self, k: usize) -> bool {
+        self.outcome.is_ok() && matches!(self.verdicts.get(k), Some(Verdict::Written(_)) | None)
     }
 }
 
@@ -72,6 +145,8 @@ pub(crate) enum Request {
         /// Encoded size, acquired from the queue budget.
         ticket: Ticket,
         done: Completer,
+        /// Where the writer says what became of each message (messages only).
+        verdicts: Option<Arc<parking_lot::Mutex<Vec<Verdict>>>>,
     },
     /// Make everything written so far durable.
     Sync { done: Completer },
@@ -177,10 +252,21 @@ pub(crate) struct Writer {
     group: Option<Seq>,
     unsynced_since: Option<Instant>,
     batch: Vec<Request>,
-    /// The sequence number of the first record of each append of the batch
-    /// being processed, in order: assigned once, by `write_batch`.
-    firsts: Vec<Seq>,
+    /// The outcome of each append of the batch being processed, in order:
+    /// the sequence number of its first record, or its refusal; assigned
+    /// once, by `write_batch`.
+    firsts: Vec<Result<Seq>>,
     notifier: NotifierState,
+    /// The deduplication ids remembered.
+    dedup: Dedup,
+    /// What the fields frames written since the last sync say: published to
+    /// the state table with their records.
+    unsynced_described: Vec<Described>,
+    /// Records (and their payload bytes) written but not yet in the state
+    /// table, for the backlog quotas.
+    unpublished: (u64, u64),
+    /// The last answer of the file system's free space, and when.
+    free_checked: Option<(Instant, Option<u64>)>,
 }
 
 impl Writer {
@@ -191,6 +277,7 @@ impl Writer {
         rx: Receiver<Request>,
         active: FreshSegment,
         log_start: Seq,
+        dedup: Dedup,
     ) -> Result<Writer> {
         let outbox_id = active.outbox_id;
         let active = Active::new(active);
@@ -213,6 +300,10 @@ impl Writer {
             batch: Vec::new(),
             firsts: Vec::new(),
             notifier: NotifierState::NotStarted,
+            dedup,
+            unsynced_described: Vec::new(),
+            unpublished: (0, 0),
+            free_checked: None,
         })
     }
 
@@ -383,8 +474,8 @@ impl Writer {
                 } => {
                     freed += ticket.disarm();
                     requests += 1;
-                    let first = firsts.next().unwrap_or(self.next_seq);
-                    answers.push((done, told.clone().map(|()| first)));
+                    let first = firsts.next().unwrap_or(Ok(self.next_seq));
+                    answers.push((done, told.clone().and_then(|()| first)));
                 }
                 Request::Sync { done } => barriers.push(done),
                 Request::Reclaim => {}
@@ -433,59 +524,123 @@ impl Writer {
         }
     }
 
-    /// Encodes and writes every append of the batch as one write batch, and
-    /// records in `firsts` the sequence number of each append's first record.
+    /// Decides what each append of the batch writes ([`Writer::plan`]), then
+    /// encodes and writes it all as one write batch, and records in `firsts`
+    /// each append's outcome: the sequence number of its first record, or why
+    /// it was refused.
     fn write_batch(&mut self, batch: &[Request]) -> Result<()> {
         self.firsts.clear();
         if let Some(e) = self.shared.poison.get() {
             return Err(e.clone());
         }
+        let timestamp_us = now_us();
         // Changes of delivery state made since the last batch ride with this
-        // one, after its records: an acks frame, then the other changes in the
-        // order made (docs/FORMAT.md, "Frame kinds").
-        let (acks, changes) = {
+        // one, after its records: what producers said of the records, an acks
+        // frame, then the other changes in the order made (docs/FORMAT.md,
+        // "Frame kinds").
+        let (acks, changes, backlog) = {
             let mut table = self.shared.table.lock();
-            (table.take_acks(), table.take_changes())
+            (table.take_acks(), table.take_changes(), table.backlog())
         };
         let mut internal: Vec<(FrameKind, Vec<u8>)> = Vec::new();
         if !acks.is_empty() {
             internal.push((frame::ACKS, crate::format::acks::encode(&acks)));
         }
         internal.extend(crate::format::delivery::encode(&changes));
-        let internal_bytes: u64 = internal
+        // At most what the batch encodes (every record written, each with
+        // every field described): a rotation, if due, comes before the
+        // records are numbered.
+        let described_max: usize = batch
             .iter()
-            .map(|(_, p)| frame::frame_len(p.len()) as u64)
+            .map(|r| match r {
+                Request::Append { payloads, .. } => payloads.described_max(),
+                _ => 0,
+            })
             .sum();
-        let records_bytes: u64 = batch.iter().map(request_bytes).sum();
-        let encoded = records_bytes + internal_bytes;
-        if encoded == 0 {
+        let upper: u64 = batch.iter().map(request_bytes).sum::<u64>()
+            + internal
+                .iter()
+                .map(|(_, p)| frame::frame_len(p.len()) as u64)
+                .sum::<u64>()
+            + if described_max > 0 {
+                frame::frame_len(described_max * crate::format::fields::ENTRY_MAX) as u64
+            } else {
+                0
+            };
+        if upper == 0 {
             return Ok(());
         }
-        let over = self.active.len + encoded > self.shared.options.segment_bytes;
+        let over = self.active.len + upper > self.shared.options.segment_bytes;
         // Any frame past the header counts for size: a segment filling with
         // delivery-state frames only (a relay draining with nothing appended)
         // must rotate too, or it would grow without bound.
         if over && self.active.len > FRAMES_AT as u64 {
             self.rotate()?;
         }
+        let plans = self.plan(batch, backlog, timestamp_us);
+        let described: Vec<Described> = plans
+            .iter()
+            .flat_map(|p| p.described.iter().copied())
+            .collect();
+        if !described.is_empty() {
+            internal.insert(
+                0,
+                (FrameKind::Fields, crate::format::fields::encode(&described)),
+            );
+        }
+        let mut records = 0u64;
+        let mut records_bytes = 0u64;
+        let appends = batch.iter().filter(|r| matches!(r, Request::Append { .. }));
+        for (r, plan) in appends.zip(&plans) {
+            if let (Request::Append { payloads, .. }, Ok(())) = (r, &plan.outcome) {
+                for (k, (ext, payload)) in payloads.iter().enumerate() {
+                    if plan.writes(k) {
+                        records += 1;
+                        records_bytes += frame::frame_len(ext.len() + payload.len()) as u64;
+                    }
+                }
+            }
+        }
+        let first = self.next_seq;
+        self.firsts = plans
+            .iter()
+            .map(|p| p.outcome.clone().map(|()| p.first.unwrap_or(first)))
+            .collect();
+        let appends = batch.iter().filter(|r| matches!(r, Request::Append { .. }));
+        for (r, plan) in appends.zip(&plans) {
+            if let Request::Append {
+                verdicts: Some(verdicts),
+                ..
+            } = r
+            {
+                *verdicts.lock() = plan.verdicts.clone();
+            }
+        }
+        if records == 0 && internal.is_empty() {
+            return Ok(());
+        }
         self.begin_write();
         self.shared.clock.stamping(self.next_seq);
-        let timestamp_us = now_us();
         let salt = self.active.salt;
         let mut offset = self.active.len;
-        let records = batch.iter().map(Request::records).sum::<usize>() as u64;
         // Frames still to encode: the last one ends the write batch.
         let mut left = records as usize + internal.len();
-        for r in batch {
+        let appends = batch.iter().filter(|r| matches!(r, Request::Append { .. }));
+        for (r, plan) in appends.zip(&plans) {
             let Request::Append { payloads, .. } = r else {
                 continue;
             };
-            self.firsts.push(self.next_seq);
-            for payload in payloads.iter() {
+            if plan.outcome.is_err() {
+                continue;
+            }
+            for (k, (ext, payload)) in payloads.iter().enumerate() {
+                if !plan.writes(k) {
+                    continue;
+                }
                 let seq = self.next_seq;
                 let group = *self.group.get_or_insert(seq);
                 left -= 1;
-                frame::encode(
+                frame::encode_with(
                     &mut self.buf,
                     &FrameHeader {
                         kind: FrameKind::Record,
@@ -494,12 +649,13 @@ impl Writer {
                         group,
                         timestamp_us,
                     },
+                    ext,
                     payload,
                     salt,
                 );
                 let span = FrameSpan {
                     offset: offset32(offset),
-                    len: frame::frame_len(payload.len()) as u32,
+                    len: frame::frame_len(ext.len() + payload.len()) as u32,
                     is_record: true,
                 };
                 self.staged.push(span);
@@ -507,6 +663,7 @@ impl Writer {
                 self.next_seq = seq.next();
             }
         }
+        self.unsynced_described.extend(described);
         for (kind, payload) in &internal {
             let seq = self.next_seq;
             let group = *self.group.get_or_insert(seq);
@@ -535,12 +692,167 @@ impl Writer {
         self.write_buf()?;
         self.active.records += records;
         self.active.state_frames += internal.len() as u64;
+        self.unpublished.0 += records;
+        self.unpublished.1 += records_bytes;
         if records > 0 {
             Counters::add(&self.shared.counters.batches, 1);
         }
         Counters::add(&self.shared.counters.records_appended, records);
         Counters::add(&self.shared.counters.bytes_appended, records_bytes);
         Ok(())
+    }
+
+    /// Decides, for each append of the batch in order, what it writes: the
+    /// quotas (backlog, free disk) refuse a whole append; a message whose
+    /// deduplication id was appended within the window writes nothing and is
+    /// answered with the first record (or a conflict). The records written
+    /// are numbered from `next_seq`, and the fields frame comes right after
+    /// them; the ids written are remembered at once, so that the next append
+    /// of the same id, in this batch or a later one, is its duplicate.
+    /// `backlog` is the table's (records, payload bytes) not acknowledged.
+    fn plan(&mut self, batch: &[Request], backlog: (u64, u64), now: u64) -> Vec<Plan> {
+        let mut plans = Vec::new();
+        if !batch.iter().any(|r| matches!(r, Request::Append { .. })) {
+            return plans;
+        }
+        self.dedup.expire(now);
+        let free = self.free_bytes();
+        let opts = &self.shared.options;
+        let mut next = self.next_seq.get();
+        let (mut records, mut bytes) = (
+            backlog.0 + self.unpublished.0,
+            backlog.1 + self.unpublished.1,
+        );
+        let mut inserted: Vec<(DedupDigest, Seq)> = Vec::new();
+        for r in batch {
+            let Request::Append { payloads, .. } = r else {
+                continue;
+            };
+            let mut plan = Plan::default();
+            let (mut new_records, mut new_bytes) = (0u64, 0u64);
+            let mut local: Vec<(DedupDigest, Seq)> = Vec::new();
+            let mut seq = next;
+            for (k, (_, payload)) in payloads.iter().enumerate() {
+                let dedup = payloads.fields(k).and_then(|f| f.dedup);
+                let seen = match dedup {
+                    None => Seen::New,
+                    Some(d) => match inserted.iter().chain(&local).find(|(l, _)| l.id == d.id) {
+                        Some((l, s)) if l.content == d.content => Seen::Duplicate(*s),
+                        Some((_, s)) => Seen::Conflict(*s),
+                        None => self.dedup.check(d, now),
+                    },
+                };
+                let verdict = match seen {
+                    Seen::New => {
+                        if let Some(d) = dedup {
+                            local.push((d, Seq::from(seq)));
+                        }
+                        new_records += 1;
+                        new_bytes += payload.len() as u64;
+                        seq += 1;
+                        Verdict::Written(Seq::from(seq - 1))
+                    }
+                    Seen::Duplicate(s) => Verdict::Duplicate(s),
+                    Seen::Conflict(s) => Verdict::Conflict(s),
+                };
+                plan.verdicts.push(verdict);
+            }
+            let conflict = plan.verdicts.iter().find_map(|v| match v {
+                Verdict::Conflict(s) => Some(*s),
+                _ => None,
+            });
+            if let Some(existing) = conflict {
+                // All or nothing: the producer names the id (the writer knows
+                // only its digest) from the verdicts.
+                plan.outcome = Err(Error::Conflict {
+                    dedup_id: Vec::new(),
+                    existing,
+                });
+                plans.push(plan);
+                continue;
+            }
+            let refusal = if new_records == 0 {
+                None
+            } else if let Some(limit) = opts.max_backlog_records
+                && records + new_records > limit
+            {
+                Some(("max_backlog_records", limit, records))
+            } else if let Some(limit) = opts.max_backlog_bytes
+                && bytes + new_bytes > limit
+            {
+                Some(("max_backlog_bytes", limit, bytes))
+            } else if let Some(free) = free
+                && free < opts.min_free_disk_bytes
+            {
+                Some(("min_free_disk_bytes", opts.min_free_disk_bytes, free))
+            } else {
+                None
+            };
+            if let Some((quota, limit, current)) = refusal {
+                plan.outcome = Err(Error::QuotaExceeded {
+                    quota,
+                    limit,
+                    current,
+                });
+                plan.verdicts.clear();
+                plans.push(plan);
+                continue;
+            }
+            records += new_records;
+            bytes += new_bytes;
+            next = seq;
+            inserted.extend(local);
+            for (k, verdict) in plan.verdicts.iter().enumerate() {
+                let Verdict::Written(seq) = *verdict else {
+                    continue;
+                };
+                plan.first.get_or_insert(seq);
+                if let Some(f) = payloads.fields(k) {
+                    let d = Described {
+                        seq,
+                        key: f.key,
+                        not_before_us: f.not_before_us,
+                        dedup: f.dedup,
+                    };
+                    if !d.is_empty() {
+                        plan.described.push(d);
+                    }
+                }
+            }
+            plans.push(plan);
+        }
+        // The fields frame follows the records: it makes the ids durable.
+        let home = Seq::from(next);
+        for (d, seq) in inserted {
+            self.dedup.insert(d, seq, now, home);
+        }
+        Counters::set(&self.shared.counters.dedup_ids, self.dedup.len() as u64);
+        Counters::set(&self.shared.counters.dedup_bytes, self.dedup.heap_bytes());
+        let duplicates = plans
+            .iter()
+            .flat_map(|p| &p.verdicts)
+            .filter(|v| matches!(v, Verdict::Duplicate(_)))
+            .count();
+        Counters::add(&self.shared.counters.duplicates, duplicates as u64);
+        plans
+    }
+
+    /// The file system's free bytes, asked at most every
+    /// [`FREE_BYTES_EVERY`]; `None` when the floor is off or it cannot tell.
+    fn free_bytes(&mut self) -> Option<u64> {
+        if self.shared.options.min_free_disk_bytes == 0 {
+            return None;
+        }
+        if let Some((at, free)) = self.free_checked
+            && at.elapsed() < FREE_BYTES_EVERY
+        {
+            return free;
+        }
+        // A failed query does not refuse appends: the floor is a courtesy to
+        // the rest of the system, and a full disk still fails cleanly.
+        let free = self.shared.storage.free_bytes(&self.shared.dir).ok().flatten();
+        self.free_checked = Some((Instant::now(), free));
+        free
     }
 
     /// Writes `buf` at the end of the active segment, and zeros ahead of it when
@@ -679,10 +991,16 @@ impl Writer {
             self.active.len = align_up(self.active.len);
         }
         self.active.synced_len = self.active.len;
-        self.shared
-            .table
-            .lock()
-            .push_frames(self.active.seg.id, group, &self.unsynced);
+        {
+            let mut table = self.shared.table.lock();
+            table.push_frames(self.active.seg.id, group, &self.unsynced);
+            if !self.unsynced_described.is_empty() {
+                let now = self.shared.clock.now_us();
+                table.apply_fields(&self.unsynced_described, now, now_us());
+                self.unsynced_described.clear();
+            }
+        }
+        self.unpublished = (0, 0);
         self.unsynced.clear();
         self.group = None;
         self.unsynced_since = None;
@@ -958,9 +1276,43 @@ impl Writer {
     }
 
     /// Writes a `LogStart` frame recording `new_start` as a batch of its own, and
-    /// makes it durable.
+    /// makes it durable. The deduplication ids whose frames are about to be
+    /// deleted with the segments below `new_start` ride in front of it, in
+    /// tombstones frames of the same batch.
     fn write_log_start(&mut self, new_start: Seq) -> Result<()> {
         self.begin_write();
+        let stones = self
+            .dedup
+            .carry(new_start, self.next_seq, now_us());
+        // The first tombstones frame takes the number carry was given; a
+        // long list takes more frames, numbered after it (the next deletion
+        // carries those entries again a little early: harmless).
+        for chunk in stones.chunks(TOMBSTONES_PER_FRAME) {
+            let seq = self.next_seq;
+            let group = *self.group.get_or_insert(seq);
+            let payload = crate::format::fields::encode_tombstones(chunk);
+            let before = self.buf.len();
+            frame::encode(
+                &mut self.buf,
+                &FrameHeader {
+                    kind: crate::format::fields::TOMBSTONES,
+                    batch_end: false,
+                    seq,
+                    group,
+                    timestamp_us: now_us(),
+                },
+                &payload,
+                self.active.salt,
+            );
+            let span = FrameSpan {
+                offset: offset32(self.active.len + (before - self.active.tail.len()) as u64),
+                len: (self.buf.len() - before) as u32,
+                is_record: false,
+            };
+            self.staged.push(span);
+            self.active.state_frames += 1;
+            self.next_seq = seq.next();
+        }
         let seq = self.next_seq;
         let group = *self.group.get_or_insert(seq);
         frame::encode(
@@ -975,9 +1327,10 @@ impl Writer {
             &new_start.get().to_le_bytes(),
             self.active.salt,
         );
+        let before = self.staged.last().map_or(self.active.len, |s| s.end());
         let span = FrameSpan {
-            offset: offset32(self.active.len),
-            len: (self.buf.len() - self.active.tail.len()) as u32,
+            offset: offset32(before),
+            len: frame::frame_len(8) as u32,
             is_record: false,
         };
         self.staged.push(span);
@@ -988,15 +1341,6 @@ impl Writer {
     }
 }
 
-impl Request {
-    /// Records an append request carries (0 for other requests).
-    fn records(&self) -> usize {
-        match self {
-            Request::Append { payloads, .. } => payloads.len(),
-            _ => 0,
-        }
-    }
-}
 
 /// Encoded bytes of a request: what it takes of the queue budget and the batch.
 pub(crate) fn request_bytes(r: &Request) -> u64 {
@@ -1005,6 +1349,13 @@ pub(crate) fn request_bytes(r: &Request) -> u64 {
         _ => 0,
     }
 }
+
+/// Tombstones per frame (2 MiB of entries).
+const TOMBSTONES_PER_FRAME: usize = 1 << 16;
+
+/// How long an answer of the file system's free space is used before it is
+/// asked again (a `statvfs` call).
+const FREE_BYTES_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The most frame bytes one step of relocation copies: the step runs on the
 /// writer thread, between two batches, so it is kept short (the next step

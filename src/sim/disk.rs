@@ -172,6 +172,8 @@ struct State {
     snapshots: Option<Vec<State>>,
     /// A line per mutating operation, when tracing.
     trace: Option<Vec<String>>,
+    /// What `free_bytes` reports: `None`, cannot tell.
+    free_bytes: Option<u64>,
 }
 
 impl State {
@@ -197,6 +199,7 @@ impl State {
             stats: self.stats.clone(),
             snapshots: None,
             trace: None,
+            free_bytes: self.free_bytes,
         }
     }
 }
@@ -234,6 +237,7 @@ impl SimDisk {
                 stats: DiskStats::default(),
                 snapshots: None,
                 trace: None,
+                free_bytes: None,
             })),
         }
     }
@@ -245,6 +249,12 @@ impl SimDisk {
         SimDisk {
             state: Arc::new(Mutex::new(s.copy(seed))),
         }
+    }
+
+    /// Sets what the disk reports as free space (`None`: cannot tell), for
+    /// the free-disk floor.
+    pub fn set_free_bytes(&self, free: Option<u64>) {
+        self.state.lock().free_bytes = free;
     }
 
     /// From now on, keep a copy of the disk as it is just before each mutating
@@ -587,6 +597,10 @@ fn errno(code: i32) -> io::Error {
 impl Storage for SimDisk {
     fn random_u64(&self) -> u64 {
         self.state.lock().rng.next_u64() | 1
+    }
+
+    fn free_bytes(&self, _dir: &Path) -> io::Result<Option<u64>> {
+        Ok(self.state.lock().free_bytes)
     }
 
     fn create_dir(&self, dir: &Path) -> io::Result<bool> {

@@ -41,6 +41,8 @@ use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan};
 use crate::format::segment::{BLOCK, align_up};
 use crate::format::seq::{SegmentId, Seq};
 use crate::io::StorageFile;
+use crate::format::fields::Described;
+use crate::state::keys::{Joined, Keys};
 use crate::state::leases::{Leases, SeqMap};
 
 mod moved;
@@ -260,6 +262,13 @@ pub(crate) struct TableStats {
     pub held_by_records: u64,
     /// Records relocated since open.
     pub relocated: u64,
+    /// Keys with a record held back behind an earlier one.
+    pub blocked_keys: u64,
+    /// Records held back behind an earlier one of their key and not also
+    /// waiting out a delay (their claimed bit set).
+    pub held_by_key: u64,
+    /// Bytes of memory the keys' queues take.
+    pub keys_bytes: u64,
 }
 
 /// The state table. See the module documentation for its states and invariants.
@@ -301,6 +310,9 @@ pub(crate) struct Table {
     moved_pending: BTreeSet<u64>,
     /// Records relocated since the outbox was opened.
     relocated: u64,
+    /// The queues of the ordering keys (`state::keys`). A record held back
+    /// behind an earlier one of its key holds the claimed bit, as a delay does.
+    keys: Keys,
 }
 
 /// A dead letter's state.
@@ -331,6 +343,7 @@ impl Table {
             origin: SeqMap::default(),
             moved_pending: BTreeSet::new(),
             relocated: 0,
+            keys: Keys::default(),
         }
     }
 
@@ -394,6 +407,8 @@ impl Table {
         self.held_slot(seq)?;
         let attempts = self.leases.attempt_held(seq.get());
         self.leases.done(seq.get());
+        // A dead letter no longer blocks its key.
+        self.key_left(seq.get(), false);
         let reason = crate::format::delivery::clip(reason);
         self.dead.insert(
             seq.get(),
@@ -418,7 +433,7 @@ impl Table {
             return Err(Error::NotClaimed { seq });
         }
         self.reasons.remove(&seq.get());
-        self.unclaim(seq)?;
+        self.rejoin(seq)?;
         self.unwritten.push(Change::Requeue(seq));
         Ok(())
     }
@@ -468,7 +483,10 @@ impl Table {
             }
             self.delayed.pop_first();
             self.due.remove(&seq);
-            let _ = self.unclaim(Seq::from(seq));
+            // A record behind an earlier one of its key waits for it.
+            if self.keys.is_empty() || !self.keys.is_held(seq) {
+                let _ = self.unclaim(Seq::from(seq));
+            }
         }
     }
 
@@ -532,7 +550,7 @@ impl Table {
             Change::Requeue(_) => {
                 if self.dead.remove(&seq.get()).is_some() {
                     self.reasons.remove(&seq.get());
-                    let _ = self.unclaim(seq);
+                    let _ = self.rejoin(seq);
                 }
             }
         }
@@ -660,6 +678,12 @@ impl Table {
             return Err(Error::NotClaimed { seq });
         }
         Ok(())
+    }
+
+    /// Records not acknowledged (pending, claimed, delayed, held back, dead
+    /// letters) and their payload bytes: what the backlog quotas measure.
+    pub(crate) fn backlog(&self) -> (u64, u64) {
+        (self.pending + self.claimed, self.backlog_bytes)
     }
 
     /// Records Pending.
@@ -1044,6 +1068,9 @@ impl Table {
         );
         if claimed && done {
             Err(Error::UnknownSeq { seq })
+        } else if claimed && !self.keys.is_empty() && self.keys.is_held(seq.get()) {
+            // Held back behind an earlier record of its key: never handed out.
+            Err(Error::NotClaimed { seq })
         } else if claimed {
             Ok(Some((si, i)))
         } else if SegmentSlots::bit(&seg.done, i) {
@@ -1070,6 +1097,11 @@ impl Table {
         if !self.reasons.is_empty() {
             self.reasons.remove(&seq);
         }
+        let next_of_key = if self.keys.is_empty() {
+            None
+        } else {
+            self.keys.leave(seq, true)
+        };
         if !self.due.is_empty()
             && let Some(due) = self.due.remove(&seq)
         {
@@ -1092,6 +1124,94 @@ impl Table {
         self.backlog_bytes -= u64::from(frame_len) - FRAME_HEADER_LEN as u64;
         if cfg!(debug_assertions) {
             seg.check_invariants();
+        }
+        if let Some(next) = next_of_key {
+            self.key_head_free(next);
+        }
+    }
+
+    /// The record `seq` left its key's queue (parked as a dead letter, or,
+    /// with `forget`, done): the next record of the key goes.
+    fn key_left(&mut self, seq: u64, forget: bool) {
+        if self.keys.is_empty() {
+            return;
+        }
+        if let Some(next) = self.keys.leave(seq, forget) {
+            self.key_head_free(next);
+        }
+    }
+
+    /// `seq` became the head of its key: pending, unless it waits out a delay
+    /// (then it goes when the delay ends).
+    fn key_head_free(&mut self, seq: u64) {
+        if !self.due.contains_key(&seq) {
+            let _ = self.unclaim(Seq::from(seq));
+        }
+    }
+
+    /// The dead letter `seq` (just taken out of `dead`) becomes deliverable:
+    /// pending, or behind the records of its key still to deliver.
+    fn rejoin(&mut self, seq: Seq) -> Result<()> {
+        if self.keys.key_of(seq.get()).is_none() {
+            return self.unclaim(seq);
+        }
+        let free = |table: &Table, head: u64| {
+            table.slot(Seq::from(head)).ok().flatten().is_some_and(|(si, i)| {
+                !SegmentSlots::bit(&table.segments[si].claimed, i)
+            })
+        };
+        let mut keys = std::mem::take(&mut self.keys);
+        let joined = keys.rejoin(seq.get(), |head| free(self, head));
+        self.keys = keys;
+        match joined {
+            Some(Joined::Head) | None => self.unclaim(seq),
+            Some(Joined::Behind) => Ok(()),
+            Some(Joined::Displaced(head)) => {
+                if let Ok(Some((si, i))) = self.slot(Seq::from(head)) {
+                    self.claim_slot(si, i);
+                }
+                self.unclaim(seq)
+            }
+        }
+    }
+
+    /// What producers said about new records (or, at open, about the
+    /// records of the log, in sequence order, after the rest of the state was
+    /// replayed): a not-before time in the future holds a record like a
+    /// delay; a key holds it behind the earlier records of its key still to
+    /// deliver. `now` and `now_wall_us` place a not-before time on the
+    /// monotonic clock. Records done, or dead letters (which do not block
+    /// their key), only have their key noted.
+    pub(crate) fn apply_fields(&mut self, described: &[Described], now: u64, now_wall_us: u64) {
+        for d in described {
+            let own = d.seq.get();
+            let Ok(Some((si, i))) = self.slot(d.seq) else {
+                continue;
+            };
+            let seg = &self.segments[si];
+            if SegmentSlots::bit(&seg.done, i) {
+                continue;
+            }
+            let dead = self.dead.contains_key(&own);
+            if let Some(nb) = d.not_before_us {
+                let wait = nb.saturating_sub(now_wall_us);
+                let free = !SegmentSlots::bit(&self.segments[si].claimed, i);
+                if wait > 0 && free && !dead {
+                    self.claim_slot(si, i);
+                    let due = now.saturating_add(wait);
+                    self.delayed.insert((due, own));
+                    self.due.insert(own, due);
+                }
+            }
+            if let Some(key) = d.key {
+                if dead {
+                    self.keys.note(own, key);
+                } else if !self.keys.push(own, key)
+                    && !SegmentSlots::bit(&self.segments[si].claimed, i)
+                {
+                    self.claim_slot(si, i);
+                }
+            }
         }
     }
 
@@ -1302,6 +1422,11 @@ impl Table {
             }
         }
         stats.relocated = self.relocated;
+        if !self.keys.is_empty() {
+            stats.blocked_keys = self.keys.blocked();
+            stats.held_by_key = self.keys.held().filter(|s| !self.due.contains_key(s)).count() as u64;
+            stats.keys_bytes = self.keys.heap_bytes();
+        }
         stats
     }
 

@@ -126,7 +126,9 @@ pub(crate) fn recover(
             frames: s.frames.get(..k.frames).unwrap_or_default(),
         }
     });
-    let mut recorded = state::recorded_state(storage, kept, mode == RecoveryMode::Lossy)?;
+    let hasher = crate::format::hash::Hasher::new(plan.outbox_id.unwrap_or(0));
+    let mut recorded =
+        state::recorded_state(storage, kept, mode == RecoveryMode::Lossy, &hasher)?;
     // The negative controls forget what the log recorded.
     if crate::injected!(options, ForgetAcksAtRecovery) {
         recorded.retain(|r| !matches!(r, state::Recorded::Acks(..)));

@@ -13,6 +13,8 @@ use crate::error::{Error, Result};
 use crate::format::acks;
 use crate::format::delivery::{self, Change};
 use crate::format::frame::{self, FRAME_HEADER_LEN};
+use crate::format::fields::{self, DedupDigest, Described, Tombstone};
+use crate::format::hash::{Digest, Hasher};
 use crate::format::seq::Seq;
 use crate::io::{Storage, read_exact_at};
 
@@ -32,12 +34,39 @@ pub(crate) enum Recorded {
     /// epoch).
     Change(Change, u64),
     /// The record `seq` carried forward into the frame `at`, with its
-    /// delivery state.
+    /// delivery state, and what its producer said of it (`seq` named in it
+    /// is the record's own) with the time it was first written.
     Relocated {
         seq: Seq,
         at: Seq,
         carried: crate::format::relocated::Carried,
+        described: Option<Described>,
+        stamped_us: u64,
     },
+    /// What producers said of the records of the batch that the fields frame
+    /// `at` ends, written at `stamped_us`.
+    Fields {
+        described: Vec<Described>,
+        at: Seq,
+        stamped_us: u64,
+    },
+    /// Deduplication ids carried forward into the tombstones frame `at`.
+    Tombstones { stones: Vec<Tombstone>, at: Seq },
+}
+
+/// What the optional fields of a relocated record's frame say, as digests.
+fn described_of(hasher: &Hasher, seq: Seq, ext: &[u8], payload: &[u8]) -> Option<Described> {
+    let fields = crate::format::ext::decode(ext).ok()?;
+    let d = Described {
+        seq,
+        key: fields.key.map(|k| hasher.digest(Digest::Key, k)),
+        not_before_us: fields.not_before_us,
+        dedup: fields.dedup_id.map(|id| DedupDigest {
+            id: hasher.digest(Digest::DedupId, id),
+            content: hasher.digest(Digest::Content, payload),
+        }),
+    };
+    (!d.is_empty()).then_some(d)
 }
 
 /// Every change the kept delivery-state frames record, in log order.
@@ -52,6 +81,7 @@ pub(crate) fn recorded_state<'a>(
     storage: &dyn Storage,
     segments: impl IntoIterator<Item = Kept<'a>>,
     lossy: bool,
+    hasher: &Hasher,
 ) -> Result<Vec<Recorded>> {
     let mut out = Vec::new();
     for seg in segments {
@@ -111,6 +141,19 @@ pub(crate) fn recorded_state<'a>(
                         seq,
                         at: f.header.seq,
                         carried,
+                        described: described_of(hasher, seq, f.ext, f.payload),
+                        stamped_us: stamped,
+                    }])
+                } else if f.header.kind == frame::FrameKind::Fields {
+                    Ok(vec![Recorded::Fields {
+                        described: fields::decode(f.payload)?,
+                        at: f.header.seq,
+                        stamped_us: stamped,
+                    }])
+                } else if f.header.kind == fields::TOMBSTONES {
+                    Ok(vec![Recorded::Tombstones {
+                        stones: fields::decode_tombstones(f.payload)?,
+                        at: f.header.seq,
                     }])
                 } else {
                     // A log start, or a kind this build may skip.

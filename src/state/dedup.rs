@@ -1,0 +1,369 @@
+//! The deduplication ids remembered (docs/GUARANTEES.md, 15): owned by the
+//! writer thread, which alone decides whether an append is new, so that two
+//! producers racing with one id get one record and one duplicate answer.
+//!
+//! Ids are known by digest (`format::hash`, keyed by the outbox's identity),
+//! with the digest of the payload first appended with them. Entries are kept
+//! in a ring, in sequence order (appends come in order, recovery sorts), with
+//! an open-addressing index of ring positions beside it: 32 bytes an entry
+//! and 4 bytes an index slot, at most half of the slots used, so about 40
+//! bytes per id (at most 48 on average over the growth of the index). An
+//! entry goes when it leaves the window or when `capacity` newer ones are
+//! kept, oldest first.
+//!
+//! An entry's *home* is the frame that makes it durable: the fields frame of
+//! its record's batch, or the latest tombstones frame that carried it. Before
+//! segments are deleted, the writer carries every entry whose home is in them
+//! into a new tombstones frame ([`Dedup::carry`]), so that an id stays known
+//! for its whole window after its record was acknowledged and deleted.
+
+use std::collections::VecDeque;
+
+use crate::format::fields::{DedupDigest, Tombstone};
+use crate::format::seq::Seq;
+
+/// An index slot that holds no entry.
+const EMPTY: u32 = u32::MAX;
+/// The home delta of an entry forgotten in place (superseded).
+const GONE: u32 = u32::MAX;
+/// The home delta of an entry whose home is too far past its record to
+/// say: it is carried at every deletion (safe, only wasteful).
+const FAR: u32 = u32::MAX - 1;
+/// Time is kept in sixteenths of a second since `base_us`.
+const TICK_US: u64 = 62_500;
+
+#[derive(Clone, Copy)]
+struct Entry {
+    id: u64,
+    content: u64,
+    seq: u64,
+    /// `home - seq`, or [`GONE`] or [`FAR`].
+    home_delta: u32,
+    /// When the record was appended, in ticks since `base_us`.
+    at: u32,
+}
+
+/// What an append with a deduplication id meets.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Seen {
+    /// Nothing within the window: a new record.
+    New,
+    /// The same id and payload: a duplicate of this record.
+    Duplicate(Seq),
+    /// The same id, another payload.
+    Conflict(Seq),
+}
+
+/// The ids remembered.
+pub(crate) struct Dedup {
+    window_us: u64,
+    capacity: usize,
+    base_us: u64,
+    ring: VecDeque<Entry>,
+    /// Absolute position of `ring[0]` (wrapping, as the index stores it).
+    front: u32,
+    slots: Vec<u32>,
+    /// Entries in the index (not gone).
+    live: usize,
+}
+
+impl Dedup {
+    /// An empty set for a window of `window_us` and at most `capacity` ids;
+    /// `now_us` is the wall clock at the open.
+    pub(crate) fn new(window_us: u64, capacity: usize, now_us: u64) -> Dedup {
+        Dedup {
+            window_us,
+            capacity,
+            // Ticks count from before the oldest entry a window can keep.
+            base_us: now_us.saturating_sub(window_us.saturating_add(86_400_000_000)),
+            ring: VecDeque::new(),
+            front: 0,
+            slots: Vec::new(),
+            live: 0,
+        }
+    }
+
+    /// Ids remembered.
+    pub(crate) fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Heap bytes.
+    pub(crate) fn heap_bytes(&self) -> u64 {
+        (self.ring.capacity() * size_of::<Entry>() + self.slots.capacity() * 4) as u64
+    }
+
+    fn ticks(&self, us: u64) -> u32 {
+        u32::try_from(us.saturating_sub(self.base_us) / TICK_US).unwrap_or(u32::MAX)
+    }
+
+    fn us(&self, ticks: u32) -> u64 {
+        self.base_us + u64::from(ticks) * TICK_US
+    }
+
+    fn expired(&self, e: &Entry, now_us: u64) -> bool {
+        // An entry stamped ahead of the clock (the clock stepped back) is
+        // young: kept, not dropped.
+        now_us.saturating_sub(self.us(e.at)) > self.window_us.saturating_add(TICK_US)
+    }
+
+    fn entry(&self, pos: u32) -> Option<&Entry> {
+        self.ring.get(pos.wrapping_sub(self.front) as usize)
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// The index slot holding the entry of `id`, if any.
+    fn find(&self, id: u64) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.mask();
+        let mut i = (id as usize) & mask;
+        loop {
+            let pos = *self.slots.get(i)?;
+            if pos == EMPTY {
+                return None;
+            }
+            if self.entry(pos).is_some_and(|e| e.id == id) {
+                return Some(i);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Empties slot `i` (backward-shift deletion, so probes stay unbroken).
+    fn remove_slot(&mut self, mut hole: usize) {
+        let mask = self.mask();
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            let pos = self.slots[j];
+            if pos == EMPTY {
+                break;
+            }
+            let ideal = self.entry(pos).map_or(j, |e| (e.id as usize) & mask);
+            // Move it into the hole unless its ideal slot lies after the hole.
+            if (j.wrapping_sub(ideal) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.slots[hole] = pos;
+                hole = j;
+            }
+        }
+        self.slots[hole] = EMPTY;
+        self.live -= 1;
+    }
+
+    fn insert_slot(&mut self, id: u64, pos: u32) {
+        if (self.live + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        let mask = self.mask();
+        let mut i = (id as usize) & mask;
+        while self.slots[i] != EMPTY {
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = pos;
+        self.live += 1;
+    }
+
+    fn grow(&mut self) {
+        let len = (self.slots.len() * 2).max(1024);
+        self.slots = vec![EMPTY; len];
+        self.live = 0;
+        let mask = len - 1;
+        for (k, e) in self.ring.iter().enumerate() {
+            if e.home_delta == GONE {
+                continue;
+            }
+            let mut i = (e.id as usize) & mask;
+            while self.slots[i] != EMPTY {
+                i = (i + 1) & mask;
+            }
+            self.slots[i] = self.front.wrapping_add(k as u32);
+            self.live += 1;
+        }
+    }
+
+    /// Drops the oldest entry.
+    fn pop_front(&mut self) {
+        let Some(e) = self.ring.front().copied() else {
+            return;
+        };
+        if e.home_delta != GONE
+            && let Some(i) = self.find(e.id)
+            && self.slots[i] == self.front
+        {
+            self.remove_slot(i);
+        }
+        self.ring.pop_front();
+        self.front = self.front.wrapping_add(1);
+    }
+
+    /// Forgets what left the window by `now_us` and what the capacity cannot
+    /// keep.
+    pub(crate) fn expire(&mut self, now_us: u64) {
+        while let Some(e) = self.ring.front() {
+            let over = self.ring.len() > self.capacity;
+            if e.home_delta == GONE || over || self.expired(e, now_us) {
+                self.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// What an append of `d` meets at `now_us`.
+    pub(crate) fn check(&self, d: DedupDigest, now_us: u64) -> Seen {
+        let Some(i) = self.find(d.id) else {
+            return Seen::New;
+        };
+        let Some(e) = self.entry(self.slots[i]) else {
+            return Seen::New;
+        };
+        if self.expired(e, now_us) {
+            Seen::New
+        } else if e.content == d.content {
+            Seen::Duplicate(Seq::from(e.seq))
+        } else {
+            Seen::Conflict(Seq::from(e.seq))
+        }
+    }
+
+    /// Remembers `d` for the record `seq`, appended at `appended_us`, made
+    /// durable by the frame `home`. `seq` must be above every entry's (in
+    /// order); an earlier entry of the id (out of its window) is forgotten.
+    pub(crate) fn insert(&mut self, d: DedupDigest, seq: Seq, appended_us: u64, home: Seq) {
+        if let Some(i) = self.find(d.id) {
+            let pos = self.slots[i];
+            self.remove_slot(i);
+            let k = pos.wrapping_sub(self.front) as usize;
+            if let Some(old) = self.ring.get_mut(k) {
+                old.home_delta = GONE;
+            }
+        }
+        let entry = Entry {
+            id: d.id,
+            content: d.content,
+            seq: seq.get(),
+            home_delta: delta(seq, home),
+            at: self.ticks(appended_us),
+        };
+        let pos = self.front.wrapping_add(self.ring.len() as u32);
+        self.ring.push_back(entry);
+        self.insert_slot(d.id, pos);
+        while self.ring.len() > self.capacity {
+            self.pop_front();
+        }
+    }
+
+    /// The entries whose home lies below `log_start` (their frames are about
+    /// to be deleted) and that are still within the window at `now_us`, as
+    /// tombstones; their home becomes `home`, the frame that will carry them.
+    pub(crate) fn carry(&mut self, log_start: Seq, home: Seq, now_us: u64) -> Vec<Tombstone> {
+        self.expire(now_us);
+        let mut out = Vec::new();
+        let (window_us, base_us) = (self.window_us, self.base_us);
+        for e in self.ring.iter_mut() {
+            if e.seq >= log_start.get() {
+                break;
+            }
+            let at_us = base_us + u64::from(e.at) * TICK_US;
+            let young = now_us.saturating_sub(at_us) <= window_us.saturating_add(TICK_US);
+            let home_before = match e.home_delta {
+                GONE => false,
+                FAR => true,
+                d => e.seq + u64::from(d) < log_start.get(),
+            };
+            if home_before && young {
+                out.push(Tombstone {
+                    seq: Seq::from(e.seq),
+                    appended_us: at_us,
+                    dedup: DedupDigest {
+                        id: e.id,
+                        content: e.content,
+                    },
+                });
+                e.home_delta = delta(Seq::from(e.seq), home);
+            }
+        }
+        out
+    }
+}
+
+fn delta(seq: Seq, home: Seq) -> u32 {
+    u32::try_from(home.get().saturating_sub(seq.get()))
+        .ok()
+        .filter(|&d| d < FAR)
+        .unwrap_or(FAR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: u64 = 60_000_000;
+
+    fn d(id: u64, content: u64) -> DedupDigest {
+        DedupDigest { id, content }
+    }
+
+    #[test]
+    fn duplicates_conflicts_and_the_window() {
+        let now = 1_000 * MIN;
+        let mut s = Dedup::new(10 * MIN, 100, now);
+        assert_eq!(s.check(d(1, 5), now), Seen::New);
+        s.insert(d(1, 5), Seq::from(10), now, Seq::from(11));
+        assert_eq!(s.check(d(1, 5), now + MIN), Seen::Duplicate(Seq::from(10)));
+        assert_eq!(s.check(d(1, 6), now + MIN), Seen::Conflict(Seq::from(10)));
+        assert_eq!(s.check(d(2, 5), now), Seen::New);
+        // Out of the window: new again, and the new record supersedes it.
+        assert_eq!(s.check(d(1, 6), now + 11 * MIN), Seen::New);
+        s.insert(d(1, 6), Seq::from(20), now + 11 * MIN, Seq::from(21));
+        assert_eq!(s.check(d(1, 6), now + 11 * MIN), Seen::Duplicate(Seq::from(20)));
+        assert_eq!(s.len(), 1);
+        s.expire(now + 11 * MIN);
+        assert_eq!(s.ring.len(), 1);
+    }
+
+    #[test]
+    fn the_oldest_go_first_beyond_capacity_and_colliding_slots_stay_found() {
+        let now = 1_000 * MIN;
+        let mut s = Dedup::new(10 * MIN, 3000, now);
+        // Ids that share their low bits, so that they probe past each other.
+        for k in 0..5000u64 {
+            s.insert(d(k << 20, k), Seq::from(k + 1), now, Seq::from(k + 2));
+        }
+        assert_eq!(s.len(), 3000);
+        for k in 0..2000u64 {
+            assert_eq!(s.check(d(k << 20, k), now), Seen::New, "{k} forgotten");
+        }
+        for k in 2000..5000u64 {
+            assert_eq!(s.check(d(k << 20, k), now), Seen::Duplicate(Seq::from(k + 1)));
+        }
+        // Under 48 bytes an id, index included.
+        assert!(s.heap_bytes() / 3000 < 48 * 2, "{}", s.heap_bytes());
+    }
+
+    #[test]
+    fn carrying_takes_each_entry_once_per_home() {
+        let now = 1_000 * MIN;
+        let mut s = Dedup::new(10 * MIN, 100, now);
+        s.insert(d(1, 1), Seq::from(5), now, Seq::from(6));
+        s.insert(d(2, 2), Seq::from(50), now, Seq::from(51));
+        // Segments below 40 go: the entry homed at 6 is carried to 100.
+        let t = s.carry(Seq::from(40), Seq::from(100), now);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].seq, Seq::from(5));
+        // Below 60: the entry of 50 (home 51) goes; the first is at home 100.
+        let t = s.carry(Seq::from(60), Seq::from(120), now);
+        assert_eq!(t.iter().map(|t| t.seq.get()).collect::<Vec<_>>(), vec![50]);
+        // Below 110: the first one's home (100) goes, it is carried again.
+        let t = s.carry(Seq::from(110), Seq::from(130), now);
+        assert_eq!(t.iter().map(|t| t.seq.get()).collect::<Vec<_>>(), vec![5]);
+        // Out of the window: nothing is carried, and it is forgotten.
+        assert!(s.carry(Seq::from(200), Seq::from(300), now + 11 * MIN).is_empty());
+        assert_eq!(s.len(), 0);
+    }
+}
