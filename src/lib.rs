@@ -80,10 +80,11 @@ pub struct ReadmeDoctests;
 pub use format::delivery::REASON_BYTES_MAX;
 pub use format::seq::{QUARANTINE_DIR, Seq};
 pub use io::reader::Record;
-pub use message::{Appended, DEDUP_ID_BYTES_MAX, KEY_BYTES_MAX, Message};
 pub use log::recovery::{Dropped, QuarantineReason, Quarantined, RecoveryReport, TornTail};
+pub use message::{Appended, DEDUP_ID_BYTES_MAX, KEY_BYTES_MAX, Message};
 pub use options::{
-    BATCH_BYTES_MAX, DEDUP_CAPACITY_MAX, DEDUP_WINDOW_MAX, Durability, LINGER_MAX, MAX_RECORD_BYTES_LIMIT, MIN_FREE_DISK_BYTES_DEFAULT, OpenCheck, Options,
-    QUEUE_BYTES_MAX, QUEUE_CAPACITY_MAX, RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
+    BATCH_BYTES_MAX, DEDUP_CAPACITY_MAX, DEDUP_WINDOW_MAX, Durability, LINGER_MAX,
+    MAX_RECORD_BYTES_LIMIT, MIN_FREE_DISK_BYTES_DEFAULT, OpenCheck, Options, QUEUE_BYTES_MAX,
+    QUEUE_CAPACITY_MAX, RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
 };
 pub use outbox::{DeadLetter, Outbox, Stats};

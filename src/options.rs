@@ -436,7 +436,10 @@ impl Options {
         if !(Duration::from_millis(1)..=DEDUP_WINDOW_MAX).contains(&self.dedup_window) {
             return invalid(
                 "dedup_window",
-                format!("{:?} is outside 1ms..={DEDUP_WINDOW_MAX:?}", self.dedup_window),
+                format!(
+                    "{:?} is outside 1ms..={DEDUP_WINDOW_MAX:?}",
+                    self.dedup_window
+                ),
             );
         }
         if !(1..=DEDUP_CAPACITY_MAX).contains(&self.dedup_capacity) {
@@ -493,7 +496,10 @@ mod tests {
             (Options::default().batch_bytes(usize::MAX), "batch_bytes"),
             (Options::default().queue_bytes(1), "queue_bytes"),
             (Options::default().batch_bytes(0), "batch_bytes"),
-            (Options::default().dedup_window(Duration::ZERO), "dedup_window"),
+            (
+                Options::default().dedup_window(Duration::ZERO),
+                "dedup_window",
+            ),
             (
                 Options::default().dedup_window(Duration::MAX),
                 "dedup_window",

@@ -10,7 +10,10 @@ use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
+use crate::format::ext::RecordFields;
+use crate::format::fields::DedupDigest;
 use crate::format::frame::frame_len;
+use crate::format::hash::{Digest, Hasher};
 use crate::format::segment::FRAMES_AT;
 use crate::format::seq::Seq;
 use crate::io::reader::{self, Record};
@@ -22,13 +25,10 @@ use crate::log::clock::Clock;
 use crate::log::recovery::state::Recorded;
 use crate::log::recovery::{self, RecoveryReport};
 use crate::log::shared::{Budget, Completion, Counters, Shared, Ticket};
-use crate::format::ext::RecordFields;
-use crate::format::fields::DedupDigest;
-use crate::format::hash::{Digest, Hasher};
 use crate::log::writer::{MessageFields, OwnedMessage, Payloads, Request, Verdict, Writer};
 use crate::message::{Appended, Message};
-use crate::state::dedup::Dedup;
 use crate::options::Options;
+use crate::state::dedup::Dedup;
 use crate::state::table::{SegmentSlots, SlotRef, Table};
 
 /// A durable outbox on one directory.
@@ -510,7 +510,9 @@ impl Outbox {
                     .iter()
                     .position(|v| matches!(v, Verdict::Conflict(_)))
                     .unwrap_or(0);
-                let dedup_id = messages.get(k).map_or_else(Vec::new, |m| dedup_id_of(&hasher, m));
+                let dedup_id = messages
+                    .get(k)
+                    .map_or_else(Vec::new, |m| dedup_id_of(&hasher, m));
                 Err(Error::Conflict { dedup_id, existing })
             }
             Err(e) => Err(e),
@@ -1113,11 +1115,9 @@ const _: () = {
 fn dedup_id_of(hasher: &Hasher, m: &Message<'_>) -> Vec<u8> {
     match (m.dedup_id, m.unique) {
         (Some(id), _) => id.to_vec(),
-        (None, true) => format!(
-            "unique:{:016x}",
-            hasher.digest(Digest::Unique, m.payload)
-        )
-        .into_bytes(),
+        (None, true) => {
+            format!("unique:{:016x}", hasher.digest(Digest::Unique, m.payload)).into_bytes()
+        }
         (None, false) => Vec::new(),
     }
 }

@@ -73,7 +73,11 @@ pub(crate) fn encode(entries: &[Described]) -> Vec<u8> {
     for e in entries {
         out.extend_from_slice(&e.seq.get().to_le_bytes());
         let flags = (if e.key.is_some() { HAS_KEY } else { 0 })
-            | (if e.not_before_us.is_some() { HAS_NOT_BEFORE } else { 0 })
+            | (if e.not_before_us.is_some() {
+                HAS_NOT_BEFORE
+            } else {
+                0
+            })
             | (if e.dedup.is_some() { HAS_DEDUP } else { 0 });
         out.push(flags);
         if let Some(k) = e.key {
@@ -146,9 +150,7 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Vec<Described>, Corruption> {
             });
         }
         let key = (flags & HAS_KEY != 0).then(|| c.u64()).transpose()?;
-        let not_before_us = (flags & HAS_NOT_BEFORE != 0)
-            .then(|| c.u64())
-            .transpose()?;
+        let not_before_us = (flags & HAS_NOT_BEFORE != 0).then(|| c.u64()).transpose()?;
         let dedup = if flags & HAS_DEDUP != 0 {
             Some(DedupDigest {
                 id: c.u64()?,

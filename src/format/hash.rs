@@ -111,14 +111,21 @@ mod tests {
     }
 
     #[test]
-    #[expect(deprecated, reason = "the standard library's SipHash-2-4, as a reference")]
+    #[expect(
+        deprecated,
+        reason = "the standard library's SipHash-2-4, as a reference"
+    )]
     fn matches_the_standard_librarys_siphash_2_4_at_every_length() {
         use std::hash::Hasher as _;
         let data: Vec<u8> = (0..200u32).map(|i| (i * 7 + 3) as u8).collect();
         for len in 0..data.len() {
             let mut reference = std::hash::SipHasher::new_with_keys(11, 0xfeed);
             reference.write(&data[..len]);
-            assert_eq!(siphash24(11, 0xfeed, &data[..len]), reference.finish(), "{len}");
+            assert_eq!(
+                siphash24(11, 0xfeed, &data[..len]),
+                reference.finish(),
+                "{len}"
+            );
         }
     }
 
@@ -126,9 +133,18 @@ mod tests {
     fn kinds_and_outboxes_are_keyed_apart() {
         let a = Hasher::new(1);
         let b = Hasher::new(2);
-        assert_ne!(a.digest(Digest::DedupId, b"x"), a.digest(Digest::Content, b"x"));
+        assert_ne!(
+            a.digest(Digest::DedupId, b"x"),
+            a.digest(Digest::Content, b"x")
+        );
         assert_ne!(a.digest(Digest::Key, b"x"), a.digest(Digest::Unique, b"x"));
-        assert_ne!(a.digest(Digest::DedupId, b"x"), b.digest(Digest::DedupId, b"x"));
-        assert_eq!(a.digest(Digest::Key, b"x"), Hasher::new(1).digest(Digest::Key, b"x"));
+        assert_ne!(
+            a.digest(Digest::DedupId, b"x"),
+            b.digest(Digest::DedupId, b"x")
+        );
+        assert_eq!(
+            a.digest(Digest::Key, b"x"),
+            Hasher::new(1).digest(Digest::Key, b"x")
+        );
     }
 }

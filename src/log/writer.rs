@@ -17,6 +17,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use crate::error::{Error, Result};
+use crate::format::fields::{DedupDigest, Described};
 use crate::format::frame::{self, FrameHeader, FrameKind, FrameSpan};
 use crate::format::seal::IndexBuilder;
 use crate::format::segment::{BLOCK, FRAMES_AT, align_up};
@@ -25,7 +26,6 @@ use crate::io;
 use crate::io::segment_file::{FreshSegment, SegmentFile, now_us};
 use crate::log::shared::{Answers, Completer, Counters, Notifier, Shared, Ticket};
 use crate::options::Durability;
-use crate::format::fields::{DedupDigest, Described};
 use crate::state::dedup::{Dedup, Seen};
 use crate::state::table::SegmentSlots;
 
@@ -78,7 +78,11 @@ impl Payloads {
         one.into_iter()
             .chain(many.iter().map(Vec::as_slice))
             .map(|p| (&[][..], p))
-            .chain(messages.iter().map(|m| (m.ext.as_slice(), m.payload.as_slice())))
+            .chain(
+                messages
+                    .iter()
+                    .map(|m| (m.ext.as_slice(), m.payload.as_slice())),
+            )
     }
 
     /// The fields of the `k`-th record, if it is a message.
@@ -850,7 +854,12 @@ impl Writer {
         }
         // A failed query does not refuse appends: the floor is a courtesy to
         // the rest of the system, and a full disk still fails cleanly.
-        let free = self.shared.storage.free_bytes(&self.shared.dir).ok().flatten();
+        let free = self
+            .shared
+            .storage
+            .free_bytes(&self.shared.dir)
+            .ok()
+            .flatten();
         self.free_checked = Some((Instant::now(), free));
         free
     }
@@ -1281,9 +1290,7 @@ impl Writer {
     /// tombstones frames of the same batch.
     fn write_log_start(&mut self, new_start: Seq) -> Result<()> {
         self.begin_write();
-        let stones = self
-            .dedup
-            .carry(new_start, self.next_seq, now_us());
+        let stones = self.dedup.carry(new_start, self.next_seq, now_us());
         // The first tombstones frame takes the number carry was given; a
         // long list takes more frames, numbered after it (the next deletion
         // carries those entries again a little early: harmless).
@@ -1340,7 +1347,6 @@ impl Writer {
         self.sync()
     }
 }
-
 
 /// Encoded bytes of a request: what it takes of the queue budget and the batch.
 pub(crate) fn request_bytes(r: &Request) -> u64 {

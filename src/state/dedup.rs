@@ -155,10 +155,8 @@ impl Dedup {
         self.live -= 1;
     }
 
+    /// Indexes the entry at `pos` (already in the ring, not yet indexed).
     fn insert_slot(&mut self, id: u64, pos: u32) {
-        if (self.live + 1) * 2 > self.slots.len() {
-            self.grow();
-        }
         let mask = self.mask();
         let mut i = (id as usize) & mask;
         while self.slots[i] != EMPTY {
@@ -250,6 +248,10 @@ impl Dedup {
             home_delta: delta(seq, home),
             at: self.ticks(appended_us),
         };
+        // Grown before the entry joins the ring: growing indexes the ring.
+        if (self.live + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
         let pos = self.front.wrapping_add(self.ring.len() as u32);
         self.ring.push_back(entry);
         self.insert_slot(d.id, pos);
@@ -321,7 +323,10 @@ mod tests {
         // Out of the window: new again, and the new record supersedes it.
         assert_eq!(s.check(d(1, 6), now + 11 * MIN), Seen::New);
         s.insert(d(1, 6), Seq::from(20), now + 11 * MIN, Seq::from(21));
-        assert_eq!(s.check(d(1, 6), now + 11 * MIN), Seen::Duplicate(Seq::from(20)));
+        assert_eq!(
+            s.check(d(1, 6), now + 11 * MIN),
+            Seen::Duplicate(Seq::from(20))
+        );
         assert_eq!(s.len(), 1);
         s.expire(now + 11 * MIN);
         assert_eq!(s.ring.len(), 1);
@@ -340,7 +345,10 @@ mod tests {
             assert_eq!(s.check(d(k << 20, k), now), Seen::New, "{k} forgotten");
         }
         for k in 2000..5000u64 {
-            assert_eq!(s.check(d(k << 20, k), now), Seen::Duplicate(Seq::from(k + 1)));
+            assert_eq!(
+                s.check(d(k << 20, k), now),
+                Seen::Duplicate(Seq::from(k + 1))
+            );
         }
         // Under 48 bytes an id, index included.
         assert!(s.heap_bytes() / 3000 < 48 * 2, "{}", s.heap_bytes());
@@ -363,7 +371,10 @@ mod tests {
         let t = s.carry(Seq::from(110), Seq::from(130), now);
         assert_eq!(t.iter().map(|t| t.seq.get()).collect::<Vec<_>>(), vec![5]);
         // Out of the window: nothing is carried, and it is forgotten.
-        assert!(s.carry(Seq::from(200), Seq::from(300), now + 11 * MIN).is_empty());
+        assert!(
+            s.carry(Seq::from(200), Seq::from(300), now + 11 * MIN)
+                .is_empty()
+        );
         assert_eq!(s.len(), 0);
     }
 }

@@ -37,11 +37,11 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::format::delivery::Change;
+use crate::format::fields::Described;
 use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan};
 use crate::format::segment::{BLOCK, align_up};
 use crate::format::seq::{SegmentId, Seq};
 use crate::io::StorageFile;
-use crate::format::fields::Described;
 use crate::state::keys::{Joined, Keys};
 use crate::state::leases::{Leases, SeqMap};
 
@@ -1156,9 +1156,11 @@ impl Table {
             return self.unclaim(seq);
         }
         let free = |table: &Table, head: u64| {
-            table.slot(Seq::from(head)).ok().flatten().is_some_and(|(si, i)| {
-                !SegmentSlots::bit(&table.segments[si].claimed, i)
-            })
+            table
+                .slot(Seq::from(head))
+                .ok()
+                .flatten()
+                .is_some_and(|(si, i)| !SegmentSlots::bit(&table.segments[si].claimed, i))
         };
         let mut keys = std::mem::take(&mut self.keys);
         let joined = keys.rejoin(seq.get(), |head| free(self, head));
@@ -1424,7 +1426,11 @@ impl Table {
         stats.relocated = self.relocated;
         if !self.keys.is_empty() {
             stats.blocked_keys = self.keys.blocked();
-            stats.held_by_key = self.keys.held().filter(|s| !self.due.contains_key(s)).count() as u64;
+            stats.held_by_key = self
+                .keys
+                .held()
+                .filter(|s| !self.due.contains_key(s))
+                .count() as u64;
             stats.keys_bytes = self.keys.heap_bytes();
         }
         stats

@@ -15,6 +15,7 @@ mod leases;
 mod lock;
 mod model;
 mod process;
+mod producers;
 mod recovery;
 mod relocation;
 mod retries;

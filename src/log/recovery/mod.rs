@@ -127,8 +127,7 @@ pub(crate) fn recover(
         }
     });
     let hasher = crate::format::hash::Hasher::new(plan.outbox_id.unwrap_or(0));
-    let mut recorded =
-        state::recorded_state(storage, kept, mode == RecoveryMode::Lossy, &hasher)?;
+    let mut recorded = state::recorded_state(storage, kept, mode == RecoveryMode::Lossy, &hasher)?;
     // The negative controls forget what the log recorded.
     if crate::injected!(options, ForgetAcksAtRecovery) {
         recorded.retain(|r| !matches!(r, state::Recorded::Acks(..)));

@@ -12,8 +12,8 @@
 use crate::error::{Error, Result};
 use crate::format::acks;
 use crate::format::delivery::{self, Change};
-use crate::format::frame::{self, FRAME_HEADER_LEN};
 use crate::format::fields::{self, DedupDigest, Described, Tombstone};
+use crate::format::frame::{self, FRAME_HEADER_LEN};
 use crate::format::hash::{Digest, Hasher};
 use crate::format::seq::Seq;
 use crate::io::{Storage, read_exact_at};

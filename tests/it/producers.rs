@@ -1,0 +1,469 @@
+//! What producers say about a record: ordering keys, not-before times,
+//! deduplication ids and unique items, quotas; each durable across restarts.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use segwal::sim::SimDisk;
+use segwal::{Appended, Error, Message, Options, Outbox, Seq};
+
+use crate::{small_segments, tmp};
+
+fn options() -> Options {
+    Options::default().lease(Duration::from_secs(3600))
+}
+
+fn seqs(records: &[segwal::Record]) -> Vec<Seq> {
+    records.iter().map(|r| r.seq()).collect()
+}
+
+fn keyed(outbox: &Outbox, key: &[u8], payload: &[u8]) -> Seq {
+    let a = outbox
+        .append_message(&Message::new(payload).key(key))
+        .expect("append_message");
+    assert!(!a.duplicate);
+    a.seq
+}
+
+#[test]
+fn a_key_is_delivered_one_record_at_a_time_in_order_and_other_keys_go_on() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    let a1 = keyed(&outbox, b"account-1", b"a1");
+    let b1 = keyed(&outbox, b"account-2", b"b1");
+    let a2 = keyed(&outbox, b"account-1", b"a2");
+    let plain = outbox.append(b"no key").expect("append");
+    let a3 = keyed(&outbox, b"account-1", b"a3");
+    let b2 = keyed(&outbox, b"account-2", b"b2");
+    // One record per key; the record without a key is not held.
+    let got = outbox.claim(100).expect("claim");
+    assert_eq!(seqs(&got), [a1, b1, plain]);
+    assert_eq!(got[0].key(), Some(&b"account-1"[..]));
+    assert_eq!(got[2].key(), None);
+    let stats = outbox.stats();
+    assert_eq!((stats.blocked_keys, stats.held_by_key), (2, 3));
+    assert_eq!((stats.claimed, stats.pending), (3, 0));
+    // A held record was never handed out: it cannot be acknowledged.
+    assert!(matches!(outbox.ack(a2), Err(Error::NotClaimed { seq }) if seq == a2));
+    // The head acknowledged: the key's next record goes.
+    outbox.ack(a1).expect("ack");
+    assert_eq!(seqs(&outbox.claim(100).expect("claim")), [a2]);
+    // Released: the head comes back first, the key stays blocked behind it.
+    outbox.release(b1).expect("release");
+    assert_eq!(seqs(&outbox.claim(100).expect("claim")), [b1]);
+    // Delayed: the key waits with it.
+    outbox
+        .release_after(b1, Duration::from_secs(3600), "later")
+        .expect("release_after");
+    assert!(outbox.claim(100).expect("claim").is_empty());
+    // A dead letter no longer blocks its key.
+    outbox.dead_letter(a2, "refused").expect("dead_letter");
+    assert_eq!(seqs(&outbox.claim(100).expect("claim")), [a3]);
+    // Requeued while the key's head is claimed: it goes right after it.
+    outbox.requeue(a2).expect("requeue");
+    assert!(outbox.claim(100).expect("claim").is_empty());
+    outbox.ack(a3).expect("ack");
+    assert_eq!(seqs(&outbox.claim(100).expect("claim")), [a2]);
+    assert_eq!(outbox.stats().held_by_key, 1, "b2 behind the delayed b1");
+    let _ = b2;
+    outbox.close().expect("close");
+}
+
+#[test]
+fn per_key_order_holds_across_reopens_and_sealed_segments() {
+    let (_t, dir) = tmp();
+    let open = || Outbox::open(&dir, small_segments().lease(Duration::from_secs(3600)));
+    let outbox = open().expect("open");
+    let mut by_key: Vec<Vec<Seq>> = vec![Vec::new(); 3];
+    for i in 0..60usize {
+        let key = format!("key-{}", i % 3);
+        by_key[i % 3].push(keyed(&outbox, key.as_bytes(), &[b'x'; 700]));
+    }
+    assert!(
+        crate::segment_files(&dir).len() > 2,
+        "records in sealed segments"
+    );
+    // Claimed and not acknowledged: after the reopen they are the heads again.
+    let first = outbox.claim(100).expect("claim");
+    assert_eq!(seqs(&first), [by_key[0][0], by_key[1][0], by_key[2][0]]);
+    outbox.ack(by_key[1][0]).expect("ack");
+    outbox.sync().expect("sync");
+    drop(outbox);
+    for round in 0..3 {
+        let outbox = open().expect("reopen");
+        let got = outbox.claim(100).expect("claim");
+        let mut want: Vec<Seq> = if round == 0 {
+            vec![by_key[0][0], by_key[1][1], by_key[2][0]]
+        } else {
+            vec![by_key[0][round], by_key[1][round + 1], by_key[2][round]]
+        };
+        want.sort();
+        assert_eq!(seqs(&got), want, "round {round}");
+        for r in &got {
+            outbox.ack(r.seq()).expect("ack");
+        }
+        outbox.close().expect("close");
+    }
+}
+
+#[test]
+fn a_not_before_time_holds_a_record_back_until_it_passes_across_a_reopen() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    let at = SystemTime::now() + Duration::from_secs(2);
+    let late = outbox
+        .append_message(&Message::new(b"later").not_before(at))
+        .expect("append_message")
+        .seq;
+    let now = outbox.append(b"now").expect("append");
+    let far = outbox
+        .append_message(&Message::new(b"far").delay(Duration::from_secs(3600)))
+        .expect("append_message")
+        .seq;
+    let got = outbox.claim(10).expect("claim");
+    assert_eq!(seqs(&got), [now]);
+    assert_eq!(outbox.stats().delayed, 2);
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options()).expect("reopen");
+    assert_eq!(outbox.stats().delayed, 2);
+    assert_eq!(seqs(&outbox.claim(10).expect("claim")), [now]);
+    // claim_wait wakes when the earliest comes due, and not before it.
+    let got = outbox
+        .claim_wait(10, Duration::from_secs(60))
+        .expect("claim_wait");
+    assert!(SystemTime::now() >= at, "handed out early");
+    assert_eq!(seqs(&got), [late]);
+    let nb = got[0].not_before().expect("not_before");
+    let off = nb.duration_since(at).unwrap_or_else(|e| e.duration());
+    assert!(off < Duration::from_micros(2), "{off:?}");
+    assert_eq!(outbox.stats().delayed, 1, "{far:?} still waits");
+    outbox.close().expect("close");
+}
+
+#[test]
+fn a_key_waits_for_its_delayed_head() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    let head = outbox
+        .append_message(
+            &Message::new(b"h")
+                .key(b"k")
+                .delay(Duration::from_secs(3600)),
+        )
+        .expect("append")
+        .seq;
+    let next = keyed(&outbox, b"k", b"n");
+    let other = keyed(&outbox, b"other", b"o");
+    assert_eq!(seqs(&outbox.claim(10).expect("claim")), [other]);
+    let stats = outbox.stats();
+    assert_eq!(
+        (stats.delayed, stats.held_by_key, stats.blocked_keys),
+        (1, 1, 1)
+    );
+    let _ = (head, next);
+    outbox.close().expect("close");
+}
+
+#[test]
+fn a_dedup_id_appends_once_and_a_different_payload_conflicts() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    let m = Message::new(b"order 7781 created").dedup_id(b"order-7781/created");
+    let first = outbox.append_message(&m).expect("append");
+    assert!(!first.duplicate);
+    let again = outbox.append_message(&m).expect("append");
+    assert_eq!(
+        again,
+        Appended {
+            seq: first.seq,
+            duplicate: true
+        }
+    );
+    let other = Message::new(b"something else").dedup_id(b"order-7781/created");
+    match outbox.append_message(&other) {
+        Err(Error::Conflict { dedup_id, existing }) => {
+            assert_eq!(dedup_id, b"order-7781/created");
+            assert_eq!(existing, first.seq);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(outbox.stats().records_appended, 1);
+    assert_eq!(outbox.stats().duplicates, 1);
+    let got = outbox.claim(10).expect("claim");
+    assert_eq!(seqs(&got), [first.seq]);
+    assert_eq!(got[0].dedup_id(), Some(&b"order-7781/created"[..]));
+    // Within one call: the second of two equal messages is the first's
+    // duplicate; a conflict refuses the whole call.
+    let a = Message::new(b"a").dedup_id(b"id-a");
+    let v = outbox.append_messages(&[a, a]).expect("append_messages");
+    assert_eq!(
+        (v[0].duplicate, v[1].duplicate, v[1].seq),
+        (false, true, v[0].seq)
+    );
+    let before = outbox.stats().records_appended;
+    let fresh = Message::new(b"fresh").dedup_id(b"id-fresh");
+    assert!(matches!(
+        outbox.append_messages(&[fresh, Message::new(b"b").dedup_id(b"id-a")]),
+        Err(Error::Conflict { existing, .. }) if existing == v[0].seq
+    ));
+    assert_eq!(outbox.stats().records_appended, before, "nothing written");
+    assert!(!outbox.append_message(&fresh).expect("append").duplicate);
+    outbox.close().expect("close");
+}
+
+#[test]
+fn an_id_stays_known_after_its_record_is_acknowledged_deleted_and_the_outbox_reopened() {
+    let (_t, dir) = tmp();
+    let open = || Outbox::open(&dir, small_segments());
+    let outbox = open().expect("open");
+    let m = Message::new(b"once").dedup_id(b"the-id");
+    let first = outbox.append_message(&m).expect("append").seq;
+    // Acknowledge it and enough after it that its segment is deleted.
+    for i in 0..80u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    crate::drain_ack(&outbox);
+    outbox.sync().expect("sync");
+    assert!(
+        outbox.stats().segments_deleted > 0,
+        "the record's segment is gone"
+    );
+    assert!(outbox.stats().first_seq.is_none());
+    assert_eq!(
+        outbox.append_message(&m).expect("append"),
+        Appended {
+            seq: first,
+            duplicate: true
+        }
+    );
+    outbox.close().expect("close");
+    // Across reopens, and after more deletions that carry the tombstone on.
+    for round in 0..3 {
+        let outbox = open().expect("reopen");
+        assert_eq!(
+            outbox.append_message(&m).expect("append"),
+            Appended {
+                seq: first,
+                duplicate: true
+            },
+            "round {round}"
+        );
+        for i in 0..80u32 {
+            outbox.append(&i.to_le_bytes()).expect("append");
+        }
+        crate::drain_ack(&outbox);
+        outbox.close().expect("close");
+    }
+}
+
+#[test]
+fn racing_producers_with_one_id_get_one_record() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    for round in 0..20u32 {
+        let id = format!("race-{round}");
+        let answers: Vec<Appended> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    let outbox = outbox.clone();
+                    let id = id.clone();
+                    s.spawn(move || {
+                        outbox
+                            .append_message(&Message::new(b"same").dedup_id(id.as_bytes()))
+                            .expect("append")
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("join"))
+                .collect()
+        });
+        let written = answers.iter().filter(|a| !a.duplicate).count();
+        assert_eq!(written, 1, "round {round}: {answers:?}");
+        assert!(answers.iter().all(|a| a.seq == answers[0].seq));
+    }
+    assert_eq!(outbox.stats().records_appended, 20);
+    outbox.close().expect("close");
+}
+
+#[test]
+fn unique_items_are_appended_once_while_known_and_again_after_the_window() {
+    let (_t, dir) = tmp();
+    let outbox =
+        Outbox::open(&dir, options().dedup_window(Duration::from_millis(50))).expect("open");
+    let m = Message::new(b"resync repo 42").unique();
+    let first = outbox.append_message(&m).expect("append");
+    assert_eq!(
+        outbox.append_message(&m).expect("append"),
+        Appended {
+            seq: first.seq,
+            duplicate: true
+        }
+    );
+    assert!(
+        !outbox
+            .append_message(&Message::new(b"resync repo 43").unique())
+            .expect("append")
+            .duplicate
+    );
+    let got = outbox.claim(1).expect("claim");
+    assert!(
+        got[0]
+            .dedup_id()
+            .is_some_and(|id| id.starts_with(b"unique:"))
+    );
+    // Well past the window (and its sixteenth-of-a-second grain): new again.
+    std::thread::sleep(Duration::from_millis(400));
+    let later = outbox.append_message(&m).expect("append");
+    assert!(!later.duplicate && later.seq > first.seq);
+    outbox.close().expect("close");
+}
+
+#[test]
+fn the_capacity_forgets_the_oldest_ids_first() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options().dedup_capacity(100)).expect("open");
+    let ids: Vec<String> = (0..150).map(|i| format!("id-{i}")).collect();
+    let msgs: Vec<Message<'_>> = ids
+        .iter()
+        .map(|id| Message::new(b"p").dedup_id(id.as_bytes()))
+        .collect();
+    outbox.append_messages(&msgs).expect("append");
+    assert_eq!(outbox.stats().dedup_ids, 100);
+    assert!(
+        !outbox.append_message(&msgs[0]).expect("append").duplicate,
+        "forgotten"
+    );
+    assert!(
+        outbox.append_message(&msgs[149]).expect("append").duplicate,
+        "kept"
+    );
+    outbox.close().expect("close");
+}
+
+#[test]
+fn backlog_quotas_refuse_an_append_at_once_and_writing_nothing() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(
+        &dir,
+        options().max_backlog_records(3).max_backlog_bytes(1000),
+    )
+    .expect("open");
+    for _ in 0..3 {
+        outbox.append(b"x").expect("append");
+    }
+    match outbox.append(b"y") {
+        Err(Error::QuotaExceeded {
+            quota,
+            limit,
+            current,
+        }) => {
+            assert_eq!((quota, limit, current), ("max_backlog_records", 3, 3));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(outbox.stats().records_appended, 3, "nothing written");
+    // A duplicate writes nothing: never refused.
+    let got = outbox.claim(1).expect("claim");
+    outbox.ack(got[0].seq()).expect("ack");
+    let m = Message::new(b"m").dedup_id(b"m");
+    outbox.append_message(&m).expect("append");
+    assert!(outbox.append_message(&m).expect("append").duplicate);
+    // Acknowledged records free room; bytes are counted too.
+    for r in outbox.claim(10).expect("claim") {
+        outbox.ack(r.seq()).expect("ack");
+    }
+    assert!(matches!(
+        outbox.append(&[0u8; 1001]),
+        Err(Error::QuotaExceeded {
+            quota: "max_backlog_bytes",
+            limit: 1000,
+            current: 0
+        })
+    ));
+    assert!(matches!(
+        outbox.append_batch(&[[0u8; 10]; 4]),
+        Err(Error::QuotaExceeded {
+            quota: "max_backlog_records",
+            ..
+        })
+    ));
+    outbox.append_batch(&[[0u8; 10]; 3]).expect("append_batch");
+    outbox.close().expect("close");
+}
+
+#[test]
+fn the_free_disk_floor_refuses_appends_but_not_acks_claims_or_recovery() {
+    let disk = SimDisk::new(5);
+    let open = || {
+        Outbox::open_with_storage(
+            "/outbox",
+            options().min_free_disk_bytes(1 << 20),
+            Arc::new(disk.clone()),
+        )
+    };
+    let outbox = open().expect("open");
+    let a = outbox
+        .append(b"a")
+        .expect("append: the disk cannot tell, no floor");
+    disk.set_free_bytes(Some(4096));
+    // The free space is asked again at most every 10 ms.
+    std::thread::sleep(Duration::from_millis(30));
+    match outbox.append(b"b") {
+        Err(Error::QuotaExceeded {
+            quota,
+            limit,
+            current,
+        }) => {
+            assert_eq!(
+                (quota, limit, current),
+                ("min_free_disk_bytes", 1 << 20, 4096)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let got = outbox.claim(10).expect("claim");
+    assert_eq!(seqs(&got), [a]);
+    outbox.ack(a).expect("ack");
+    outbox.sync().expect("sync");
+    outbox.close().expect("close");
+    let outbox = open().expect("recovery needs no free space");
+    assert!(outbox.claim(10).expect("claim").is_empty());
+    disk.set_free_bytes(Some(2 << 20));
+    std::thread::sleep(Duration::from_millis(30));
+    outbox.append(b"c").expect("room again");
+    outbox.close().expect("close");
+}
+
+#[test]
+fn message_fields_out_of_range_are_refused_before_anything_is_written() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    assert!(matches!(
+        outbox.append_message(&Message::new(b"x").key(b"")),
+        Err(Error::InvalidMessage { field: "key", .. })
+    ));
+    assert!(matches!(
+        outbox.append_message(&Message::new(b"x").dedup_id(&[1u8; 257])),
+        Err(Error::InvalidMessage {
+            field: "dedup_id",
+            ..
+        })
+    ));
+    assert_eq!(outbox.stats().records_appended, 0);
+    // At the limits: accepted, and read back exactly.
+    let key = [7u8; 256];
+    let id = [9u8; 256];
+    let a = outbox
+        .append_message(&Message::new(b"x").key(&key).dedup_id(&id))
+        .expect("append");
+    let got = outbox.claim(1).expect("claim");
+    assert_eq!(got[0].seq(), a.seq);
+    assert_eq!(
+        (got[0].key(), got[0].dedup_id()),
+        (Some(&key[..]), Some(&id[..]))
+    );
+    assert_eq!(got[0].payload(), b"x");
+    outbox.close().expect("close");
+}
