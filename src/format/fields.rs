@@ -227,7 +227,7 @@ mod tests {
         let bytes = encode(&entries);
         assert_eq!(decode(&bytes), Ok(entries));
         for cut in 1..bytes.len() {
-            if cut != 25 {
+            if cut != 33 {
                 assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
             }
         }
