@@ -120,6 +120,8 @@ struct Plan {
     first: Option<Seq>,
     /// What the fields frame says of its records.
     described: Vec<Described>,
+    /// The answer of a negative control that writes what it refuses.
+    lie: Option<Error>,
 }
 
 impl Default for Plan {
@@ -129,6 +131,7 @@ impl Default for Plan {
             verdicts: Vec::new(),
             first: None,
             described: Vec::new(),
+            lie: None,
         }
     }
 }
@@ -608,7 +611,10 @@ impl Writer {
         let first = self.next_seq;
         self.firsts = plans
             .iter()
-            .map(|p| p.outcome.clone().map(|()| p.first.unwrap_or(first)))
+            .map(|p| match &p.lie {
+                Some(e) => Err(e.clone()),
+                None => p.outcome.clone().map(|()| p.first.unwrap_or(first)),
+            })
             .collect();
         let appends = batch.iter().filter(|r| matches!(r, Request::Append { .. }));
         for (r, plan) in appends.zip(&plans) {
@@ -793,14 +799,20 @@ impl Writer {
                 None
             };
             if let Some((quota, limit, current)) = refusal {
-                plan.outcome = Err(Error::QuotaExceeded {
+                let refused = Error::QuotaExceeded {
                     quota,
                     limit,
                     current,
-                });
-                plan.verdicts.clear();
-                plans.push(plan);
-                continue;
+                };
+                // The negative control writes it all the same, and says not.
+                if crate::injected!(self.shared.options, QuotaWritesAnyway) {
+                    plan.lie = Some(refused);
+                } else {
+                    plan.outcome = Err(refused);
+                    plan.verdicts.clear();
+                    plans.push(plan);
+                    continue;
+                }
             }
             records += new_records;
             bytes += new_bytes;
@@ -1003,6 +1015,11 @@ impl Writer {
         {
             let mut table = self.shared.table.lock();
             table.push_frames(self.active.seg.id, group, &self.unsynced);
+            if crate::injected!(self.shared.options, IgnoreKeys) {
+                for d in &mut self.unsynced_described {
+                    d.key = None;
+                }
+            }
             if !self.unsynced_described.is_empty() {
                 let now = self.shared.clock.now_us();
                 table.apply_fields(&self.unsynced_described, now, now_us());
@@ -1290,7 +1307,10 @@ impl Writer {
     /// tombstones frames of the same batch.
     fn write_log_start(&mut self, new_start: Seq) -> Result<()> {
         self.begin_write();
-        let stones = self.dedup.carry(new_start, self.next_seq, now_us());
+        let mut stones = self.dedup.carry(new_start, self.next_seq, now_us());
+        if crate::injected!(self.shared.options, ForgetTombstones) {
+            stones.clear();
+        }
         // The first tombstones frame takes the number carry was given; a
         // long list takes more frames, numbered after it (the next deletion
         // carries those entries again a little early: harmless).

@@ -51,6 +51,17 @@ pub enum Bug {
     /// written before a record is handed out under `max_attempts`, so a
     /// crash forgets deliveries.
     AttemptsInMemoryOnly,
+    /// Ignore ordering keys when new records reach the state table: a key's
+    /// records are handed out together.
+    IgnoreKeys,
+    /// Ignore the fields frames of the log at recovery: keys, not-before
+    /// times and deduplication ids forgotten by a crash.
+    ForgetFieldsAtRecovery,
+    /// Write no tombstones before deleting segments: a deduplication id is
+    /// forgotten once its record's segment is deleted and the outbox reopens.
+    ForgetTombstones,
+    /// Write an append a quota refused, and answer it refused all the same.
+    QuotaWritesAnyway,
 }
 
 impl Options {

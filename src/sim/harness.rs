@@ -18,8 +18,16 @@
 //!   again;
 //! - I11: a dead letter made durable is listed and never delivered;
 //! - I12: under `max_attempts`, attempts never decrease;
-//! - I13: a record whose delayed release was made durable is not delivered
-//!   before its delay ends, and is counted as delayed.
+//! - I13: a record whose delayed release was made durable, or appended with a
+//!   not-before time, is not delivered before its delay ends, and is counted
+//!   as delayed;
+//! - I14: no two records of one ordering key are claimed at once, and a
+//!   keyed record is not delivered while an earlier record of its key is
+//!   still to deliver (in a run and after every crash);
+//! - I16: one deduplication id never yields two records, and an id whose
+//!   append was answered Ok is still known after every crash (its append
+//!   again is its first record's duplicate);
+//! - I17: an append refused by a quota wrote nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -65,6 +73,16 @@ pub enum Step {
     /// The oldest claimed record stays claimed for the rest of the run, as
     /// by a stuck relay (no acknowledgement step takes it), then sync.
     Hold,
+    /// Append one record of this many bytes with this ordering key (of a
+    /// few).
+    AppendKeyed(usize, u8),
+    /// Append one record of this many bytes with this deduplication id (of a
+    /// few): the id's first payload again if the id was used before (a
+    /// duplicate), a new one otherwise.
+    AppendDedup(usize, u8),
+    /// Append one record of this many bytes not to be delivered before an
+    /// hour from now (never reached in a run).
+    AppendDelayed(usize),
 }
 
 /// A workload: the steps and the options it runs with.
@@ -82,6 +100,9 @@ pub struct Workload {
     /// `Options::max_attempts`: set where the workload checks that attempts
     /// survive crashes (see [`Workload::stragglers`]).
     pub max_attempts: Option<u32>,
+    /// `Options::max_backlog_records`: set where the workload checks that a
+    /// refused append writes nothing.
+    pub max_backlog_records: Option<u64>,
 }
 
 impl Workload {
@@ -103,6 +124,7 @@ impl Workload {
                 _ => Step::Reopen,
             })
             .collect();
+        let steps = with_producer_fields(steps, &mut rng);
         // A header block and two to five blocks of write batches: rotations
         // come often, in every phase of a workload.
         let segment_bytes = 12288 + 4096 * rng.below(4);
@@ -117,6 +139,7 @@ impl Workload {
             open_check,
             segment_age: std::time::Duration::from_secs(3600),
             max_attempts: None,
+            max_backlog_records: Some(40),
         }
     }
 
@@ -141,6 +164,7 @@ impl Workload {
             open_check: OpenCheck::SealIndex,
             segment_age: std::time::Duration::from_secs(3600),
             max_attempts: None,
+            max_backlog_records: None,
         }
     }
 
@@ -169,6 +193,7 @@ impl Workload {
             steps.push(Step::AckAll);
         }
         steps.truncate(len);
+        let steps = with_producer_fields(steps, &mut rng);
         Workload {
             steps,
             // Segments of five to seven blocks: relocation pays only when a
@@ -181,6 +206,7 @@ impl Workload {
             },
             segment_age: std::time::Duration::from_secs(3600),
             max_attempts: Some(1000),
+            max_backlog_records: None,
         }
     }
 
@@ -231,11 +257,32 @@ impl Workload {
             Some(max) => options.max_attempts(max),
             None => options,
         };
+        let options = match self.max_backlog_records {
+            Some(max) => options.max_backlog_records(max),
+            None => options,
+        };
         match bug {
             Some(bug) => options.inject_bug(bug),
             None => options,
         }
     }
+}
+
+/// Turns some single appends of `steps` into appends of messages: one in
+/// three keyed (three keys), one in six with a deduplication id (four ids),
+/// one in ten with a not-before time.
+fn with_producer_fields(mut steps: Vec<Step>, rng: &mut Rng) -> Vec<Step> {
+    for step in &mut steps {
+        if let Step::Append(len) = *step {
+            *step = match rng.below(30) {
+                0..=9 => Step::AppendKeyed(len, rng.below(3) as u8),
+                10..=14 => Step::AppendDedup(len, rng.below(4) as u8),
+                15..=17 => Step::AppendDelayed(len),
+                _ => Step::Append(len),
+            };
+        }
+    }
+    steps
 }
 
 /// An invariant that did not hold, with what reproduces it.
@@ -412,6 +459,20 @@ struct Model {
     attempts: BTreeMap<Seq, Vec<(u32, u64)>>,
     /// Records relocated while the workload ran.
     relocated: u64,
+    /// The ordering key of every keyed payload handed to an append (by
+    /// payload id), in doubt or not.
+    key_of: BTreeMap<u64, u8>,
+    /// The deduplication id of every payload appended with one.
+    dedup_of: BTreeMap<u64, u8>,
+    /// Each deduplication id's payload (what its appends send).
+    dedup_payload: BTreeMap<u8, Vec<u8>>,
+    /// The record each deduplication id's append was answered with (written
+    /// or duplicate), with the operations done by then.
+    dedup_seq: BTreeMap<u8, (Seq, u64)>,
+    /// Payloads appended with a not-before time an hour ahead, in doubt or not.
+    not_before: BTreeSet<u64>,
+    /// Payloads whose append a quota refused: never written.
+    refused: BTreeSet<u64>,
 }
 
 impl Model {
@@ -461,7 +522,23 @@ impl Model {
                 })
                 .collect(),
             relocated: self.relocated,
+            key_of: self.key_of.clone(),
+            dedup_of: self.dedup_of.clone(),
+            dedup_payload: self.dedup_payload.clone(),
+            dedup_seq: self
+                .dedup_seq
+                .iter()
+                .filter(|(_, (_, at))| *at <= ops)
+                .map(|(d, v)| (*d, *v))
+                .collect(),
+            not_before: self.not_before.clone(),
+            refused: self.refused.clone(),
         }
+    }
+
+    /// The ordering key of the record with these bytes, if it has one.
+    fn key(&self, bytes: &[u8]) -> Option<u8> {
+        payload_id(bytes).and_then(|id| self.key_of.get(&id).copied())
     }
 }
 
@@ -571,10 +648,14 @@ impl Run<'_> {
     fn step(&mut self, step: &Step) -> Result<Option<bool>, String> {
         let failed = match step {
             Step::Append(len) => {
-                let (_, p) = self.model.new_payload(*len);
+                let (id, p) = self.model.new_payload(*len);
                 match self.outbox.append(&p) {
                     Ok(seq) => {
                         self.model.record(seq, p, self.disk.ops())?;
+                        false
+                    }
+                    Err(Error::QuotaExceeded { .. }) => {
+                        self.model.refused.insert(id);
                         false
                     }
                     Err(_) => true,
@@ -589,6 +670,12 @@ impl Run<'_> {
                         for (seq, p) in seqs.into_iter().zip(payloads) {
                             self.model.acked.insert(seq, (p, at));
                         }
+                        false
+                    }
+                    Err(Error::QuotaExceeded { .. }) => {
+                        self.model
+                            .refused
+                            .extend(payloads.iter().filter_map(|p| payload_id(p)));
                         false
                     }
                     Err(_) => true,
@@ -654,8 +741,89 @@ impl Run<'_> {
                 self.outbox.sync().is_err()
             }
             Step::Reopen => return Ok(self.reopen().then_some(false)),
+            Step::AppendKeyed(len, key) => {
+                let (id, p) = self.model.new_payload(*len);
+                self.model.key_of.insert(id, *key);
+                let outcome = self
+                    .outbox
+                    .append_message(&crate::Message::new(&p).key(&[b'k', *key]));
+                self.appended(id, p, outcome)?
+            }
+            Step::AppendDelayed(len) => {
+                let (id, p) = self.model.new_payload(*len);
+                self.model.not_before.insert(id);
+                let outcome = self.outbox.append_message(
+                    &crate::Message::new(&p).delay(std::time::Duration::from_secs(3600)),
+                );
+                self.appended(id, p, outcome)?
+            }
+            Step::AppendDedup(len, d) => self.append_dedup(*len, *d)?,
         };
         Ok(Some(failed))
+    }
+
+    /// Notes the outcome of the append of the new payload `id` (`p`) as a
+    /// message; returns whether it failed.
+    fn appended(
+        &mut self,
+        id: u64,
+        p: Vec<u8>,
+        outcome: crate::Result<crate::Appended>,
+    ) -> Result<bool, String> {
+        match outcome {
+            Ok(a) if !a.duplicate => {
+                self.model.record(a.seq, p, self.disk.ops())?;
+                Ok(false)
+            }
+            Ok(a) => Err(format!(
+                "a new payload was answered as a duplicate of {}",
+                a.seq
+            )),
+            Err(Error::QuotaExceeded { .. }) => {
+                self.model.refused.insert(id);
+                Ok(false)
+            }
+            Err(_) => Ok(true),
+        }
+    }
+
+    /// Appends the payload of the deduplication id `d` with that id (a new
+    /// payload the first time). I16: once an append of the id was answered,
+    /// every later one is answered with the same record, as a duplicate.
+    fn append_dedup(&mut self, len: usize, d: u8) -> Result<bool, String> {
+        let p = match self.model.dedup_payload.get(&d) {
+            Some(p) => p.clone(),
+            None => {
+                let (id, p) = self.model.new_payload(len);
+                self.model.dedup_of.insert(id, d);
+                self.model.dedup_payload.insert(d, p.clone());
+                p
+            }
+        };
+        let outcome = self
+            .outbox
+            .append_message(&crate::Message::new(&p).dedup_id(&[b'd', d]));
+        let a = match outcome {
+            Ok(a) => a,
+            // The payload may be written by a later append of the id: it is
+            // not marked refused.
+            Err(Error::QuotaExceeded { .. }) => return Ok(false),
+            Err(_) => return Ok(true),
+        };
+        let at = self.disk.ops();
+        match self.model.dedup_seq.get(&d) {
+            Some(&(seq, _)) if a.seq != seq || !a.duplicate => Err(format!(
+                "I16: deduplication id {d} answered {a:?} after it was appended as record {seq}"
+            )),
+            Some(_) => Ok(false),
+            None => {
+                if !self.model.acked.contains_key(&a.seq) {
+                    self.model.record(a.seq, p, at)?;
+                }
+                self.model.dedup_seq.insert(d, (a.seq, at));
+                Ok(false)
+            }
+        }
     }
 
     /// Parks the newest claimed record with `park` (a dead letter, a long
@@ -709,11 +877,23 @@ impl Run<'_> {
                     {
                         return Err(format!("claim returned other bytes for record {}", r.seq()));
                     }
-                    if self.model.delayed.contains_key(&r.seq()) {
+                    let id = payload_id(r.payload());
+                    if self.model.delayed.contains_key(&r.seq())
+                        || id.is_some_and(|id| self.model.not_before.contains(&id))
+                    {
                         return Err(format!(
                             "claim returned record {} during its delay of an hour",
                             r.seq()
                         ));
+                    }
+                    if id.is_some_and(|id| self.model.refused.contains(&id)) {
+                        return Err(format!(
+                            "I17: claim returned record {}, whose append a quota refused",
+                            r.seq()
+                        ));
+                    }
+                    if let Some(k) = self.model.key(r.payload()) {
+                        self.check_key_order(r.seq(), k)?;
                     }
                     if self.options.max_attempts.is_some() {
                         let at = self.disk.ops();
@@ -741,6 +921,34 @@ impl Run<'_> {
             }
             Err(_) => Ok(true),
         }
+    }
+
+    /// I14 in a run: the record `seq` of key `k`, just claimed, is the only
+    /// one of its key claimed (or held), and no earlier record of its key is
+    /// still to deliver (appended, not acknowledged, not a dead letter).
+    fn check_key_order(&self, seq: Seq, k: u8) -> Result<(), String> {
+        let key_of_seq = |s: &Seq| self.model.acked.get(s).and_then(|(p, _)| self.model.key(p));
+        if let Some(other) = self
+            .claimed
+            .iter()
+            .chain(&self.held)
+            .find(|s| key_of_seq(s) == Some(k))
+        {
+            return Err(format!(
+                "I14: record {seq} of key {k} claimed while record {other} of the key is"
+            ));
+        }
+        let earlier = self.model.acked.range(..seq).find(|(s, (p, _))| {
+            self.model.key(p) == Some(k)
+                && !self.model.consumed.contains_key(s)
+                && !self.model.dead.contains_key(s)
+        });
+        if let Some((s, _)) = earlier {
+            return Err(format!(
+                "I14: record {seq} of key {k} delivered while the earlier record {s} of the key waits"
+            ));
+        }
+        Ok(())
     }
 
     /// Appends one record from each of `threads` threads at once.
@@ -857,7 +1065,8 @@ fn verify_with(
         .map(|d| (d.seq(), d.payload().to_vec()))
         .collect();
     check_records(&records, &dead, model)?;
-    check_delayed(&records, &dead, model, outbox.stats().delayed)?;
+    let behind = check_producer_fields(&records, &dead, model)?;
+    check_delayed(&records, &dead, model, outbox.stats().delayed, &behind)?;
     let verified = Verified {
         records: records.len() as u64,
         torn: report.torn_tail.is_some(),
@@ -870,6 +1079,7 @@ fn verify_with(
     outbox
         .close()
         .map_err(|e| ("I5", format!("close after recovery failed: {e}")))?;
+    check_ids_known(disk, options, model)?;
     recover_again(disk, options, &records)?;
     Ok(verified)
 }
@@ -942,15 +1152,145 @@ fn check_records(
         }
         seen.insert(*seq);
     }
-    for seq in model.acked.keys() {
+    for (seq, (p, _)) in &model.acked {
         if !model.consumed.contains_key(seq)
             && !seen.contains(seq)
             && !dead.contains_key(seq)
             && !model.delayed.contains_key(seq)
+            && !payload_id(p).is_some_and(|id| model.not_before.contains(&id))
+            && !held_by_key(*seq, p, records, model)
         {
             return Err(("I1", format!("acknowledged append {seq} lost")));
         }
     }
+    Ok(())
+}
+
+/// Whether the record `seq` (bytes `p`) may be held back by its key: an
+/// earlier record of its key was delivered by the recovery's drain (which
+/// acknowledges nothing), or waits out a delay.
+fn held_by_key(seq: Seq, p: &[u8], records: &[(Seq, Vec<u8>)], model: &Model) -> bool {
+    let Some(k) = model.key(p) else {
+        return false;
+    };
+    records
+        .iter()
+        .any(|(s, b)| *s < seq && model.key(b) == Some(k))
+        || model.delayed.range(..seq).any(|(s, _)| {
+            model
+                .acked
+                .get(s)
+                .is_some_and(|(b, _)| model.key(b) == Some(k))
+        })
+}
+
+/// I14, I16 and I17 on what a recovery handed out (`records`, drained
+/// without acknowledging anything) and the dead letters it lists: at most
+/// one record of a key handed out, and none while an earlier record of its
+/// key is certainly still to deliver; at most one record per deduplication
+/// id, the one its append was answered with; no record whose append a quota
+/// refused. Returns the records held back by their key (I1 excused them).
+fn check_producer_fields(
+    records: &[(Seq, Vec<u8>)],
+    dead: &BTreeMap<Seq, Vec<u8>>,
+    model: &Model,
+) -> Result<BTreeSet<Seq>, (&'static str, String)> {
+    let mut heads: BTreeMap<u8, Seq> = BTreeMap::new();
+    let mut ids: BTreeMap<u8, Seq> = BTreeMap::new();
+    for (seq, bytes) in records {
+        if let Some(k) = model.key(bytes) {
+            if let Some(other) = heads.insert(k, *seq) {
+                return Err((
+                    "I14",
+                    format!("records {other} and {seq} of key {k} handed out at once"),
+                ));
+            }
+            let earlier = model.acked.range(..*seq).find(|(s, (p, _))| {
+                model.key(p) == Some(k)
+                    && !model.consumed.contains_key(s)
+                    && !model.dead.contains_key(s)
+                    && !model.delayed.contains_key(s)
+            });
+            if let Some((s, _)) = earlier {
+                return Err((
+                    "I14",
+                    format!("record {seq} of key {k} handed out before the earlier record {s}"),
+                ));
+            }
+        }
+    }
+    let everything = records
+        .iter()
+        .map(|(s, b)| (s, b.as_slice()))
+        .chain(dead.iter().map(|(s, b)| (s, b.as_slice())));
+    for (seq, bytes) in everything {
+        let Some(id) = payload_id(bytes) else {
+            continue;
+        };
+        if model.refused.contains(&id) {
+            return Err((
+                "I17",
+                format!("record {seq} was written by an append a quota refused"),
+            ));
+        }
+        let Some(&d) = model.dedup_of.get(&id) else {
+            continue;
+        };
+        if let Some(other) = ids.insert(d, *seq)
+            && other != *seq
+        {
+            return Err((
+                "I16",
+                format!("deduplication id {d} yielded records {other} and {seq}"),
+            ));
+        }
+        if let Some(&(first, _)) = model.dedup_seq.get(&d)
+            && first != *seq
+        {
+            return Err((
+                "I16",
+                format!("deduplication id {d} answered {first}, record {seq} holds its payload"),
+            ));
+        }
+    }
+    Ok(model
+        .acked
+        .iter()
+        .filter(|(s, (p, _))| held_by_key(**s, p, records, model))
+        .map(|(s, _)| *s)
+        .collect())
+}
+
+/// I16 after a crash: every deduplication id whose append was answered is
+/// still known: appended again (on a copy of the disk) it is answered with
+/// the same record, as a duplicate, even if that record was acknowledged
+/// and deleted since.
+fn check_ids_known(
+    disk: &SimDisk,
+    options: &Options,
+    model: &Model,
+) -> Result<(), (&'static str, String)> {
+    if model.dedup_seq.is_empty() {
+        return Ok(());
+    }
+    let copy = disk.fork(0x16);
+    let outbox = open(&copy, options.clone())
+        .map_err(|e| ("I16", format!("reopen of a copy failed: {e}")))?;
+    for (&d, &(seq, _)) in &model.dedup_seq {
+        let Some(p) = model.dedup_payload.get(&d) else {
+            continue;
+        };
+        let a = outbox
+            .append_message(&crate::Message::new(p).dedup_id(&[b'd', d]))
+            .map_err(|e| ("I16", format!("append of id {d} again failed: {e}")))?;
+        if a.seq != seq || !a.duplicate {
+            return Err((
+                "I16",
+                format!("deduplication id {d} (record {seq}) forgotten after a crash: {a:?}"),
+            ));
+        }
+    }
+    let _ = outbox.close();
     Ok(())
 }
 
@@ -964,6 +1304,7 @@ fn check_delayed(
     dead: &BTreeMap<Seq, Vec<u8>>,
     model: &Model,
     delayed: u64,
+    behind: &BTreeSet<Seq>,
 ) -> Result<(), (&'static str, String)> {
     let seen: BTreeSet<Seq> = records.iter().map(|r| r.0).collect();
     if let Some(seq) = model.durably_delayed.keys().find(|s| seen.contains(s)) {
@@ -972,15 +1313,30 @@ fn check_delayed(
             format!("record {seq} delivered before the end of its durable delay"),
         ));
     }
+    if let Some((seq, _)) = records
+        .iter()
+        .find(|(_, b)| payload_id(b).is_some_and(|id| model.not_before.contains(&id)))
+    {
+        return Err((
+            "I13",
+            format!("record {seq} delivered before its not-before time"),
+        ));
+    }
     let held = model
         .acked
         .keys()
-        .filter(|s| !model.consumed.contains_key(s) && !seen.contains(s) && !dead.contains_key(s))
+        .filter(|s| {
+            !model.consumed.contains_key(s)
+                && !seen.contains(s)
+                && !dead.contains_key(s)
+                && !behind.contains(s)
+        })
         .count() as u64;
     // A record whose append was in doubt (not in `acked`) may have been
     // claimed after a reopen and delayed too: the count may be higher, never
     // higher than the delays the workload asked for.
-    if held > delayed || delayed > model.delayed.len() as u64 {
+    let asked = (model.delayed.len() + model.not_before.len()) as u64;
+    if held > delayed || delayed > asked {
         return Err((
             "I13",
             format!(

@@ -1,11 +1,14 @@
 //! Per-key order: the records of each ordering key still to be delivered,
 //! oldest first (docs/GUARANTEES.md, 13).
 //!
-//! Only the first record of a key (its head) may be pending, claimed or
-//! waiting out a delay; the others are held back (the table holds their
-//! claimed bit, as for a delay) until every record ahead of them is
-//! acknowledged or parked as a dead letter. A dead letter leaves its key's
-//! queue (it no longer blocks the key) and rejoins it if requeued.
+//! A key's records go one at a time, oldest first: one record of the key has
+//! its *turn* and may be pending, claimed or waiting out a delay; the others
+//! are held back (the table holds their claimed bit, as for a delay). The
+//! turn passes to the oldest record left when its holder is acknowledged or
+//! parked as a dead letter. A dead letter leaves its key's queue (it no longer
+//! blocks the key); requeued, it rejoins by sequence number, and takes the
+//! turn at once if the holder is pending, or when the holder comes back
+//! pending or leaves.
 //!
 //! Keys are known by their digest (`format::hash`): two keys whose digests
 //! collide would only be ordered against each other, never delivered out of
@@ -18,21 +21,29 @@ use std::collections::{HashMap, VecDeque};
 /// The queues of the ordering keys.
 #[derive(Default)]
 pub(crate) struct Keys {
-    /// Each key's records to deliver, by sequence number.
-    queues: HashMap<u64, VecDeque<u64>>,
+    queues: HashMap<u64, KeyQueue>,
     /// The key of every keyed record not yet done (dead letters included).
     key_of: HashMap<u64, u64>,
+}
+
+/// One key's records to deliver.
+struct KeyQueue {
+    /// By sequence number.
+    seqs: VecDeque<u64>,
+    /// The one record of the key that may be pending, claimed or waiting out
+    /// a delay: the others are held back until it leaves the queue.
+    turn: u64,
 }
 
 /// Where a record joined its key's queue.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Joined {
-    /// At the front: free to go.
+    /// It has the key's turn: free to go.
     Head,
-    /// Behind another record: held back.
+    /// Behind the record that has the turn: held back.
     Behind,
-    /// At the front, ahead of the record returned, which was free to go and
-    /// is now held back behind it.
+    /// It took the turn from the record returned, a newer one that was
+    /// pending and is now held back behind it.
     Displaced(u64),
 }
 
@@ -47,24 +58,37 @@ impl Keys {
         self.key_of.get(&seq).copied()
     }
 
-    /// Whether `seq` waits behind an earlier record of its key.
+    /// Whether `seq` waits for its key's turn.
     pub(crate) fn is_held(&self, seq: u64) -> bool {
         let Some(key) = self.key_of(seq) else {
             return false;
         };
         self.queues
             .get(&key)
-            .is_some_and(|q| q.front() != Some(&seq) && q.contains(&seq))
+            .is_some_and(|q| q.turn != seq && q.seqs.binary_search(&seq).is_ok())
     }
 
     /// Adds the record `seq` of `key`, newer than every record of the key
-    /// (an append, or recovery in sequence order). Returns whether it is the
-    /// key's head.
+    /// (an append, or recovery in sequence order). Returns whether it has the
+    /// key's turn.
     pub(crate) fn push(&mut self, seq: u64, key: u64) -> bool {
         self.key_of.insert(seq, key);
-        let q = self.queues.entry(key).or_default();
-        q.push_back(seq);
-        q.len() == 1
+        match self.queues.get_mut(&key) {
+            Some(q) => {
+                q.seqs.push_back(seq);
+                false
+            }
+            None => {
+                self.queues.insert(
+                    key,
+                    KeyQueue {
+                        seqs: VecDeque::from([seq]),
+                        turn: seq,
+                    },
+                );
+                true
+            }
+        }
     }
 
     /// Notes the key of `seq` without queueing it (a dead letter at open: it
@@ -73,33 +97,51 @@ impl Keys {
         self.key_of.insert(seq, key);
     }
 
-    /// Puts the keyed record `seq` back in its key's queue by sequence
-    /// number (a dead letter requeued). `head_free` says whether the key's
-    /// current head is free to go (pending): only then may `seq` go ahead of
-    /// it; otherwise it goes right behind it.
-    pub(crate) fn rejoin(&mut self, seq: u64, head_free: impl Fn(u64) -> bool) -> Option<Joined> {
+    /// Puts the keyed record `seq` back in its key's queue, by sequence
+    /// number (a dead letter requeued). `turn_free` says whether the record
+    /// holding the key's turn is pending: then an older `seq` takes the turn
+    /// from it; if it is claimed or delayed, `seq` waits for it.
+    pub(crate) fn rejoin(&mut self, seq: u64, turn_free: impl Fn(u64) -> bool) -> Option<Joined> {
         let key = self.key_of(seq)?;
-        let q = self.queues.entry(key).or_default();
-        let at = q.partition_point(|&s| s < seq);
-        match (at, q.front().copied()) {
-            (_, None) => {
-                q.push_back(seq);
-                Some(Joined::Head)
-            }
-            (0, Some(head)) if head_free(head) => {
-                q.push_front(seq);
-                Some(Joined::Displaced(head))
-            }
-            (at, Some(_)) => {
-                q.insert(at.max(1), seq);
-                Some(Joined::Behind)
-            }
+        let Some(q) = self.queues.get_mut(&key) else {
+            self.queues.insert(
+                key,
+                KeyQueue {
+                    seqs: VecDeque::from([seq]),
+                    turn: seq,
+                },
+            );
+            return Some(Joined::Head);
+        };
+        let at = q.seqs.partition_point(|&s| s < seq);
+        q.seqs.insert(at, seq);
+        if seq < q.turn && turn_free(q.turn) {
+            let old = q.turn;
+            q.turn = seq;
+            Some(Joined::Displaced(old))
+        } else {
+            Some(Joined::Behind)
         }
+    }
+
+    /// The record `seq`, which has its key's turn, became pending again
+    /// (released, its lease or delay ran out): if an older record of the key
+    /// waits (requeued while `seq` was out), the turn passes to it, which is
+    /// returned, and `seq` is held back behind it.
+    pub(crate) fn repass(&mut self, seq: u64) -> Option<u64> {
+        let key = self.key_of(seq)?;
+        let q = self.queues.get_mut(&key)?;
+        let front = *q.seqs.front()?;
+        (q.turn == seq && front < seq).then(|| {
+            q.turn = front;
+            front
+        })
     }
 
     /// The record `seq` left its key's queue (acknowledged, set aside, or
     /// parked as a dead letter; `forget` also drops its key, as when it is
-    /// done for good). Returns the key's new head if `seq` was the head.
+    /// done for good). Returns the record the key's turn passed to, if `seq`
+    /// had it and another record waits.
     pub(crate) fn leave(&mut self, seq: u64, forget: bool) -> Option<u64> {
         let key = if forget {
             self.key_of.remove(&seq)?
@@ -107,33 +149,35 @@ impl Keys {
             self.key_of(seq)?
         };
         let q = self.queues.get_mut(&key)?;
-        let was_head = q.front() == Some(&seq);
-        if was_head {
-            q.pop_front();
-        } else if let Some(at) = q.iter().position(|&s| s == seq) {
-            q.remove(at);
+        if let Ok(at) = q.seqs.binary_search(&seq) {
+            q.seqs.remove(at);
         }
-        let next = q.front().copied();
-        if q.is_empty() {
+        let Some(&front) = q.seqs.front() else {
             self.queues.remove(&key);
-        }
-        if was_head { next } else { None }
+            return None;
+        };
+        (q.turn == seq).then(|| {
+            q.turn = front;
+            front
+        })
     }
 
-    /// Keys with at least one record held back behind an earlier one.
+    /// Keys with at least one record held back behind another.
     pub(crate) fn blocked(&self) -> u64 {
-        self.queues.values().filter(|q| q.len() > 1).count() as u64
+        self.queues.values().filter(|q| q.seqs.len() > 1).count() as u64
     }
 
-    /// The records held back behind an earlier one of their key.
+    /// The records held back waiting for their key's turn.
     pub(crate) fn held(&self) -> impl Iterator<Item = u64> + '_ {
-        self.queues.values().flat_map(|q| q.iter().skip(1).copied())
+        self.queues
+            .values()
+            .flat_map(|q| q.seqs.iter().copied().filter(move |&s| s != q.turn))
     }
 
     /// Heap bytes, roughly (for `Stats::state_bytes`).
     pub(crate) fn heap_bytes(&self) -> u64 {
-        let queued: usize = self.queues.values().map(|q| q.capacity() * 8).sum();
-        (self.queues.capacity() * 41 + self.key_of.capacity() * 17 + queued) as u64
+        let queued: usize = self.queues.values().map(|q| q.seqs.capacity() * 8).sum();
+        (self.queues.capacity() * 49 + self.key_of.capacity() * 17 + queued) as u64
     }
 }
 
@@ -149,19 +193,23 @@ mod tests {
         assert!(k.push(2, 8));
         assert!(k.is_held(3) && !k.is_held(1) && !k.is_held(2));
         assert_eq!(k.blocked(), 1);
-        // The head parked as a dead letter: the next one goes.
+        // The turn's holder parked as a dead letter: the next one goes.
         assert_eq!(k.leave(1, false), Some(3));
         assert!(!k.is_held(3));
-        // Requeued while the new head is claimed: it goes right behind it.
+        // Requeued while the turn's holder is claimed: it waits for it...
         assert_eq!(k.rejoin(1, |_| false), Some(Joined::Behind));
         assert!(k.is_held(1));
-        assert_eq!(k.leave(3, true), Some(1));
-        // Requeued ahead of a head that is free to go: it displaces it.
+        // ... and if that one comes back pending, the older goes first.
+        assert_eq!(k.repass(3), Some(1));
+        assert!(k.is_held(3) && !k.is_held(1));
+        assert_eq!(k.repass(1), None);
+        assert_eq!(k.leave(1, true), Some(3));
+        // Requeued ahead of a pending holder of the turn: it takes the turn.
         assert!(!k.push(5, 7));
-        assert_eq!(k.leave(1, false), Some(5));
-        assert_eq!(k.rejoin(1, |_| true), Some(Joined::Displaced(5)));
+        assert_eq!(k.leave(3, false), Some(5));
+        assert_eq!(k.rejoin(3, |_| true), Some(Joined::Displaced(5)));
         assert!(k.is_held(5));
-        assert_eq!(k.leave(1, true), Some(5));
+        assert_eq!(k.leave(3, true), Some(5));
         assert_eq!(k.leave(5, true), None);
         assert_eq!(k.leave(2, true), None);
         assert!(k.is_empty() && k.queues.is_empty());

@@ -392,6 +392,7 @@ impl Table {
             self.due.insert(seq.get(), due);
         } else {
             self.unclaim(seq)?;
+            self.key_repass(seq.get());
         }
         self.unwritten.push(Change::Release {
             seq,
@@ -483,9 +484,10 @@ impl Table {
             }
             self.delayed.pop_first();
             self.due.remove(&seq);
-            // A record behind an earlier one of its key waits for it.
+            // A record waiting for its key's turn waits on.
             if self.keys.is_empty() || !self.keys.is_held(seq) {
                 let _ = self.unclaim(Seq::from(seq));
+                self.key_repass(seq);
             }
         }
     }
@@ -655,6 +657,7 @@ impl Table {
         for &seq in &expired {
             // Still claimed: the lease would have let go of it otherwise.
             let _ = self.unclaim(Seq::from(seq));
+            self.key_repass(seq);
         }
         expired.len()
     }
@@ -1141,7 +1144,22 @@ impl Table {
         }
     }
 
-    /// `seq` became the head of its key: pending, unless it waits out a delay
+    /// `seq`, which has its key's turn, became pending again (released, its
+    /// lease or delay ran out): if an older record of its key waits for the
+    /// turn (requeued meanwhile), that one goes first and `seq` waits.
+    fn key_repass(&mut self, seq: u64) {
+        if self.keys.is_empty() {
+            return;
+        }
+        if let Some(older) = self.keys.repass(seq) {
+            if let Ok(Some((si, i))) = self.slot(Seq::from(seq)) {
+                self.claim_slot(si, i);
+            }
+            self.key_head_free(older);
+        }
+    }
+
+    /// `seq` got its key's turn: pending, unless it waits out a delay
     /// (then it goes when the delay ends).
     fn key_head_free(&mut self, seq: u64) {
         if !self.due.contains_key(&seq) {
@@ -1249,6 +1267,7 @@ impl Table {
         }
         self.unclaim(seq)?;
         self.leases.returned(seq.get());
+        self.key_repass(seq.get());
         Ok(())
     }
 

@@ -207,6 +207,13 @@ fn negative_controls_every_known_bug_is_caught() {
         (Bug::DeleteLiveSegment, crash(Bug::DeleteLiveSegment)),
         (Bug::UnalignedSyncGroups, crash(Bug::UnalignedSyncGroups)),
         (Bug::ForgetAcksAtRecovery, crash(Bug::ForgetAcksAtRecovery)),
+        (Bug::IgnoreKeys, crash(Bug::IgnoreKeys)),
+        (
+            Bug::ForgetFieldsAtRecovery,
+            crash(Bug::ForgetFieldsAtRecovery),
+        ),
+        (Bug::ForgetTombstones, crash(Bug::ForgetTombstones)),
+        (Bug::QuotaWritesAnyway, crash(Bug::QuotaWritesAnyway)),
         (
             Bug::ForgetDeadLettersAtRecovery,
             crash(Bug::ForgetDeadLettersAtRecovery),

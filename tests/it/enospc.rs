@@ -139,7 +139,12 @@ fn a_full_file_system_poisons_with_enospc_and_appends_work_again_once_space_retu
         .expect("write filler");
     drop(f);
     let dir = mount_point.join("outbox");
-    let options = || Options::default().segment_bytes(256 * 1024);
+    // No free-disk floor: this test fills the file system to its last byte.
+    let options = || {
+        Options::default()
+            .segment_bytes(256 * 1024)
+            .min_free_disk_bytes(0)
+    };
 
     // Fill the file system.
     let outbox = Outbox::open(&dir, options()).expect("open on the empty tmpfs");

@@ -14,6 +14,7 @@ mod kill;
 mod leases;
 mod lock;
 mod model;
+mod model_producers;
 mod process;
 mod producers;
 mod recovery;

@@ -467,3 +467,27 @@ fn message_fields_out_of_range_are_refused_before_anything_is_written() {
     assert_eq!(got[0].payload(), b"x");
     outbox.close().expect("close");
 }
+
+#[test]
+fn the_free_disk_floor_reads_the_real_file_system() {
+    let (_t, dir) = tmp();
+    // No disk has 16 EiB free.
+    let outbox = Outbox::open(&dir, options().min_free_disk_bytes(u64::MAX)).expect("open");
+    match outbox.append(b"x") {
+        Err(Error::QuotaExceeded {
+            quota,
+            limit,
+            current,
+        }) => {
+            assert_eq!((quota, limit), ("min_free_disk_bytes", u64::MAX));
+            assert!(current > 0 && current < u64::MAX, "{current}");
+        }
+        other => panic!("{other:?}"),
+    }
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options().min_free_disk_bytes(1)).expect("open");
+    outbox
+        .append(b"x")
+        .expect("append above a floor of one byte");
+    outbox.close().expect("close");
+}

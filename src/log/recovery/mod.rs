@@ -132,6 +132,9 @@ pub(crate) fn recover(
     if crate::injected!(options, ForgetAcksAtRecovery) {
         recorded.retain(|r| !matches!(r, state::Recorded::Acks(..)));
     }
+    if crate::injected!(options, ForgetFieldsAtRecovery) {
+        recorded.retain(|r| !matches!(r, state::Recorded::Fields { .. }));
+    }
     if crate::injected!(options, ForgetDeadLettersAtRecovery) {
         recorded.retain(|r| {
             !matches!(
