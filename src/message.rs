@@ -46,14 +46,14 @@ impl<'a> Message<'a> {
 
     /// The ordering key, 1 to [`KEY_BYTES_MAX`] (256) bytes: a record is not
     /// handed out while an earlier record with the same key is claimed,
-    /// delayed, or still pending ahead of it (docs/GUARANTEES.md, 13).
+    /// delayed, or still pending ahead of it (docs/GUARANTEES.md, section 8).
     pub fn key(mut self, key: &'a [u8]) -> Message<'a> {
         self.key = Some(key);
         self
     }
 
-    /// Not handed out before `at` (the wall clock; docs/GUARANTEES.md, 14, has
-    /// the rule for a clock that steps).
+    /// Not handed out before `at` (the wall clock; docs/GUARANTEES.md, section 9,
+    /// has the rule for a clock that steps).
     pub fn not_before(mut self, at: SystemTime) -> Message<'a> {
         self.not_before = Some(at);
         self

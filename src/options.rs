@@ -331,7 +331,7 @@ impl Options {
     /// 1 ms to [`DEDUP_WINDOW_MAX`] (30 days). An id is also forgotten, oldest
     /// first, once [`dedup_capacity`](Options::dedup_capacity) newer ids are
     /// remembered. Measured on the wall clock of each record's append
-    /// (docs/GUARANTEES.md, 15).
+    /// (docs/GUARANTEES.md, section 10).
     pub fn dedup_window(mut self, window: Duration) -> Options {
         self.dedup_window = window;
         self

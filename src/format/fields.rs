@@ -205,6 +205,7 @@ pub(crate) fn decode_tombstones(payload: &[u8]) -> Result<Vec<Tombstone>, Corrup
 }
 
 #[cfg(test)]
+#[expect(clippy::indexing_slicing, reason = "tests cut encoded bytes")]
 mod tests {
     use super::*;
 

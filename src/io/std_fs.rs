@@ -168,7 +168,12 @@ impl Storage for StdStorage {
         if rc != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(Some(u64::from(out.f_bavail).saturating_mul(out.f_frsize)))
+        #[allow(
+            clippy::useless_conversion,
+            reason = "fsblkcnt_t and c_ulong are not u64 on every target"
+        )]
+        let free = u64::from(out.f_bavail).saturating_mul(u64::from(out.f_frsize));
+        Ok(Some(free))
     }
 
     fn close(&self) {

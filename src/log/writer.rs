@@ -482,7 +482,7 @@ impl Writer {
                     freed += ticket.disarm();
                     requests += 1;
                     let first = firsts.next().unwrap_or(Ok(self.next_seq));
-                    answers.push((done, told.clone().and_then(|()| first)));
+                    answers.push((done, told.clone().and(first)));
                 }
                 Request::Sync { done } => barriers.push(done),
                 Request::Reclaim => {}

@@ -1368,9 +1368,19 @@ fn recover_again(
     if seqs2 != seqs {
         return Err(("I5", "the second recovery found other records".to_string()));
     }
-    again
-        .ack_many(&seqs2)
-        .map_err(|e| ("I9", format!("ack failed: {e}")))?;
+    // Acknowledged, a key's record lets the next one of the key go: drained
+    // and acknowledged in turn, until nothing is left to hand out.
+    let mut batch = seqs2;
+    while !batch.is_empty() {
+        again
+            .ack_many(&batch)
+            .map_err(|e| ("I9", format!("ack failed: {e}")))?;
+        batch = drain(&again)
+            .map_err(|e| ("I9", format!("claim failed: {e}")))?
+            .iter()
+            .map(|r| r.0)
+            .collect();
+    }
     // Dead letters keep their segments: discarded, they go too.
     let dead = again
         .dead_letters(usize::MAX)

@@ -1,4 +1,4 @@
-//! The deduplication ids remembered (docs/GUARANTEES.md, 15): owned by the
+//! The deduplication ids remembered (docs/GUARANTEES.md, section 10): owned by the
 //! writer thread, which alone decides whether an append is new, so that two
 //! producers racing with one id get one record and one duplicate answer.
 //!

@@ -1,5 +1,5 @@
 //! Per-key order: the records of each ordering key still to be delivered,
-//! oldest first (docs/GUARANTEES.md, 13).
+//! oldest first (docs/GUARANTEES.md, section 8).
 //!
 //! A key's records go one at a time, oldest first: one record of the key has
 //! its *turn* and may be pending, claimed or waiting out a delay; the others

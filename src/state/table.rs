@@ -635,6 +635,8 @@ impl Table {
                 attempts,
                 reason,
             });
+            // A dead letter no longer blocks its key.
+            self.key_left(seq.get(), false);
         }
         for f in runs
             .iter()
