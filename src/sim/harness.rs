@@ -210,6 +210,12 @@ impl Workload {
         }
     }
 
+    /// The same workload under a backlog quota of `records`.
+    pub fn with_quota(mut self, records: u64) -> Workload {
+        self.max_backlog_records = Some(records);
+        self
+    }
+
     /// The same workload with a segment age of 10 ms and an [`Step::Age`] after
     /// every tenth step, so that segments are also rotated by age. Drawn from
     /// nothing: the steps of the workload stay those of its seed. The writer's
@@ -937,6 +943,11 @@ impl Run<'_> {
             return Err(format!(
                 "I14: record {seq} of key {k} claimed while record {other} of the key is"
             ));
+        }
+        // Reads that rot set records aside (done, as corrupt) without the
+        // model knowing: the turn then passes on. Only the first check holds.
+        if self.rot > 0 {
+            return Ok(());
         }
         let earlier = self.model.acked.range(..seq).find(|(s, (p, _))| {
             self.model.key(p) == Some(k)

@@ -213,7 +213,17 @@ fn negative_controls_every_known_bug_is_caught() {
             crash(Bug::ForgetFieldsAtRecovery),
         ),
         (Bug::ForgetTombstones, crash(Bug::ForgetTombstones)),
-        (Bug::QuotaWritesAnyway, crash(Bug::QuotaWritesAnyway)),
+        (
+            Bug::QuotaWritesAnyway,
+            caught(|seed| {
+                harness::crash_every_step(
+                    seed,
+                    &Workload::random(seed, 30).with_quota(4),
+                    1,
+                    Some(Bug::QuotaWritesAnyway),
+                )
+            }),
+        ),
         (
             Bug::ForgetDeadLettersAtRecovery,
             crash(Bug::ForgetDeadLettersAtRecovery),
