@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use segwal::{Durability, OpenCheck, Options, Outbox, Seq};
+use segwal::{Durability, Message, OpenCheck, Options, Outbox, Seq};
 
 /// `--test` (CI) runs every benchmark once: keep the set-ups small then.
 fn quick() -> bool {
@@ -140,13 +140,17 @@ fn drain(c: &mut Criterion) {
         .sample_size(10)
         .measurement_time(Duration::from_secs(3));
     group.throughput(Throughput::Elements(1));
-    for (name, through, max_attempts) in [
-        ("claim256+ack", false, None),
-        ("claim256+ack_through", true, None),
+    for (name, through, max_attempts, keys) in [
+        ("claim256+ack", false, None, None),
+        ("claim256+ack_through", true, None, None),
         // Every claim waits for its attempts to be fsynced.
-        ("claim256+ack_through max_attempts", true, Some(5)),
+        ("claim256+ack_through max_attempts", true, Some(5), None),
+        // Records of 10,000 ordering keys, appended round robin: each claim
+        // takes one record of each of 256 keys, and each acknowledgement
+        // passes its key's turn to the key's next record.
+        ("claim256+ack_through 10000 keys", true, None, Some(10_000)),
     ] {
-        drain_with(&mut group, name, through, max_attempts);
+        drain_with(&mut group, name, through, max_attempts, keys);
     }
     group.finish();
 }
@@ -156,6 +160,7 @@ fn drain_with(
     name: &str,
     through: bool,
     max_attempts: Option<u32>,
+    keys: Option<u64>,
 ) {
     group.bench_function(name, |b| {
         let tmp = tempfile::tempdir().expect("tempdir");
@@ -165,10 +170,25 @@ fn drain_with(
         }
         let outbox = Outbox::open(tmp.path().join("o"), options).expect("open");
         let batch = vec![vec![7u8; 256]; 1024];
+        let names: Vec<Vec<u8>> = (0..keys.unwrap_or(0))
+            .map(|k| format!("account-{k}").into_bytes())
+            .collect();
         b.iter_custom(|iters| {
             let mut filled = 0;
             while filled < iters {
-                outbox.append_batch(&batch).expect("fill");
+                if names.is_empty() {
+                    outbox.append_batch(&batch).expect("fill");
+                } else {
+                    let messages: Vec<Message<'_>> = batch
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| {
+                            let k = (filled as usize + i) % names.len();
+                            Message::new(p).key(&names[k])
+                        })
+                        .collect();
+                    outbox.append_messages(&messages).expect("fill");
+                }
                 filled += batch.len() as u64;
             }
             outbox.sync().expect("sync");
@@ -187,7 +207,13 @@ fn drain_with(
             }
             let elapsed = started.elapsed();
             // Leave nothing pending for the next sample.
-            while !outbox.claim(4096).expect("claim").is_empty() {}
+            loop {
+                let records = outbox.claim(4096).expect("claim");
+                let Some(last) = records.last() else { break };
+                if keys.is_some() {
+                    outbox.ack_through(last.seq()).expect("ack_through");
+                }
+            }
             elapsed
         });
         outbox.close().expect("close");

@@ -25,7 +25,8 @@ use crate::log::clock::Clock;
 use crate::log::recovery::state::Recorded;
 use crate::log::recovery::{self, RecoveryReport};
 use crate::log::shared::{Budget, Completion, Counters, Shared, Ticket};
-use crate::log::writer::{MessageFields, OwnedMessage, Payloads, Request, Verdict, Writer};
+use crate::log::shared::{Verdict, Verdicts};
+use crate::log::writer::{MessageFields, OwnedMessage, Payloads, Request, Writer};
 use crate::message::{Appended, Message};
 use crate::options::Options;
 use crate::state::dedup::Dedup;
@@ -435,7 +436,6 @@ impl Outbox {
             payloads: copy(),
             ticket,
             done,
-            verdicts: None,
         };
         self.send(request)?;
         completion.wait()
@@ -454,8 +454,17 @@ impl Outbox {
     /// refuses the append with [`Error::QuotaExceeded`] (a duplicate is never
     /// refused: it writes nothing).
     pub fn append_message(&self, message: &Message<'_>) -> Result<Appended> {
-        let mut v = self.append_messages(std::slice::from_ref(message))?;
-        v.pop().ok_or(Error::Closed)
+        let bytes = self.check_messages(std::slice::from_ref(message))?;
+        let hasher = self.handle.shared.hasher;
+        let copy = || Payloads::Message(owned(&hasher, message));
+        let (outcome, verdicts) = self.submit_messages(copy, bytes)?;
+        let one = std::slice::from_ref(message);
+        match (outcome, verdicts) {
+            (Ok(_), Verdicts::One(v)) => Ok(appended(v)),
+            (outcome, verdicts) => answers(outcome, verdicts, one, &hasher)?
+                .pop()
+                .ok_or(Error::Closed),
+        }
     }
 
     /// Appends many [`Message`]s with one wait, like
@@ -464,10 +473,20 @@ impl Outbox {
     /// message, in order. All or nothing: a conflict or a quota refuses
     /// every message of the call, and nothing is written.
     pub fn append_messages(&self, messages: &[Message<'_>]) -> Result<Vec<Appended>> {
-        self.handle.shared.check_usable()?;
         if messages.is_empty() {
+            self.handle.shared.check_usable()?;
             return Ok(Vec::new());
         }
+        let bytes = self.check_messages(messages)?;
+        let hasher = self.handle.shared.hasher;
+        let copy = || Payloads::Messages(messages.iter().map(|m| owned(&hasher, m)).collect());
+        let (outcome, verdicts) = self.submit_messages(copy, bytes)?;
+        answers(outcome, verdicts, messages, &hasher)
+    }
+
+    /// Checks messages before anything is queued; returns their encoded bytes.
+    fn check_messages(&self, messages: &[Message<'_>]) -> Result<u64> {
+        self.handle.shared.check_usable()?;
         let mut bytes = 0u64;
         for m in messages {
             self.check_record(m.payload)?;
@@ -478,45 +497,25 @@ impl Outbox {
         if bytes > max {
             return Err(Error::BatchTooLarge { len: bytes, max });
         }
-        let hasher = self.handle.shared.hasher;
-        let copy = || Payloads::Messages(messages.iter().map(|m| owned(&hasher, m)).collect());
+        Ok(bytes)
+    }
+
+    /// [`submit`](Outbox::submit) for messages: the outcome, and the verdict
+    /// of each message.
+    fn submit_messages(
+        &self,
+        copy: impl FnOnce() -> Payloads,
+        bytes: u64,
+    ) -> Result<(Result<Seq>, Verdicts)> {
         let ticket = Ticket::take(&self.handle.shared, bytes, true)?;
         let (completion, done) = Completion::new();
-        let verdicts = Arc::new(Mutex::new(Vec::new()));
         self.send(Request::Append {
             payloads: copy(),
             ticket,
             done,
-            verdicts: Some(verdicts.clone()),
         })?;
         let outcome = completion.wait();
-        let verdicts = std::mem::take(&mut *verdicts.lock());
-        match outcome {
-            Ok(_) => Ok(verdicts
-                .into_iter()
-                .map(|v| match v {
-                    Verdict::Written(seq) => Appended {
-                        seq,
-                        duplicate: false,
-                    },
-                    Verdict::Duplicate(seq) | Verdict::Conflict(seq) => Appended {
-                        seq,
-                        duplicate: true,
-                    },
-                })
-                .collect()),
-            Err(Error::Conflict { existing, .. }) => {
-                let k = verdicts
-                    .iter()
-                    .position(|v| matches!(v, Verdict::Conflict(_)))
-                    .unwrap_or(0);
-                let dedup_id = messages
-                    .get(k)
-                    .map_or_else(Vec::new, |m| dedup_id_of(&hasher, m));
-                Err(Error::Conflict { dedup_id, existing })
-            }
-            Err(e) => Err(e),
-        }
+        Ok((outcome, completion.take_verdicts()))
     }
 
     /// Hands `request` to the writer (never waits: the queue's bounds were
@@ -1113,12 +1112,31 @@ const _: () = {
 /// The deduplication id of `m`: its own, or for a unique item the one derived
 /// from its payload.
 fn dedup_id_of(hasher: &Hasher, m: &Message<'_>) -> Vec<u8> {
+    let mut buf = [0u8; UNIQUE_ID_LEN];
+    dedup_id(hasher, m, &mut buf).map_or_else(Vec::new, <[u8]>::to_vec)
+}
+
+/// The bytes of a unique item's id: `unique:` and 16 hexadecimal digits.
+const UNIQUE_ID_LEN: usize = 23;
+
+/// The deduplication id of `m`, borrowed from it or, for a unique item,
+/// written into `buf`.
+fn dedup_id<'a>(
+    hasher: &Hasher,
+    m: &Message<'a>,
+    buf: &'a mut [u8; UNIQUE_ID_LEN],
+) -> Option<&'a [u8]> {
     match (m.dedup_id, m.unique) {
-        (Some(id), _) => id.to_vec(),
+        (Some(id), _) => Some(id),
         (None, true) => {
-            format!("unique:{:016x}", hasher.digest(Digest::Unique, m.payload)).into_bytes()
+            use std::io::Write as _;
+            let digest = hasher.digest(Digest::Unique, m.payload);
+            let mut w = &mut buf[..];
+            // 23 bytes exactly: cannot fail.
+            let _ = write!(w, "unique:{digest:016x}");
+            Some(&buf[..])
         }
-        (None, false) => Vec::new(),
+        (None, false) => None,
     }
 }
 
@@ -1135,7 +1153,7 @@ fn not_before_us(m: &Message<'_>) -> Option<u64> {
 fn ext_len(m: &Message<'_>) -> usize {
     let id = match (m.dedup_id, m.unique) {
         (Some(id), _) => id.len(),
-        (None, true) => 23,
+        (None, true) => UNIQUE_ID_LEN,
         (None, false) => 0,
     };
     m.key.map_or(0, |k| 3 + k.len())
@@ -1143,31 +1161,34 @@ fn ext_len(m: &Message<'_>) -> usize {
         + if id > 0 { 3 + id } else { 0 }
 }
 
-/// `m` copied for the writer, its fields encoded and digested.
+/// `m` copied for the writer (its optional fields encoded in front of its
+/// payload, in one buffer), and its fields digested.
 fn owned(hasher: &Hasher, m: &Message<'_>) -> OwnedMessage {
-    let id = dedup_id_of(hasher, m);
-    let id = (!id.is_empty()).then_some(id);
+    let mut buf = [0u8; UNIQUE_ID_LEN];
+    let id = dedup_id(hasher, m, &mut buf);
     let not_before_us = not_before_us(m);
-    let mut ext = Vec::new();
+    let ext_len = ext_len(m);
+    let mut bytes = Vec::with_capacity(ext_len + m.payload.len());
     crate::format::ext::encode(
         &RecordFields {
             key: m.key,
             not_before_us,
             origin_seq: None,
-            dedup_id: id.as_deref(),
+            dedup_id: id,
             carried: None,
         },
-        &mut ext,
+        &mut bytes,
     );
-    debug_assert_eq!(ext.len(), ext_len(m));
+    debug_assert_eq!(bytes.len(), ext_len);
+    bytes.extend_from_slice(m.payload);
     OwnedMessage {
-        payload: m.payload.to_vec(),
-        ext,
+        bytes,
+        ext_len,
         fields: MessageFields {
             key: m.key.map(|k| hasher.digest(Digest::Key, k)),
             not_before_us,
             dedup: id.map(|id| DedupDigest {
-                id: hasher.digest(Digest::DedupId, &id),
+                id: hasher.digest(Digest::DedupId, id),
                 content: hasher.digest(Digest::Content, m.payload),
             }),
         },
@@ -1192,4 +1213,43 @@ fn recovered_ids(
     }
     dedup.expire(now_wall_us);
     dedup
+}
+
+/// The answers to an append of `messages` from the writer's outcome and
+/// verdicts: one `Appended` each, or the refusal (a conflict names the id).
+fn answers(
+    outcome: Result<Seq>,
+    verdicts: Verdicts,
+    messages: &[Message<'_>],
+    hasher: &Hasher,
+) -> Result<Vec<Appended>> {
+    let verdicts = verdicts.as_slice();
+    match outcome {
+        Ok(_) => Ok(verdicts.iter().copied().map(appended).collect()),
+        Err(Error::Conflict { existing, .. }) => {
+            let k = verdicts
+                .iter()
+                .position(|v| matches!(v, Verdict::Conflict(_)))
+                .unwrap_or(0);
+            let dedup_id = messages
+                .get(k)
+                .map_or_else(Vec::new, |m| dedup_id_of(hasher, m));
+            Err(Error::Conflict { dedup_id, existing })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The answer of one message written or found a duplicate.
+fn appended(v: Verdict) -> Appended {
+    match v {
+        Verdict::Written(seq) => Appended {
+            seq,
+            duplicate: false,
+        },
+        Verdict::Duplicate(seq) | Verdict::Conflict(seq) => Appended {
+            seq,
+            duplicate: true,
+        },
+    }
 }

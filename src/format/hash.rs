@@ -1,5 +1,5 @@
-//! SipHash-2-4 (Aumasson and Bernstein, "SipHash: a fast short-input PRF",
-//! 2012), keyed by the outbox's identity: the digests that deduplication ids,
+//! SipHash (Aumasson and Bernstein, "SipHash: a fast short-input PRF", 2012),
+//! 2-4 for ids and keys and 1-3 for payloads, keyed by the outbox's identity: the digests that deduplication ids,
 //! payloads and ordering keys are known by in memory and in the log.
 //!
 //! Keyed by a secret drawn when the outbox was created (its identity, in
@@ -38,20 +38,33 @@ impl Hasher {
         }
     }
 
-    /// The digest of `bytes` as a `kind`.
+    /// The digest of `bytes` as a `kind`: SipHash-2-4 for ids and keys
+    /// (short), SipHash-1-3 for payloads (long: half the rounds per word, as
+    /// the standard library's `HashMap` uses it, keyed by a secret).
     pub(crate) fn digest(&self, kind: Digest, bytes: &[u8]) -> u64 {
-        let tweak = match kind {
-            Digest::DedupId => 0x6964_6964_6964_6964,
-            Digest::Content => 0x636f_6e74_656e_7473,
-            Digest::Key => 0x6b65_796b_6579_6b65,
-            Digest::Unique => 0x756e_6971_7565_2121,
+        let (tweak, rounds) = match kind {
+            Digest::DedupId => (0x6964_6964_6964_6964, (2, 4)),
+            Digest::Content => (0x636f_6e74_656e_7473, (1, 3)),
+            Digest::Key => (0x6b65_796b_6579_6b65, (2, 4)),
+            Digest::Unique => (0x756e_6971_7565_2121, (1, 3)),
         };
-        siphash24(self.k0 ^ tweak, self.k1.rotate_left(17) ^ tweak, bytes)
+        let (k0, k1) = (self.k0 ^ tweak, self.k1.rotate_left(17) ^ tweak);
+        match rounds {
+            (1, 3) => siphash::<1, 3>(k0, k1, bytes),
+            _ => siphash::<2, 4>(k0, k1, bytes),
+        }
     }
 }
 
 /// SipHash-2-4 of `data` under the key `(k0, k1)`.
+#[cfg(test)]
 pub(crate) fn siphash24(k0: u64, k1: u64, data: &[u8]) -> u64 {
+    siphash::<2, 4>(k0, k1, data)
+}
+
+/// SipHash-c-d of `data` under the key `(k0, k1)`: `C` rounds per word, `D`
+/// to finish.
+fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, data: &[u8]) -> u64 {
     let mut v = [
         k0 ^ 0x736f_6d65_7073_6575,
         k1 ^ 0x646f_7261_6e64_6f6d,
@@ -64,8 +77,9 @@ pub(crate) fn siphash24(k0: u64, k1: u64, data: &[u8]) -> u64 {
         word.copy_from_slice(chunk);
         let m = u64::from_le_bytes(word);
         v[3] ^= m;
-        round(&mut v);
-        round(&mut v);
+        for _ in 0..C {
+            round(&mut v);
+        }
         v[0] ^= m;
     }
     let mut last = [0u8; 8];
@@ -74,11 +88,12 @@ pub(crate) fn siphash24(k0: u64, k1: u64, data: &[u8]) -> u64 {
     last[7] = data.len() as u8;
     let b = u64::from_le_bytes(last);
     v[3] ^= b;
-    round(&mut v);
-    round(&mut v);
+    for _ in 0..C {
+        round(&mut v);
+    }
     v[0] ^= b;
     v[2] ^= 0xff;
-    for _ in 0..4 {
+    for _ in 0..D {
         round(&mut v);
     }
     v[0] ^ v[1] ^ v[2] ^ v[3]
@@ -128,6 +143,26 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn siphash_1_3_matches_the_standard_librarys_default_hasher() {
+        // The standard library's `DefaultHasher::new()` is SipHash-1-3 under
+        // the key (0, 0) today (an unspecified choice that may change; the
+        // frozen value below does not).
+        use std::hash::Hasher as _;
+        let data: Vec<u8> = (0..100u32).map(|i| (i * 13 + 1) as u8).collect();
+        let mut std13 = std::collections::hash_map::DefaultHasher::new();
+        std13.write(&data);
+        let ours = siphash::<1, 3>(0, 0, &data);
+        if std13.finish() != ours {
+            eprintln!("the standard library no longer hashes with SipHash-1-3");
+        }
+        assert_eq!(ours, FROZEN_SIPHASH13);
+    }
+
+    /// SipHash-1-3 under the key (0, 0) of the 100 bytes above, as checked
+    /// against the standard library when it was written.
+    const FROZEN_SIPHASH13: u64 = 0xcfd4_705e_fbd9_f206;
 
     #[test]
     fn kinds_and_outboxes_are_keyed_apart() {

@@ -217,10 +217,51 @@ impl Drop for Ticket {
     }
 }
 
+/// What became of one message of an append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Written(Seq),
+    Duplicate(Seq),
+    Conflict(Seq),
+}
+
+/// The verdicts of one append's messages, in order: none (an append of plain
+/// records), one without a heap allocation, or more.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum Verdicts {
+    #[default]
+    None,
+    One(Verdict),
+    Many(Vec<Verdict>),
+}
+
+impl Verdicts {
+    pub(crate) fn push(&mut self, v: Verdict) {
+        *self = match std::mem::take(self) {
+            Verdicts::None => Verdicts::One(v),
+            Verdicts::One(first) => Verdicts::Many(vec![first, v]),
+            Verdicts::Many(mut all) => {
+                all.push(v);
+                Verdicts::Many(all)
+            }
+        };
+    }
+
+    pub(crate) fn as_slice(&self) -> &[Verdict] {
+        match self {
+            Verdicts::None => &[],
+            Verdicts::One(v) => std::slice::from_ref(v),
+            Verdicts::Many(all) => all,
+        }
+    }
+}
+
 /// Where the writer puts the outcome of one request, and its producer waits.
 pub(crate) struct Completion {
     slot: Mutex<Option<Result<Seq>>>,
     done: Condvar,
+    /// For an append of messages: what became of each.
+    verdicts: Mutex<Verdicts>,
 }
 
 impl Completion {
@@ -229,6 +270,7 @@ impl Completion {
         let c = Arc::new(Completion {
             slot: Mutex::new(None),
             done: Condvar::new(),
+            verdicts: Mutex::new(Verdicts::None),
         });
         (c.clone(), Completer(Some(c)))
     }
@@ -243,6 +285,11 @@ impl Completion {
             self.done.wait(&mut slot);
         }
     }
+
+    /// The verdicts the writer left (after [`Completion::wait`]).
+    pub(crate) fn take_verdicts(&self) -> Verdicts {
+        std::mem::take(&mut *self.verdicts.lock())
+    }
 }
 
 /// The writer's end of a [`Completion`]. Completing it wakes the producer; dropping
@@ -251,6 +298,13 @@ impl Completion {
 pub(crate) struct Completer(Option<Arc<Completion>>);
 
 impl Completer {
+    /// Leaves the verdicts of an append's messages, before it is completed.
+    pub(crate) fn set_verdicts(&self, verdicts: Verdicts) {
+        if let Some(c) = &self.0 {
+            *c.verdicts.lock() = verdicts;
+        }
+    }
+
     pub(crate) fn complete(mut self, outcome: Result<Seq>) {
         if let Some(c) = self.0.take() {
             *c.slot.lock() = Some(outcome);

@@ -10,6 +10,7 @@
 //! answers every request with the error until the outbox is closed; it never
 //! retries.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,7 +25,9 @@ use crate::format::segment::{BLOCK, FRAMES_AT, align_up};
 use crate::format::seq::Seq;
 use crate::io;
 use crate::io::segment_file::{FreshSegment, SegmentFile, now_us};
-use crate::log::shared::{Answers, Completer, Counters, Notifier, Shared, Ticket};
+use crate::log::shared::{
+    Answers, Completer, Counters, Notifier, Shared, Ticket, Verdict, Verdicts,
+};
 use crate::options::Durability;
 use crate::state::dedup::{Dedup, Seen};
 use crate::state::table::SegmentSlots;
@@ -46,17 +49,26 @@ const BUF_KEEP_MIN: usize = 1 << 16;
 pub(crate) enum Payloads {
     One(Vec<u8>),
     Many(Vec<Vec<u8>>),
+    /// A record with what its producer said about it.
+    Message(OwnedMessage),
     /// Records with what their producers said about them.
     Messages(Vec<OwnedMessage>),
 }
 
-/// A [`Message`](crate::Message) copied for the writer: its payload, its
-/// encoded optional fields, and their digests.
+/// A [`Message`](crate::Message) copied for the writer: its encoded optional
+/// fields and its payload, in one buffer, and the fields' digests.
 pub(crate) struct OwnedMessage {
-    pub payload: Vec<u8>,
-    /// The frame's optional-field area (`format::ext`).
-    pub ext: Vec<u8>,
+    /// The frame's optional-field area (`format::ext`), then the payload.
+    pub bytes: Vec<u8>,
+    /// Where the payload starts in `bytes`.
+    pub ext_len: usize,
     pub fields: MessageFields,
+}
+
+impl OwnedMessage {
+    fn parts(&self) -> (&[u8], &[u8]) {
+        self.bytes.split_at(self.ext_len.min(self.bytes.len()))
+    }
 }
 
 /// What the state table and the deduplication need of a message.
@@ -70,56 +82,46 @@ pub(crate) struct MessageFields {
 impl Payloads {
     /// Each record's optional-field area and payload.
     fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        let (one, many, messages) = match self {
-            Payloads::One(p) => (Some(p.as_slice()), &[][..], &[][..]),
-            Payloads::Many(ps) => (None, ps.as_slice(), &[][..]),
-            Payloads::Messages(ms) => (None, &[][..], ms.as_slice()),
+        let (one, many) = match self {
+            Payloads::One(p) => (Some(p.as_slice()), &[][..]),
+            Payloads::Many(ps) => (None, ps.as_slice()),
+            _ => (None, &[][..]),
         };
         one.into_iter()
             .chain(many.iter().map(Vec::as_slice))
             .map(|p| (&[][..], p))
-            .chain(
-                messages
-                    .iter()
-                    .map(|m| (m.ext.as_slice(), m.payload.as_slice())),
-            )
+            .chain(self.messages().iter().map(OwnedMessage::parts))
+    }
+
+    /// The messages, if these are messages.
+    fn messages(&self) -> &[OwnedMessage] {
+        match self {
+            Payloads::Message(m) => std::slice::from_ref(m),
+            Payloads::Messages(ms) => ms,
+            _ => &[],
+        }
     }
 
     /// The fields of the `k`-th record, if it is a message.
     fn fields(&self, k: usize) -> Option<MessageFields> {
-        match self {
-            Payloads::Messages(ms) => ms.get(k).map(|m| m.fields),
-            _ => None,
-        }
+        self.messages().get(k).map(|m| m.fields)
     }
 
     /// How many records the fields frame may describe.
     fn described_max(&self) -> usize {
-        match self {
-            Payloads::Messages(ms) => ms.len(),
-            _ => 0,
-        }
+        self.messages().len()
     }
-}
-
-/// What became of one message of an append.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    Written(Seq),
-    Duplicate(Seq),
-    Conflict(Seq),
 }
 
 /// What one append of a batch writes, as [`Writer::plan`] decided.
 struct Plan {
     /// Refused (a quota) or not.
     outcome: Result<()>,
-    /// One per record of the append (empty if refused).
-    verdicts: Vec<Verdict>,
+    /// One per message of the append (none for plain records, none if
+    /// refused by a quota).
+    verdicts: Verdicts,
     /// The first record written.
     first: Option<Seq>,
-    /// What the fields frame says of its records.
-    described: Vec<Described>,
     /// The answer of a negative control that writes what it refuses.
     lie: Option<Error>,
 }
@@ -128,9 +130,8 @@ impl Default for Plan {
     fn default() -> Plan {
         Plan {
             outcome: Ok(()),
-            verdicts: Vec::new(),
+            verdicts: Verdicts::None,
             first: None,
-            described: Vec::new(),
             lie: None,
         }
     }
@@ -139,7 +140,11 @@ impl Default for Plan {
 impl Plan {
     /// Whether the `k`-th record of the append is written.
     fn writes(&self, k: usize) -> bool {
-        self.outcome.is_ok() && matches!(self.verdicts.get(k), Some(Verdict::Written(_)) | None)
+        self.outcome.is_ok()
+            && matches!(
+                self.verdicts.as_slice().get(k),
+                Some(Verdict::Written(_)) | None
+            )
     }
 }
 
@@ -152,8 +157,6 @@ pub(crate) enum Request {
         /// Encoded size, acquired from the queue budget.
         ticket: Ticket,
         done: Completer,
-        /// Where the writer says what became of each message (messages only).
-        verdicts: Option<Arc<parking_lot::Mutex<Vec<Verdict>>>>,
     },
     /// Make everything written so far durable.
     Sync { done: Completer },
@@ -274,6 +277,13 @@ pub(crate) struct Writer {
     unpublished: (u64, u64),
     /// The last answer of the file system's free space, and when.
     free_checked: Option<(Instant, Option<u64>)>,
+    /// Scratch space of [`Writer::plan`], kept across batches so that a
+    /// batch of messages allocates nothing for it: what the fields frame
+    /// says, the ids the batch writes, and those of the append being planned.
+    described: Vec<Described>,
+    planned: HashMap<u64, (u64, Seq)>,
+    local: Vec<(DedupDigest, Seq)>,
+    inserted: Vec<(DedupDigest, Seq)>,
 }
 
 impl Writer {
@@ -311,6 +321,10 @@ impl Writer {
             unsynced_described: Vec::new(),
             unpublished: (0, 0),
             free_checked: None,
+            described: Vec::new(),
+            planned: HashMap::new(),
+            local: Vec::new(),
+            inserted: Vec::new(),
         })
     }
 
@@ -584,15 +598,14 @@ impl Writer {
         if over && self.active.len > FRAMES_AT as u64 {
             self.rotate()?;
         }
-        let plans = self.plan(batch, backlog, timestamp_us);
-        let described: Vec<Described> = plans
-            .iter()
-            .flat_map(|p| p.described.iter().copied())
-            .collect();
-        if !described.is_empty() {
+        let mut plans = self.plan(batch, backlog, timestamp_us);
+        if !self.described.is_empty() {
             internal.insert(
                 0,
-                (FrameKind::Fields, crate::format::fields::encode(&described)),
+                (
+                    FrameKind::Fields,
+                    crate::format::fields::encode(&self.described),
+                ),
             );
         }
         let mut records = 0u64;
@@ -616,17 +629,8 @@ impl Writer {
                 None => p.outcome.clone().map(|()| p.first.unwrap_or(first)),
             })
             .collect();
-        let appends = batch.iter().filter(|r| matches!(r, Request::Append { .. }));
-        for (r, plan) in appends.zip(&plans) {
-            if let Request::Append {
-                verdicts: Some(verdicts),
-                ..
-            } = r
-            {
-                *verdicts.lock() = plan.verdicts.clone();
-            }
-        }
         if records == 0 && internal.is_empty() {
+            hand_verdicts(batch, &mut plans);
             return Ok(());
         }
         self.begin_write();
@@ -673,7 +677,13 @@ impl Writer {
                 self.next_seq = seq.next();
             }
         }
-        self.unsynced_described.extend(described);
+        hand_verdicts(batch, &mut plans);
+        // The table needs only keys and times (ids are the writer's).
+        self.unsynced_described.extend(
+            self.described
+                .iter()
+                .filter(|d| d.key.is_some() || d.not_before_us.is_some()),
+        );
         for (kind, payload) in &internal {
             let seq = self.next_seq;
             let group = *self.group.get_or_insert(seq);
@@ -722,6 +732,7 @@ impl Writer {
     /// `backlog` is the table's (records, payload bytes) not acknowledged.
     fn plan(&mut self, batch: &[Request], backlog: (u64, u64), now: u64) -> Vec<Plan> {
         let mut plans = Vec::new();
+        self.described.clear();
         if !batch.iter().any(|r| matches!(r, Request::Append { .. })) {
             return plans;
         }
@@ -733,28 +744,36 @@ impl Writer {
             backlog.0 + self.unpublished.0,
             backlog.1 + self.unpublished.1,
         );
-        let mut inserted: Vec<(DedupDigest, Seq)> = Vec::new();
+        // The ids this batch writes, with the content digest and record of
+        // each, to answer a second append of one within the batch.
+        let mut planned = std::mem::take(&mut self.planned);
+        let mut inserted = std::mem::take(&mut self.inserted);
+        let mut local = std::mem::take(&mut self.local);
+        planned.clear();
+        inserted.clear();
         for r in batch {
             let Request::Append { payloads, .. } = r else {
                 continue;
             };
             let mut plan = Plan::default();
+            let is_message = !payloads.messages().is_empty();
             let (mut new_records, mut new_bytes) = (0u64, 0u64);
-            let mut local: Vec<(DedupDigest, Seq)> = Vec::new();
+            local.clear();
             let mut seq = next;
             for (k, (_, payload)) in payloads.iter().enumerate() {
                 let dedup = payloads.fields(k).and_then(|f| f.dedup);
                 let seen = match dedup {
                     None => Seen::New,
-                    Some(d) => match inserted.iter().chain(&local).find(|(l, _)| l.id == d.id) {
-                        Some((l, s)) if l.content == d.content => Seen::Duplicate(*s),
-                        Some((_, s)) => Seen::Conflict(*s),
+                    Some(d) => match planned.get(&d.id) {
+                        Some(&(content, s)) if content == d.content => Seen::Duplicate(s),
+                        Some(&(_, s)) => Seen::Conflict(s),
                         None => self.dedup.check(d, now),
                     },
                 };
                 let verdict = match seen {
                     Seen::New => {
                         if let Some(d) = dedup {
+                            planned.insert(d.id, (d.content, Seq::from(seq)));
                             local.push((d, Seq::from(seq)));
                         }
                         new_records += 1;
@@ -765,22 +784,14 @@ impl Writer {
                     Seen::Duplicate(s) => Verdict::Duplicate(s),
                     Seen::Conflict(s) => Verdict::Conflict(s),
                 };
-                plan.verdicts.push(verdict);
+                if is_message {
+                    plan.verdicts.push(verdict);
+                }
             }
-            let conflict = plan.verdicts.iter().find_map(|v| match v {
+            let conflict = plan.verdicts.as_slice().iter().find_map(|v| match v {
                 Verdict::Conflict(s) => Some(*s),
                 _ => None,
             });
-            if let Some(existing) = conflict {
-                // All or nothing: the producer names the id (the writer knows
-                // only its digest) from the verdicts.
-                plan.outcome = Err(Error::Conflict {
-                    dedup_id: Vec::new(),
-                    existing,
-                });
-                plans.push(plan);
-                continue;
-            }
             let refusal = if new_records == 0 {
                 None
             } else if let Some(limit) = opts.max_backlog_records
@@ -798,31 +809,53 @@ impl Writer {
             } else {
                 None
             };
-            if let Some((quota, limit, current)) = refusal {
-                let refused = Error::QuotaExceeded {
-                    quota,
-                    limit,
-                    current,
-                };
+            let refused = match (conflict, refusal) {
+                // All or nothing: the producer names the id (the writer knows
+                // only its digest) from the verdicts.
+                (Some(existing), _) => Some(Error::Conflict {
+                    dedup_id: Vec::new(),
+                    existing,
+                }),
                 // The negative control writes it all the same, and says not.
-                if crate::injected!(self.shared.options, QuotaWritesAnyway) {
-                    plan.lie = Some(refused);
-                } else {
-                    plan.outcome = Err(refused);
-                    plan.verdicts.clear();
-                    plans.push(plan);
-                    continue;
+                (None, Some((quota, limit, current)))
+                    if crate::injected!(self.shared.options, QuotaWritesAnyway) =>
+                {
+                    plan.lie = Some(Error::QuotaExceeded {
+                        quota,
+                        limit,
+                        current,
+                    });
+                    None
                 }
+                (None, Some((quota, limit, current))) => {
+                    plan.verdicts = Verdicts::None;
+                    Some(Error::QuotaExceeded {
+                        quota,
+                        limit,
+                        current,
+                    })
+                }
+                (None, None) => None,
+            };
+            if let Some(e) = refused {
+                for (d, _) in &local {
+                    planned.remove(&d.id);
+                }
+                plan.outcome = Err(e);
+                plans.push(plan);
+                continue;
+            }
+            if new_records > 0 {
+                plan.first = Some(Seq::from(next));
             }
             records += new_records;
             bytes += new_bytes;
             next = seq;
-            inserted.extend(local);
-            for (k, verdict) in plan.verdicts.iter().enumerate() {
+            inserted.extend(local.iter().copied());
+            for (k, verdict) in plan.verdicts.as_slice().iter().enumerate() {
                 let Verdict::Written(seq) = *verdict else {
                     continue;
                 };
-                plan.first.get_or_insert(seq);
                 if let Some(f) = payloads.fields(k) {
                     let d = Described {
                         seq,
@@ -831,7 +864,7 @@ impl Writer {
                         dedup: f.dedup,
                     };
                     if !d.is_empty() {
-                        plan.described.push(d);
+                        self.described.push(d);
                     }
                 }
             }
@@ -839,14 +872,17 @@ impl Writer {
         }
         // The fields frame follows the records: it makes the ids durable.
         let home = Seq::from(next);
-        for (d, seq) in inserted {
+        for &(d, seq) in &inserted {
             self.dedup.insert(d, seq, now, home);
         }
+        self.planned = planned;
+        self.inserted = inserted;
+        self.local = local;
         Counters::set(&self.shared.counters.dedup_ids, self.dedup.len() as u64);
         Counters::set(&self.shared.counters.dedup_bytes, self.dedup.heap_bytes());
         let duplicates = plans
             .iter()
-            .flat_map(|p| &p.verdicts)
+            .flat_map(|p| p.verdicts.as_slice())
             .filter(|v| matches!(v, Verdict::Duplicate(_)))
             .count();
         Counters::add(&self.shared.counters.duplicates, duplicates as u64);
@@ -1373,6 +1409,19 @@ pub(crate) fn request_bytes(r: &Request) -> u64 {
     match r {
         Request::Append { ticket, .. } => ticket.bytes(),
         _ => 0,
+    }
+}
+
+/// Leaves with each append of messages what became of each (its producer
+/// reads them once the append is answered).
+fn hand_verdicts(batch: &[Request], plans: &mut [Plan]) {
+    let appends = batch.iter().filter(|r| matches!(r, Request::Append { .. }));
+    for (r, plan) in appends.zip(plans) {
+        if let Request::Append { done, .. } = r
+            && !matches!(plan.verdicts, Verdicts::None)
+        {
+            done.set_verdicts(std::mem::take(&mut plan.verdicts));
+        }
     }
 }
 

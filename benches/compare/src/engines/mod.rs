@@ -78,6 +78,9 @@ pub enum Kind {
     RawOverwrite,
     /// segwal with default options (`Durability::Sync`).
     Segwal,
+    /// segwal, each record appended as a message with a deduplication id of
+    /// its own: what remembering ids costs an append.
+    SegwalDedup,
     /// SQLite in WAL mode, `synchronous=FULL`: every commit fsyncs the WAL.
     SqliteFull,
     /// SQLite in WAL mode, `synchronous=NORMAL`: commits are not fsynced, only
@@ -91,11 +94,12 @@ pub enum Kind {
 
 impl Kind {
     /// Every engine, in running order.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Raw,
         Kind::RawGrowing,
         Kind::RawOverwrite,
         Kind::Segwal,
+        Kind::SegwalDedup,
         Kind::SqliteFull,
         Kind::SqliteNormal,
         Kind::Fjall,
@@ -109,6 +113,7 @@ impl Kind {
             Kind::RawGrowing => "raw (growing file)",
             Kind::RawOverwrite => "raw (overwrite)",
             Kind::Segwal => "segwal",
+            Kind::SegwalDedup => "segwal dedup ids",
             Kind::SqliteFull => "sqlite FULL",
             Kind::SqliteNormal => "sqlite NORMAL",
             Kind::Fjall => "fjall",
@@ -133,6 +138,7 @@ impl Kind {
             Kind::RawGrowing => Box::new(raw::Raw::open(dir, raw::Layout::Growing)?),
             Kind::RawOverwrite => Box::new(raw::Raw::open(dir, raw::Layout::Overwrite)?),
             Kind::Segwal => Box::new(segwal::Segwal::open(dir)?),
+            Kind::SegwalDedup => Box::new(segwal::Segwal::open_dedup(dir)?),
             Kind::SqliteFull => Box::new(sqlite::Sqlite::open(dir, sqlite::Sync::Full)?),
             Kind::SqliteNormal => Box::new(sqlite::Sqlite::open(dir, sqlite::Sync::Normal)?),
             Kind::Fjall => Box::new(fjall::Fjall::open(dir)?),

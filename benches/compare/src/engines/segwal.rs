@@ -1,26 +1,57 @@
 //! segwal with default options: durable on return, group commit by its writer.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use segwal::{Options, Outbox, Seq};
+use segwal::{Message, Options, Outbox, Seq};
 
 use super::{Counters, Engine, Queue, Result};
 
 pub struct Segwal {
     outbox: Outbox,
+    /// Appends messages, each with a deduplication id of its own, numbered
+    /// from this counter.
+    dedup: Option<AtomicU64>,
 }
 
 impl Segwal {
     pub fn open(dir: &Path) -> Result<Segwal> {
         Ok(Segwal {
             outbox: Outbox::open(dir, Options::default())?,
+            dedup: None,
+        })
+    }
+
+    pub fn open_dedup(dir: &Path) -> Result<Segwal> {
+        Ok(Segwal {
+            outbox: Outbox::open(dir, Options::default())?,
+            dedup: Some(AtomicU64::new(0)),
         })
     }
 }
 
 impl Engine for Segwal {
     fn append(&self, payload: &[u8]) -> Result<()> {
-        self.outbox.append(payload)?;
+        match &self.dedup {
+            None => {
+                self.outbox.append(payload)?;
+            }
+            Some(next) => {
+                // An id like an event's, "order-<n>/created", on the stack.
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                let mut id = [0u8; 32];
+                let len = {
+                    use std::io::Write as _;
+                    let mut w = &mut id[..];
+                    write!(w, "order-{n}/created")?;
+                    32 - w.len()
+                };
+                let a = self
+                    .outbox
+                    .append_message(&Message::new(payload).dedup_id(&id[..len]))?;
+                debug_assert!(!a.duplicate);
+            }
+        }
         Ok(())
     }
 
