@@ -339,8 +339,8 @@ impl Options {
 
     /// The most deduplication ids remembered; beyond it the oldest are
     /// forgotten first. Default 1,000,000; from 1 to [`DEDUP_CAPACITY_MAX`]
-    /// (2^26). Memory is about 40 bytes per id remembered (never more than 48
-    /// on average: docs/BENCHMARKS.md), taken as ids arrive, not up front.
+    /// (2^26). Memory is 40 to 56 bytes per id remembered (46.9 measured
+    /// at a million: docs/BENCHMARKS.md), taken as ids arrive, not up front.
     pub fn dedup_capacity(mut self, ids: usize) -> Options {
         self.dedup_capacity = ids;
         self

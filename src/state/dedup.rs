@@ -6,8 +6,9 @@
 //! with the digest of the payload first appended with them. Entries are kept
 //! in a ring, in sequence order (appends come in order, recovery sorts), with
 //! an open-addressing index of ring positions beside it: 32 bytes an entry
-//! and 4 bytes an index slot, at most half of the slots used, so about 40
-//! bytes per id (at most 48 on average over the growth of the index). An
+//! (the ring grows by a quarter at a time) and 4 bytes an index slot (a
+//! quarter to a half of the slots used), so 40 to 56 bytes per id, about 47
+//! at a million (docs/BENCHMARKS.md). An
 //! entry goes when it leaves the window or when `capacity` newer ones are
 //! kept, oldest first.
 //!
@@ -251,6 +252,12 @@ impl Dedup {
         // Grown before the entry joins the ring: growing indexes the ring.
         if (self.live + 1) * 2 > self.slots.len() {
             self.grow();
+        }
+        // The ring grows by a quarter at a time, not by doubling: at most a
+        // quarter of its memory is unused.
+        if self.ring.len() == self.ring.capacity() {
+            let more = (self.ring.len() / 4).max(1024);
+            self.ring.reserve_exact(more);
         }
         let pos = self.front.wrapping_add(self.ring.len() as u32);
         self.ring.push_back(entry);
