@@ -64,6 +64,7 @@ mod log;
 mod message;
 mod options;
 mod outbox;
+mod relay;
 // The simulated disk, the crash harness and the known bugs of the negative
 // controls: for segwal's own tests and fuzz targets (feature `testing`).
 #[cfg(feature = "testing")]
@@ -88,3 +89,4 @@ pub use options::{
     QUEUE_CAPACITY_MAX, RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
 };
 pub use outbox::{DeadLetter, Outbox, Stats};
+pub use relay::{Outcome, Publisher, Relay, RelayOptions, RelayStats};

@@ -18,6 +18,7 @@ mod model_producers;
 mod process;
 mod producers;
 mod recovery;
+mod relay;
 mod relocation;
 mod retries;
 mod segments;

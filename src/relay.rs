@@ -1,0 +1,343 @@
+//! [`Relay`]: the loop that feeds a broker from an [`Outbox`], for any broker
+//! behind the [`Publisher`] trait (docs/RELAY.md).
+//!
+//! A relay claims a batch, hands it to the publisher, and settles each record
+//! by the publisher's [`Outcome`]: stored or duplicate, acknowledged; retry,
+//! released with an exponential backoff (with jitter) and the reason; refused,
+//! parked as a dead letter with the reason. A record is acknowledged only once
+//! its publisher said the broker holds it, so a crash anywhere delivers it
+//! again (at least once), never loses it. While a publish runs, a keeper
+//! thread renews the leases of the records it holds, so a slow broker does
+//! not let them go back to pending under the relay's feet.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{Error, Result};
+use crate::format::seq::Seq;
+use crate::io::reader::Record;
+use crate::outbox::Outbox;
+
+/// What became of one record a [`Publisher`] was given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The broker stored it.
+    Stored,
+    /// The broker already held it (it deduplicated the publish): stored.
+    Duplicate,
+    /// Not stored this time (a timeout, the broker busy or unreachable): try
+    /// again later. The reason goes with the record's next delivery.
+    Retry(String),
+    /// The broker refused it for good (too large, a schema it rejects): it
+    /// becomes a dead letter with this reason.
+    Refused(String),
+}
+
+/// A broker, as a relay sees it.
+pub trait Publisher: Send {
+    /// Publishes `records` (oldest first; records of one ordering key never
+    /// more than one at a time) and returns one outcome per record, in order.
+    /// Fewer outcomes than records count the missing ones as
+    /// [`Outcome::Retry`].
+    fn publish(&mut self, records: &[Record]) -> Vec<Outcome>;
+}
+
+impl<F> Publisher for F
+where
+    F: FnMut(&[Record]) -> Vec<Outcome> + Send,
+{
+    fn publish(&mut self, records: &[Record]) -> Vec<Outcome> {
+        self(records)
+    }
+}
+
+/// How a [`Relay`] runs. Built from [`RelayOptions::default()`].
+#[derive(Clone, Debug)]
+pub struct RelayOptions {
+    pub(crate) batch: usize,
+    pub(crate) wait: Duration,
+    pub(crate) backoff_first: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) renew_every: Duration,
+    pub(crate) renew_by: Duration,
+}
+
+impl Default for RelayOptions {
+    fn default() -> RelayOptions {
+        RelayOptions {
+            batch: 256,
+            wait: Duration::from_millis(100),
+            backoff_first: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(60),
+            renew_every: Duration::from_secs(10),
+            renew_by: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RelayOptions {
+    /// Records claimed and published at once, at most: the records in flight.
+    /// Default 256; at least 1.
+    pub fn batch(mut self, records: usize) -> RelayOptions {
+        self.batch = records.max(1);
+        self
+    }
+
+    /// How long a claim waits for records when none is pending, before the
+    /// relay looks at its stop request again. Default 100 ms.
+    pub fn wait(mut self, wait: Duration) -> RelayOptions {
+        self.wait = wait;
+        self
+    }
+
+    /// The delay before a record's second delivery after an
+    /// [`Outcome::Retry`]; each later retry doubles it, up to `max`, and the
+    /// delay drawn is between half of it and all of it (jitter, so that
+    /// records failed together do not come back together). Defaults 100 ms
+    /// and 60 s.
+    pub fn backoff(mut self, first: Duration, max: Duration) -> RelayOptions {
+        self.backoff_first = first;
+        self.backoff_max = max.max(first);
+        self
+    }
+
+    /// While a publish runs, the leases of its records are renewed every
+    /// `every` by `by` ([`Outbox::extend`]). Defaults 10 s and 30 s (the
+    /// default lease); `by` should exceed `every` by what a renewal may take.
+    pub fn renew_leases(mut self, every: Duration, by: Duration) -> RelayOptions {
+        self.renew_every = every.max(Duration::from_millis(1));
+        self.renew_by = by;
+        self
+    }
+}
+
+/// What a relay did, and how far behind it is.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct RelayStats {
+    /// Records the broker stored.
+    pub published: u64,
+    /// Records the broker already held (acknowledged all the same).
+    pub duplicates: u64,
+    /// Deliveries that failed and were released to be tried again.
+    pub retries: u64,
+    /// Records the broker refused for good, parked as dead letters.
+    pub dead_letters: u64,
+    /// Records pending in the outbox when the stats were taken.
+    pub lag: u64,
+    /// Age of the oldest pending record when the stats were taken.
+    pub oldest_pending_age: Option<Duration>,
+}
+
+/// A relay: claims from an [`Outbox`], publishes with a [`Publisher`], and
+/// settles each record by its outcome.
+///
+/// ```
+/// use segwal::{Options, Outbox, Outcome, Record, Relay, RelayOptions};
+///
+/// # fn main() -> segwal::Result<()> {
+/// let dir = tempfile::tempdir().expect("temporary directory");
+/// let outbox = Outbox::open(dir.path(), Options::default())?;
+/// outbox.append(b"event")?;
+/// let publish = |records: &[Record]| records.iter().map(|_| Outcome::Stored).collect();
+/// let mut relay = Relay::new(outbox.clone(), publish, RelayOptions::default());
+/// assert_eq!(relay.step()?, 1);
+/// assert_eq!(relay.stats().published, 1);
+/// # outbox.close()?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Relay<P: Publisher> {
+    outbox: Outbox,
+    publisher: P,
+    options: RelayOptions,
+    stats: RelayStats,
+    /// The records of the publish in progress, for the keeper.
+    in_flight: Arc<InFlight>,
+    keeper: Option<JoinHandle<()>>,
+    jitter: u64,
+}
+
+/// The records a publish holds, shared with the keeper thread.
+#[derive(Default)]
+struct InFlight {
+    seqs: Mutex<Vec<Seq>>,
+    wake: Condvar,
+    stop: AtomicBool,
+}
+
+impl<P: Publisher> Relay<P> {
+    /// A relay of `outbox` into `publisher`.
+    pub fn new(outbox: Outbox, publisher: P, options: RelayOptions) -> Relay<P> {
+        let jitter = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+        Relay {
+            outbox,
+            publisher,
+            options,
+            stats: RelayStats::default(),
+            in_flight: Arc::new(InFlight::default()),
+            keeper: None,
+            jitter,
+        }
+    }
+
+    /// What the relay did so far, with the outbox's lag.
+    pub fn stats(&self) -> RelayStats {
+        let outbox = self.outbox.stats();
+        RelayStats {
+            lag: outbox.pending,
+            oldest_pending_age: outbox.oldest_pending_age,
+            ..self.stats.clone()
+        }
+    }
+
+    /// One round: claims up to a batch (waiting up to [`RelayOptions::wait`]
+    /// for one), publishes it, and settles every record. Returns how many
+    /// records it handled (0 when none was pending). Nothing it claimed is
+    /// left claimed when it returns, unless settling it failed (the error
+    /// is returned; the lease then gives the record back).
+    pub fn step(&mut self) -> Result<usize> {
+        let records = self
+            .outbox
+            .claim_wait(self.options.batch, self.options.wait)?;
+        if records.is_empty() {
+            return Ok(0);
+        }
+        self.start_keeper();
+        *self.in_flight.seqs.lock() = records.iter().map(Record::seq).collect();
+        self.in_flight.wake.notify_all();
+        let outcomes = self.publisher.publish(&records);
+        self.in_flight.seqs.lock().clear();
+        let mut outcomes = outcomes.into_iter();
+        let mut stored = Vec::with_capacity(records.len());
+        let mut first_error = None;
+        for record in &records {
+            let outcome = outcomes
+                .next()
+                .unwrap_or_else(|| Outcome::Retry("the publisher gave no outcome".into()));
+            let settled = match outcome {
+                Outcome::Stored => {
+                    self.stats.published += 1;
+                    stored.push(record.seq());
+                    Ok(())
+                }
+                Outcome::Duplicate => {
+                    self.stats.duplicates += 1;
+                    stored.push(record.seq());
+                    Ok(())
+                }
+                Outcome::Retry(reason) => {
+                    self.stats.retries += 1;
+                    let delay = self.backoff(record.attempt());
+                    self.outbox.release_after(record.seq(), delay, &reason)
+                }
+                Outcome::Refused(reason) => {
+                    self.stats.dead_letters += 1;
+                    self.outbox.dead_letter(record.seq(), &reason)
+                }
+            };
+            if let Err(e) = settled
+                && first_error.is_none()
+            {
+                first_error = Some(e);
+            }
+        }
+        // A record whose lease ran out and was claimed again meanwhile is
+        // still acknowledged (it was stored); one acknowledged already is Ok.
+        for seq in &stored {
+            if let Err(e) = self.outbox.ack(*seq)
+                && first_error.is_none()
+                && !matches!(e, Error::NotClaimed { .. })
+            {
+                first_error = Some(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(records.len()),
+        }
+    }
+
+    /// Runs rounds until `stop` is set (checked between rounds: the round in
+    /// progress finishes, so that the relay holds nothing when it returns) or
+    /// an error; returns the stats.
+    pub fn run(&mut self, stop: &AtomicBool) -> Result<RelayStats> {
+        while !stop.load(Ordering::Acquire) {
+            self.step()?;
+        }
+        Ok(self.stats())
+    }
+
+    /// The delay before the next delivery after the `attempt`-th failed.
+    fn backoff(&mut self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(30);
+        let full = self
+            .options
+            .backoff_first
+            .saturating_mul(1 << doublings)
+            .min(self.options.backoff_max);
+        // xorshift64: jitter, not cryptography.
+        self.jitter ^= self.jitter << 13;
+        self.jitter ^= self.jitter >> 7;
+        self.jitter ^= self.jitter << 17;
+        let fraction = 0.5 + (self.jitter % 1024) as f64 / 2048.0;
+        full.mul_f64(fraction)
+    }
+
+    /// Starts the thread that renews the leases of a publish in progress.
+    fn start_keeper(&mut self) {
+        if self.keeper.is_some() {
+            return;
+        }
+        let in_flight = self.in_flight.clone();
+        let outbox = self.outbox.clone();
+        let (every, by) = (self.options.renew_every, self.options.renew_by);
+        self.keeper = std::thread::Builder::new()
+            .name("segwal-relay-leases".into())
+            .spawn(move || keep_leases(&in_flight, &outbox, every, by))
+            .ok();
+    }
+}
+
+impl<P: Publisher> Drop for Relay<P> {
+    fn drop(&mut self) {
+        self.in_flight.stop.store(true, Ordering::Release);
+        {
+            let _guard = self.in_flight.seqs.lock();
+            self.in_flight.wake.notify_all();
+        }
+        if let Some(keeper) = self.keeper.take() {
+            let _ = keeper.join();
+        }
+    }
+}
+
+/// The keeper: while records are in flight, renews their leases every
+/// `every` by `by`; sleeps while none is.
+fn keep_leases(in_flight: &InFlight, outbox: &Outbox, every: Duration, by: Duration) {
+    let mut seqs = in_flight.seqs.lock();
+    while !in_flight.stop.load(Ordering::Acquire) {
+        if seqs.is_empty() {
+            in_flight.wake.wait(&mut seqs);
+            continue;
+        }
+        let deadline = Instant::now() + every;
+        let timed_out = in_flight.wake.wait_until(&mut seqs, deadline).timed_out();
+        if timed_out && !seqs.is_empty() {
+            let held = seqs.clone();
+            drop(seqs);
+            for seq in held {
+                // Settled meanwhile, or already gone back: nothing to renew.
+                let _ = outbox.extend(seq, by);
+            }
+            seqs = in_flight.seqs.lock();
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The relay runner against fake brokers: failures, timeouts after storing,
+//! duplicates, refusals, slow publishes, restarts. Nothing is lost, nothing
+//! is acknowledged that the broker does not hold, per-key order holds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use segwal::sim::Rng;
+use segwal::{Message, Options, Outbox, Outcome, Record, Relay, RelayOptions, Seq};
+
+use crate::tmp;
+
+/// What a fake broker stored, in order: (seq, key, payload).
+type Stored = Arc<Mutex<Vec<(Seq, Option<Vec<u8>>, Vec<u8>)>>>;
+
+/// A broker that deduplicates by the outbox's seq (as NATS JetStream does by
+/// `Nats-Msg-Id`), and misbehaves at random.
+struct FlakyBroker {
+    rng: Rng,
+    stored: Stored,
+}
+
+impl FlakyBroker {
+    fn publish(&mut self, records: &[Record]) -> Vec<Outcome> {
+        let mut stored = self.stored.lock();
+        let mut out = Vec::new();
+        for r in records {
+            let held = stored.iter().any(|(s, _, _)| *s == r.seq());
+            let draw = self.rng.below(100);
+            out.push(if held {
+                Outcome::Duplicate
+            } else if draw < 15 {
+                Outcome::Retry("broker unavailable".into())
+            } else if draw < 25 {
+                // Stored, but the answer was lost: a timeout.
+                stored.push((r.seq(), r.key().map(<[u8]>::to_vec), r.payload().to_vec()));
+                Outcome::Retry("publish timed out".into())
+            } else {
+                stored.push((r.seq(), r.key().map(<[u8]>::to_vec), r.payload().to_vec()));
+                Outcome::Stored
+            });
+        }
+        // Sometimes the answers for the tail of a batch never come.
+        if self.rng.chance(10) {
+            out.truncate(out.len() / 2);
+        }
+        out
+    }
+}
+
+fn fast() -> RelayOptions {
+    RelayOptions::default()
+        .batch(32)
+        .wait(Duration::from_millis(5))
+        .backoff(Duration::from_millis(1), Duration::from_millis(8))
+}
+
+#[test]
+fn a_flaky_broker_ends_up_with_every_record_once_in_order_per_key() {
+    for seed in 1..=12u64 {
+        let (_t, dir) = tmp();
+        let open = || Outbox::open(&dir, Options::default().lease(Duration::from_secs(3600)));
+        let outbox = open().expect("open");
+        let mut appended: BTreeMap<Seq, (Option<Vec<u8>>, Vec<u8>)> = BTreeMap::new();
+        let mut rng = Rng::new(seed);
+        let stored = Arc::new(Mutex::new(Vec::new()));
+        let mut outbox = outbox;
+        for round in 0..4 {
+            for i in 0..150 {
+                let payload = format!("seed {seed} round {round} record {i}").into_bytes();
+                let key = rng
+                    .chance(70)
+                    .then(|| format!("k{}", rng.below(5)).into_bytes());
+                let mut m = Message::new(&payload);
+                if let Some(k) = &key {
+                    m = m.key(k);
+                }
+                let a = outbox.append_message(&m).expect("append");
+                appended.insert(a.seq, (key, payload.clone()));
+            }
+            let broker = FlakyBroker {
+                rng: Rng::new(seed * 100 + round),
+                stored: stored.clone(),
+            };
+            let mut publish = broker;
+            let mut relay = Relay::new(
+                outbox.clone(),
+                move |r: &[Record]| publish.publish(r),
+                fast(),
+            );
+            // Part of the backlog, then a restart of the relay and the outbox
+            // with records still out (released by the close).
+            for _ in 0..(5 + rng.below(10)) {
+                relay.step().expect("step");
+            }
+            drop(relay);
+            outbox.close().expect("close");
+            outbox = open().expect("reopen");
+        }
+        let broker = FlakyBroker {
+            rng: Rng::new(seed * 1000),
+            stored: stored.clone(),
+        };
+        let mut publish = broker;
+        let mut relay = Relay::new(
+            outbox.clone(),
+            move |r: &[Record]| publish.publish(r),
+            fast(),
+        );
+        let mut idle = 0;
+        while idle < 200 {
+            if relay.step().expect("step") == 0 {
+                idle += 1;
+            } else {
+                idle = 0;
+            }
+            let s = outbox.stats();
+            if s.pending + s.claimed + s.delayed + s.held_by_key == 0 {
+                break;
+            }
+        }
+        let stats = relay.stats();
+        drop(relay);
+        let s = outbox.stats();
+        assert_eq!(
+            (s.pending, s.claimed, s.delayed, s.held_by_key),
+            (0, 0, 0, 0),
+            "seed {seed}: the outbox is drained"
+        );
+        assert!(
+            stats.retries > 0 && stats.duplicates > 0,
+            "seed {seed}: {stats:?}"
+        );
+        let stored = stored.lock();
+        // Once each, intact.
+        let seqs: BTreeSet<Seq> = stored.iter().map(|(s, _, _)| *s).collect();
+        assert_eq!(
+            seqs.len(),
+            stored.len(),
+            "seed {seed}: a record stored twice"
+        );
+        assert_eq!(
+            seqs,
+            appended.keys().copied().collect(),
+            "seed {seed}: records lost"
+        );
+        for (seq, key, payload) in stored.iter() {
+            assert_eq!(
+                &appended[seq],
+                &(key.clone(), payload.clone()),
+                "seed {seed}"
+            );
+        }
+        // In order per key.
+        let mut last: BTreeMap<Vec<u8>, Seq> = BTreeMap::new();
+        for (seq, key, _) in stored.iter() {
+            if let Some(k) = key
+                && let Some(prev) = last.insert(k.clone(), *seq)
+            {
+                assert!(
+                    prev < *seq,
+                    "seed {seed}: key {k:?}: {seq} stored after {prev}"
+                );
+            }
+        }
+        outbox.close().expect("close");
+    }
+}
+
+#[test]
+fn refused_records_become_dead_letters_with_the_brokers_reason() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let big = outbox.append(&[0u8; 2000]).expect("append");
+    for i in 0..10u8 {
+        outbox.append(&[i; 10]).expect("append");
+    }
+    let stored = Arc::new(Mutex::new(0u32));
+    let count = stored.clone();
+    let publish = move |records: &[Record]| {
+        records
+            .iter()
+            .map(|r| {
+                if r.payload().len() > 1024 {
+                    Outcome::Refused("maximum message payload exceeded".into())
+                } else {
+                    *count.lock() += 1;
+                    Outcome::Stored
+                }
+            })
+            .collect()
+    };
+    let mut relay = Relay::new(outbox.clone(), publish, fast());
+    while relay.step().expect("step") > 0 {}
+    let stats = relay.stats();
+    assert_eq!((stats.published, stats.dead_letters), (10, 1));
+    let dead = outbox.dead_letters(10).expect("dead_letters");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0].seq(), dead[0].reason()),
+        (big, "maximum message payload exceeded")
+    );
+    assert_eq!(*stored.lock(), 10);
+    drop(relay);
+    outbox.close().expect("close");
+}
+
+#[test]
+fn a_slow_publish_keeps_its_records_by_renewing_their_leases() {
+    let (_t, dir) = tmp();
+    let outbox =
+        Outbox::open(&dir, Options::default().lease(Duration::from_millis(200))).expect("open");
+    let seq = outbox.append(b"slow").expect("append");
+    let other = outbox.clone();
+    let stolen = Arc::new(Mutex::new(Vec::new()));
+    let seen = stolen.clone();
+    let publish = move |records: &[Record]| {
+        // Four leases long; another relay claims all the while.
+        for _ in 0..16 {
+            std::thread::sleep(Duration::from_millis(50));
+            seen.lock()
+                .extend(other.claim(10).expect("claim").iter().map(|r| r.seq()));
+        }
+        records.iter().map(|_| Outcome::Stored).collect()
+    };
+    let options = fast().renew_leases(Duration::from_millis(50), Duration::from_millis(200));
+    let mut relay = Relay::new(outbox.clone(), publish, options);
+    assert_eq!(relay.step().expect("step"), 1);
+    assert!(
+        stolen.lock().is_empty(),
+        "claimed again while published: {stolen:?}"
+    );
+    assert_eq!(outbox.stats().claimed_expired, 0);
+    assert_eq!(relay.stats().published, 1);
+    assert!(
+        outbox.claim(10).expect("claim").is_empty(),
+        "{seq} acknowledged"
+    );
+    drop(relay);
+    outbox.close().expect("close");
+}
+
+#[test]
+fn run_stops_between_rounds_holding_nothing() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    for i in 0..1000u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let mut n = 0;
+    let publish = move |records: &[Record]| {
+        n += 1;
+        if n == 3 {
+            flag.store(true, std::sync::atomic::Ordering::Release);
+        }
+        records.iter().map(|_| Outcome::Stored).collect()
+    };
+    let mut relay = Relay::new(outbox.clone(), publish, fast().batch(100));
+    let stats = relay.run(&stop).expect("run");
+    assert_eq!(stats.published, 300);
+    assert_eq!(stats.lag, 700);
+    let s = outbox.stats();
+    assert_eq!((s.claimed, s.pending), (0, 700));
+    drop(relay);
+    outbox.close().expect("close");
+}
