@@ -83,6 +83,10 @@ pub enum Step {
     /// Append one record of this many bytes not to be delivered before an
     /// hour from now (never reached in a run).
     AppendDelayed(usize),
+    /// The oldest claimed record's lease runs out (`extend` by zero: the
+    /// relay that held it is gone): the next claim hands it out again, ahead
+    /// of newer records, as its next attempt.
+    LeaseRunsOut,
 }
 
 /// A workload: the steps and the options it runs with.
@@ -118,7 +122,8 @@ impl Workload {
                 50..=64 => Step::Claim(1 + rng.below(6) as usize),
                 65..=74 => Step::AckAll,
                 75..=84 => Step::AckOne,
-                85..=90 => Step::ReleaseOne,
+                85..=88 => Step::ReleaseOne,
+                89..=90 => Step::LeaseRunsOut,
                 91..=93 => Step::DeadLetterOne,
                 94 => Step::DelayOne,
                 _ => Step::Reopen,
@@ -188,6 +193,7 @@ impl Workload {
                 3 => steps.push(Step::ReleaseOne),
                 4 => steps.push(Step::Reopen),
                 5 => steps.push(Step::DelayOne),
+                6 => steps.push(Step::LeaseRunsOut),
                 _ => {}
             }
             steps.push(Step::AckAll);
@@ -342,6 +348,9 @@ pub struct Figures {
     /// Records relocated (carried forward out of an old segment) while the
     /// workloads ran.
     pub relocated: u64,
+    /// Leases that ran out ([`Step::LeaseRunsOut`]) and whose record was
+    /// handed out again in the run, as a later attempt.
+    pub leases_expired: u64,
 }
 
 impl Figures {
@@ -357,6 +366,7 @@ impl Figures {
         self.age_rotations += o.age_rotations;
         self.shared_batches += o.shared_batches;
         self.relocated += o.relocated;
+        self.leases_expired += o.leases_expired;
     }
 }
 
@@ -479,6 +489,11 @@ struct Model {
     not_before: BTreeSet<u64>,
     /// Payloads whose append a quota refused: never written.
     refused: BTreeSet<u64>,
+    /// Records whose lease ran out in the run, with the attempt they were
+    /// handed out as: their next delivery must be a later attempt.
+    lapsed: BTreeMap<Seq, u32>,
+    /// Records handed out again after their lease ran out.
+    leases_expired: u64,
 }
 
 impl Model {
@@ -539,6 +554,8 @@ impl Model {
                 .collect(),
             not_before: self.not_before.clone(),
             refused: self.refused.clone(),
+            lapsed: BTreeMap::new(),
+            leases_expired: self.leases_expired,
         }
     }
 
@@ -609,6 +626,7 @@ fn execute_rotting(
         outbox,
         claimed: Vec::new(),
         held: Vec::new(),
+        attempt_of: BTreeMap::new(),
         rot,
     };
     for step in &w.steps {
@@ -645,6 +663,8 @@ struct Run<'a> {
     claimed: Vec<Seq>,
     /// Records claimed and held for the rest of the run ([`Step::Hold`]).
     held: Vec<Seq>,
+    /// The attempt each record was last handed out as.
+    attempt_of: BTreeMap<Seq, u32>,
     rot: u64,
 }
 
@@ -764,6 +784,21 @@ impl Run<'_> {
                 self.appended(id, p, outcome)?
             }
             Step::AppendDedup(len, d) => self.append_dedup(*len, *d)?,
+            Step::LeaseRunsOut => {
+                if self.claimed.is_empty() {
+                    false
+                } else {
+                    let seq = self.claimed.remove(0);
+                    let attempt = self.attempt_of.get(&seq).copied().unwrap_or(1);
+                    match self.outbox.extend(seq, std::time::Duration::ZERO) {
+                        Ok(()) => {
+                            self.model.lapsed.insert(seq, attempt);
+                            false
+                        }
+                        Err(_) => true,
+                    }
+                }
+            }
         };
         Ok(Some(failed))
     }
@@ -901,6 +936,17 @@ impl Run<'_> {
                     if let Some(k) = self.model.key(r.payload()) {
                         self.check_key_order(r.seq(), k)?;
                     }
+                    if let Some(before) = self.model.lapsed.remove(&r.seq()) {
+                        if r.attempt() <= before {
+                            return Err(format!(
+                                "record {} handed out as attempt {} after its lease ran out on attempt {before}",
+                                r.seq(),
+                                r.attempt()
+                            ));
+                        }
+                        self.model.leases_expired += 1;
+                    }
+                    self.attempt_of.insert(r.seq(), r.attempt());
                     if self.options.max_attempts.is_some() {
                         let at = self.disk.ops();
                         let seen = self.model.attempts.entry(r.seq()).or_default();
@@ -1001,6 +1047,9 @@ impl Run<'_> {
         self.model.relocated += self.outbox.stats().relocated;
         let closed = self.outbox.close();
         self.claimed.clear();
+        // Leases and attempts live in memory (without `max_attempts`).
+        self.model.lapsed.clear();
+        self.attempt_of.clear();
         self.held.clear();
         self.disk.rot_reads(0);
         self.disk.fail_reads(0);
@@ -1494,6 +1543,7 @@ pub fn crash_every_step(
     figures.age_rotations = model.age_rotations;
     figures.shared_batches = model.shared_batches;
     figures.relocated = model.relocated;
+    figures.leases_expired = model.leases_expired;
     for (point, snapshot) in disk.take_snapshots().into_iter().enumerate() {
         let point = point as u64;
         let view = model.at(point);

@@ -130,16 +130,22 @@ fn crash_at_every_io_step_while_stragglers_are_relocated() {
     });
     println!(
         "crash harness, stragglers: {seeds} seeds, {} crash points, {} simulated crashes, \
-         {} records checked, {} records relocated, {:.1} s",
+         {} records checked, {} records relocated, {} leases run out and handed out \
+         again, {:.1} s",
         total.crash_points,
         total.recoveries,
         total.records_checked,
         total.relocated,
+        total.leases_expired,
         started.elapsed().as_secs_f64()
     );
     assert!(
         total.relocated > 0,
         "no workload relocated a record: the harness does not test relocation"
+    );
+    assert!(
+        total.leases_expired > 0,
+        "no lease ran out and came back: the harness does not test leases"
     );
 }
 
