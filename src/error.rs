@@ -138,6 +138,14 @@ pub enum Error {
         /// The record appended first with it.
         existing: Seq,
     },
+    /// A value could not be serialised to JSON (nothing was written), or a
+    /// record's payload is not the JSON of the type asked for.
+    Json {
+        /// The record whose payload did not decode; `None` when serialising.
+        seq: Option<Seq>,
+        /// What serde_json said.
+        reason: String,
+    },
     /// An append would take the outbox past a quota; nothing was written.
     /// Acknowledged records free room; so does free disk space.
     QuotaExceeded {
@@ -242,6 +250,16 @@ impl fmt::Display for Error {
                 "deduplication id {} was appended as record {existing} with another payload; nothing written",
                 String::from_utf8_lossy(dedup_id).escape_debug()
             ),
+            Error::Json {
+                seq: Some(seq),
+                reason,
+            } => write!(f, "record {seq} is not the JSON asked for: {reason}"),
+            Error::Json { seq: None, reason } => {
+                write!(
+                    f,
+                    "value cannot be serialised as JSON (nothing written): {reason}"
+                )
+            }
             Error::QuotaExceeded {
                 quota,
                 limit,

@@ -2,6 +2,7 @@
 //! key, a not-before time, a deduplication id — for
 //! [`Outbox::append_message`](crate::Outbox::append_message).
 
+use std::borrow::Cow;
 use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
@@ -22,9 +23,9 @@ pub use crate::format::ext::{DEDUP_ID_BYTES_MAX, KEY_BYTES_MAX};
 ///     .dedup_id(b"order-7781/created");    // appended at most once in the window
 /// # let _ = m;
 /// ```
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Message<'a> {
-    pub(crate) payload: &'a [u8],
+    pub(crate) payload: Cow<'a, [u8]>,
     pub(crate) key: Option<&'a [u8]>,
     pub(crate) not_before: Option<SystemTime>,
     pub(crate) dedup_id: Option<&'a [u8]>,
@@ -36,7 +37,7 @@ impl<'a> Message<'a> {
     /// is what [`Outbox::append`](crate::Outbox::append) writes.
     pub fn new(payload: &'a [u8]) -> Message<'a> {
         Message {
-            payload,
+            payload: Cow::Borrowed(payload),
             key: None,
             not_before: None,
             dedup_id: None,
@@ -88,9 +89,38 @@ impl<'a> Message<'a> {
         self
     }
 
+    /// A message whose payload is `value` serialised as JSON (feature
+    /// `json`, on by default); [`Record::json`](crate::Record::json) reads it
+    /// back. Fails with [`Error::Json`] if `value` cannot be serialised.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// #[derive(serde::Serialize)]
+    /// struct OrderCreated { order: u64 }
+    ///
+    /// let m = segwal::Message::json(&OrderCreated { order: 7781 })?.key(b"account-42");
+    /// assert_eq!(m.payload(), br#"{"order":7781}"#);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "json")]
+    pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Result<Message<'static>> {
+        let bytes = serde_json::to_vec(value).map_err(|e| Error::Json {
+            seq: None,
+            reason: e.to_string(),
+        })?;
+        Ok(Message {
+            payload: Cow::Owned(bytes),
+            key: None,
+            not_before: None,
+            dedup_id: None,
+            unique: false,
+        })
+    }
+
     /// The payload.
-    pub fn payload(&self) -> &'a [u8] {
-        self.payload
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
     }
 
     /// Checks the fields' lengths.

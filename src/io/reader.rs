@@ -54,6 +54,19 @@ impl Record {
             .unwrap_or_default()
     }
 
+    /// The payload decoded from JSON as a `T` (feature `json`, on by
+    /// default), as [`Outbox::append_json`](crate::Outbox::append_json) or
+    /// [`Message::json`](crate::Message::json) wrote it. Fails with
+    /// [`Error::Json`](crate::Error::Json) naming this record's seq if the
+    /// bytes are not a `T`.
+    #[cfg(feature = "json")]
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> crate::Result<T> {
+        serde_json::from_slice(self.payload()).map_err(|e| Error::Json {
+            seq: Some(self.seq),
+            reason: e.to_string(),
+        })
+    }
+
     /// The ordering key it was appended with
     /// ([`Message::key`](crate::Message::key)), if any.
     pub fn key(&self) -> Option<&[u8]> {

@@ -10,6 +10,7 @@ mod faults;
 mod foreign;
 mod fuzz_corpus;
 mod golden;
+mod json;
 mod kill;
 mod leases;
 mod lock;

@@ -195,7 +195,9 @@ fn a_dedup_id_appends_once_and_a_different_payload_conflicts() {
     // Within one call: the second of two equal messages is the first's
     // duplicate; a conflict refuses the whole call.
     let a = Message::new(b"a").dedup_id(b"id-a");
-    let v = outbox.append_messages(&[a, a]).expect("append_messages");
+    let v = outbox
+        .append_messages(&[a.clone(), a])
+        .expect("append_messages");
     assert_eq!(
         (v[0].duplicate, v[1].duplicate, v[1].seq),
         (false, true, v[0].seq)
@@ -203,7 +205,7 @@ fn a_dedup_id_appends_once_and_a_different_payload_conflicts() {
     let before = outbox.stats().records_appended;
     let fresh = Message::new(b"fresh").dedup_id(b"id-fresh");
     assert!(matches!(
-        outbox.append_messages(&[fresh, Message::new(b"b").dedup_id(b"id-a")]),
+        outbox.append_messages(&[fresh.clone(), Message::new(b"b").dedup_id(b"id-a")]),
         Err(Error::Conflict { existing, .. }) if existing == v[0].seq
     ));
     assert_eq!(outbox.stats().records_appended, before, "nothing written");

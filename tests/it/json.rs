@@ -1,0 +1,95 @@
+//! Typed records: `append_json`, `Message::json`, `Record::json`.
+
+use std::collections::BTreeMap;
+
+use segwal::{Error, Message, Options, Outbox};
+use serde::{Deserialize, Serialize};
+
+use crate::tmp;
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct OrderCreated {
+    order: u64,
+    account: String,
+    lines: Vec<(String, u32)>,
+}
+
+#[derive(Deserialize, Debug)]
+struct Other {
+    #[allow(dead_code, reason = "decoded only to fail")]
+    url: String,
+}
+
+fn order(n: u64) -> OrderCreated {
+    OrderCreated {
+        order: n,
+        account: format!("account-{}", n % 3),
+        lines: vec![("book".into(), 2), ("pen \"blue\"".into(), 1)],
+    }
+}
+
+#[test]
+fn typed_records_round_trip_through_appends_messages_and_a_reopen() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let a = outbox.append_json(&order(1)).expect("append_json");
+    let m = Message::json(&order(2))
+        .expect("json")
+        .key(b"account-2")
+        .dedup_id(b"order-2/created");
+    let b = outbox.append_message(&m).expect("append_message");
+    assert!(outbox.append_message(&m).expect("again").duplicate);
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    let got = outbox.claim(10).expect("claim");
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].seq(), a);
+    assert_eq!(got[0].json::<OrderCreated>().expect("decode"), order(1));
+    assert_eq!(got[1].seq(), b.seq);
+    assert_eq!(got[1].json::<OrderCreated>().expect("decode"), order(2));
+    assert_eq!(got[1].key(), Some(&b"account-2"[..]));
+    outbox.close().expect("close");
+}
+
+#[test]
+fn a_payload_of_another_type_is_a_typed_error_naming_the_seq() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let seq = outbox.append_json(&order(7)).expect("append_json");
+    let raw = outbox.append(b"not json at all").expect("append");
+    let got = outbox.claim(10).expect("claim");
+    match got[0].json::<Other>() {
+        Err(Error::Json {
+            seq: Some(s),
+            reason,
+        }) => {
+            assert_eq!(s, seq);
+            assert!(reason.contains("url"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        got[1].json::<OrderCreated>(),
+        Err(Error::Json { seq: Some(s), .. }) if s == raw
+    ));
+    outbox.close().expect("close");
+}
+
+#[test]
+fn a_value_that_cannot_be_json_writes_nothing() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    // JSON objects have string keys only.
+    let mut bad: BTreeMap<(u8, u8), u8> = BTreeMap::new();
+    bad.insert((1, 2), 3);
+    assert!(matches!(
+        outbox.append_json(&bad),
+        Err(Error::Json { seq: None, .. })
+    ));
+    assert!(matches!(
+        Message::json(&bad),
+        Err(Error::Json { seq: None, .. })
+    ));
+    assert_eq!(outbox.stats().records_appended, 0);
+    outbox.close().expect("close");
+}
