@@ -148,19 +148,26 @@ impl Workload {
         }
     }
 
-    /// A workload decoded from arbitrary bytes (for the fuzzer): two bytes a step.
+    /// A workload decoded from arbitrary bytes (for the fuzzer): two bytes a
+    /// step, every kind of step but the timed and threaded ones.
     pub fn from_bytes(data: &[u8]) -> Workload {
         let mut steps = Vec::new();
         for pair in data.chunks(2).take(200) {
             let (op, arg) = (pair[0], usize::from(pair.get(1).copied().unwrap_or(0)));
-            steps.push(match op % 8 {
-                0 | 1 => Step::Append(8 + arg * 3),
+            steps.push(match op % 16 {
                 2 => Step::AppendBatch(1 + arg % 4, 8 + arg),
                 3 => Step::Claim(1 + arg % 8),
                 4 => Step::AckAll,
                 5 => Step::AckOne,
                 6 => Step::ReleaseOne,
-                _ => Step::Reopen,
+                7 => Step::Reopen,
+                8 => Step::AppendKeyed(8 + arg * 3, (arg % 3) as u8),
+                9 => Step::AppendDedup(8 + arg, (arg % 4) as u8),
+                10 => Step::AppendDelayed(8 + arg),
+                11 => Step::LeaseRunsOut,
+                12 => Step::DeadLetterOne,
+                13 => Step::DelayOne,
+                _ => Step::Append(8 + arg * 3),
             });
         }
         Workload {
