@@ -12,9 +12,9 @@
 //!
 //! Keys are known by their digest (`format::hash`): two keys whose digests
 //! collide would only be ordered against each other, never delivered out of
-//! order. State exists for a key only while it has a record to deliver: a
-//! queue entry (8 bytes) per record, and the key of each keyed record still in
-//! the log (16 bytes, with the map's overhead).
+//! order. State exists for a key only while it has a record to deliver: its
+//! queue (two records inline, more on the heap, 8 bytes each), and the key of
+//! each keyed record still in the log (16 bytes, with the map's overhead).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -29,10 +29,123 @@ pub(crate) struct Keys {
 /// One key's records to deliver.
 struct KeyQueue {
     /// By sequence number.
-    seqs: VecDeque<u64>,
+    seqs: Seqs,
     /// The one record of the key that may be pending, claimed or waiting out
     /// a delay: the others are held back until it leaves the queue.
     turn: u64,
+}
+
+/// A key's records, by sequence number: up to two inline (a key with a record
+/// out and one waiting, the common case, allocates nothing), more on the heap.
+enum Seqs {
+    Inline { len: u8, items: [u64; 2] },
+    Heap(VecDeque<u64>),
+}
+
+impl Seqs {
+    fn one(seq: u64) -> Seqs {
+        Seqs::Inline {
+            len: 1,
+            items: [seq, 0],
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        let (inline, heap): (&[u64], Option<&VecDeque<u64>>) = match self {
+            Seqs::Inline { len, items } => (items.get(..usize::from(*len)).unwrap_or(&[]), None),
+            Seqs::Heap(q) => (&[], Some(q)),
+        };
+        inline
+            .iter()
+            .copied()
+            .chain(heap.into_iter().flat_map(|q| q.iter().copied()))
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Seqs::Inline { len, .. } => usize::from(*len),
+            Seqs::Heap(q) => q.len(),
+        }
+    }
+
+    fn front(&self) -> Option<u64> {
+        self.iter().next()
+    }
+
+    fn contains(&self, seq: u64) -> bool {
+        match self {
+            Seqs::Heap(q) => q.binary_search(&seq).is_ok(),
+            inline => inline.iter().any(|s| s == seq),
+        }
+    }
+
+    /// Inserts `seq` in order (at the back, for a newer one).
+    fn insert(&mut self, seq: u64) {
+        match self {
+            Seqs::Inline { len: 0, .. } => *self = Seqs::one(seq),
+            Seqs::Inline { len: 1, items } => {
+                let a = items[0];
+                *self = Seqs::Inline {
+                    len: 2,
+                    items: if seq < a { [seq, a] } else { [a, seq] },
+                };
+            }
+            Seqs::Inline { items, .. } => {
+                let mut q: VecDeque<u64> = VecDeque::with_capacity(4);
+                q.extend(items.iter().copied());
+                let at = q.partition_point(|&s| s < seq);
+                q.insert(at, seq);
+                *self = Seqs::Heap(q);
+            }
+            Seqs::Heap(q) => {
+                if q.back().is_none_or(|&b| b < seq) {
+                    q.push_back(seq);
+                } else {
+                    let at = q.partition_point(|&s| s < seq);
+                    q.insert(at, seq);
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, seq: u64) {
+        match self {
+            Seqs::Inline { len, items } => {
+                let n = usize::from(*len);
+                if let Some(at) = items
+                    .get(..n)
+                    .and_then(|s| s.iter().position(|&x| x == seq))
+                {
+                    if at == 0 {
+                        items[0] = items[1];
+                    }
+                    *len -= 1;
+                }
+            }
+            Seqs::Heap(q) => {
+                if let Ok(at) = q.binary_search(&seq) {
+                    q.remove(at);
+                }
+                if q.len() <= 2 {
+                    let mut items = [0u64; 2];
+                    for (slot, s) in items.iter_mut().zip(q.iter()) {
+                        *slot = *s;
+                    }
+                    *self = Seqs::Inline {
+                        len: q.len() as u8,
+                        items,
+                    };
+                }
+            }
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Seqs::Inline { .. } => 0,
+            Seqs::Heap(q) => q.capacity() * 8,
+        }
+    }
 }
 
 /// Where a record joined its key's queue.
@@ -65,7 +178,7 @@ impl Keys {
         };
         self.queues
             .get(&key)
-            .is_some_and(|q| q.turn != seq && q.seqs.binary_search(&seq).is_ok())
+            .is_some_and(|q| q.turn != seq && q.seqs.contains(seq))
     }
 
     /// Adds the record `seq` of `key`, newer than every record of the key
@@ -75,14 +188,14 @@ impl Keys {
         self.key_of.insert(seq, key);
         match self.queues.get_mut(&key) {
             Some(q) => {
-                q.seqs.push_back(seq);
+                q.seqs.insert(seq);
                 false
             }
             None => {
                 self.queues.insert(
                     key,
                     KeyQueue {
-                        seqs: VecDeque::from([seq]),
+                        seqs: Seqs::one(seq),
                         turn: seq,
                     },
                 );
@@ -107,14 +220,13 @@ impl Keys {
             self.queues.insert(
                 key,
                 KeyQueue {
-                    seqs: VecDeque::from([seq]),
+                    seqs: Seqs::one(seq),
                     turn: seq,
                 },
             );
             return Some(Joined::Head);
         };
-        let at = q.seqs.partition_point(|&s| s < seq);
-        q.seqs.insert(at, seq);
+        q.seqs.insert(seq);
         if seq < q.turn && turn_free(q.turn) {
             let old = q.turn;
             q.turn = seq;
@@ -131,7 +243,7 @@ impl Keys {
     pub(crate) fn repass(&mut self, seq: u64) -> Option<u64> {
         let key = self.key_of(seq)?;
         let q = self.queues.get_mut(&key)?;
-        let front = *q.seqs.front()?;
+        let front = q.seqs.front()?;
         (q.turn == seq && front < seq).then(|| {
             q.turn = front;
             front
@@ -149,10 +261,8 @@ impl Keys {
             self.key_of(seq)?
         };
         let q = self.queues.get_mut(&key)?;
-        if let Ok(at) = q.seqs.binary_search(&seq) {
-            q.seqs.remove(at);
-        }
-        let Some(&front) = q.seqs.front() else {
+        q.seqs.remove(seq);
+        let Some(front) = q.seqs.front() else {
             self.queues.remove(&key);
             return None;
         };
@@ -171,19 +281,39 @@ impl Keys {
     pub(crate) fn held(&self) -> impl Iterator<Item = u64> + '_ {
         self.queues
             .values()
-            .flat_map(|q| q.seqs.iter().copied().filter(move |&s| s != q.turn))
+            .flat_map(|q| q.seqs.iter().filter(move |&s| s != q.turn))
     }
 
     /// Heap bytes, roughly (for `Stats::state_bytes`).
     pub(crate) fn heap_bytes(&self) -> u64 {
-        let queued: usize = self.queues.values().map(|q| q.seqs.capacity() * 8).sum();
-        (self.queues.capacity() * 49 + self.key_of.capacity() * 17 + queued) as u64
+        let queued: usize = self.queues.values().map(|q| q.seqs.heap_bytes()).sum();
+        (self.queues.capacity() * (size_of::<(u64, KeyQueue)>() + 1)
+            + self.key_of.capacity() * 17
+            + queued) as u64
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_keys_records_stay_in_order_inline_and_on_the_heap() {
+        let mut q = Seqs::one(5);
+        for seq in [9, 3, 7, 1, 8] {
+            q.insert(seq);
+        }
+        assert_eq!(q.iter().collect::<Vec<_>>(), [1, 3, 5, 7, 8, 9]);
+        assert!(q.contains(7) && !q.contains(6));
+        for (gone, left) in [(5, 5), (1, 4), (9, 3), (7, 2), (3, 1), (8, 0)] {
+            q.remove(gone);
+            assert_eq!(q.len(), left);
+            assert!(!q.contains(gone));
+        }
+        q.insert(4);
+        q.insert(2);
+        assert_eq!((q.front(), q.len(), q.heap_bytes()), (Some(2), 2, 0));
+    }
 
     #[test]
     fn a_key_goes_one_record_at_a_time_and_dead_letters_step_aside() {
