@@ -297,6 +297,9 @@ impl Writer {
         dedup: Dedup,
     ) -> Result<Writer> {
         let outbox_id = active.outbox_id;
+        // What recovery remembered shows in `Stats` before the first append.
+        Counters::set(&shared.counters.dedup_ids, dedup.len() as u64);
+        Counters::set(&shared.counters.dedup_bytes, dedup.heap_bytes());
         let active = Active::new(active);
         push_active(&shared, &active);
         let next_seq = active.seg.id.first_seq();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use segwal::sim::Rng;
-use segwal::{Message, Options, Outbox, Outcome, Record, Relay, RelayOptions, Seq};
+use segwal::{Message, Options, Outbox, Outcome, Publisher, Record, Relay, RelayOptions, Seq};
 
 use crate::tmp;
 
@@ -24,6 +24,15 @@ struct FlakyBroker {
 }
 
 impl FlakyBroker {
+    fn new(seed: u64, stored: &Stored) -> FlakyBroker {
+        FlakyBroker {
+            rng: Rng::new(seed),
+            stored: stored.clone(),
+        }
+    }
+}
+
+impl Publisher for FlakyBroker {
     fn publish(&mut self, records: &[Record]) -> Vec<Outcome> {
         let mut stored = self.stored.lock();
         let mut out = Vec::new();
@@ -81,16 +90,8 @@ fn a_flaky_broker_ends_up_with_every_record_once_in_order_per_key() {
                 let a = outbox.append_message(&m).expect("append");
                 appended.insert(a.seq, (key, payload.clone()));
             }
-            let broker = FlakyBroker {
-                rng: Rng::new(seed * 100 + round),
-                stored: stored.clone(),
-            };
-            let mut publish = broker;
-            let mut relay = Relay::new(
-                outbox.clone(),
-                move |r: &[Record]| publish.publish(r),
-                fast(),
-            );
+            let broker = FlakyBroker::new(seed * 100 + round, &stored);
+            let mut relay = Relay::new(outbox.clone(), broker, fast());
             // Part of the backlog, then a restart of the relay and the outbox
             // with records still out (released by the close).
             for _ in 0..(5 + rng.below(10)) {
@@ -100,16 +101,8 @@ fn a_flaky_broker_ends_up_with_every_record_once_in_order_per_key() {
             outbox.close().expect("close");
             outbox = open().expect("reopen");
         }
-        let broker = FlakyBroker {
-            rng: Rng::new(seed * 1000),
-            stored: stored.clone(),
-        };
-        let mut publish = broker;
-        let mut relay = Relay::new(
-            outbox.clone(),
-            move |r: &[Record]| publish.publish(r),
-            fast(),
-        );
+        let broker = FlakyBroker::new(seed * 1000, &stored);
+        let mut relay = Relay::new(outbox.clone(), broker, fast());
         let mut idle = 0;
         while idle < 200 {
             if relay.step().expect("step") == 0 {
