@@ -7,6 +7,7 @@
 //! ```text
 //! cargo run --example golden -- tests/golden/vN
 //! cargo run --example golden -- --delivery tests/golden/vN-delivery
+//! cargo run --example golden -- --producers tests/golden/vN-producers
 //! ```
 //!
 //! With `--delivery`, the directory holds delivery state as well: acks
@@ -15,29 +16,40 @@
 //! `dead.txt` then lists the dead letters as `seq attempts reason|payload`
 //! lines, and `delayed.txt` the number of delayed records.
 //!
+//! With `--producers`, the records carry what producers say: ordering keys
+//! (two keys, their records held back behind each key's first), a record
+//! appended not before a century from now, deduplication ids (one whose record
+//! was acknowledged and its segment deleted, so a tombstones frame carries it),
+//! all described in fields frames (kind 5) of sealed segments. `fields.txt`
+//! then holds `delayed N`, `blocked_keys N` and `held_by_key N` lines and a
+//! `key SEQ KEY` or `dedup_id SEQ ID` line per record handed out with one.
+//!
 //! Run once per format version: the test suite never regenerates golden files,
 //! so that a format change cannot silently stop reading directories that exist.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use segwal::{Options, Outbox};
+use segwal::{Message, Options, Outbox};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let delivery = args.first().is_some_and(|a| a == "--delivery");
-    if delivery {
+    let producers = args.first().is_some_and(|a| a == "--producers");
+    if delivery || producers {
         args.remove(0);
     }
     let dir = args
         .first()
         .map(PathBuf::from)
-        .ok_or("usage: golden [--delivery] DIR (DIR must not exist)")?;
+        .ok_or("usage: golden [--delivery | --producers] DIR (DIR must not exist)")?;
     if dir.exists() {
         return Err(format!("{} exists: golden files are never rewritten", dir.display()).into());
     }
     if delivery {
         write_delivery_log(&dir)?;
+    } else if producers {
+        write_producers_log(&dir)?;
     } else {
         write_log(&dir)?;
     }
@@ -47,6 +59,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (dead, delayed) = expected_delivery_state(&dir)?;
         std::fs::write(dir.join("dead.txt"), dead)?;
         std::fs::write(dir.join("delayed.txt"), format!("{delayed}\n"))?;
+    }
+    if producers {
+        std::fs::write(dir.join("fields.txt"), expected_fields(&dir)?)?;
     }
     // The owner file and the reserve are not part of the format.
     let _ = std::fs::remove_file(dir.join("OWNER"));
@@ -114,6 +129,65 @@ fn write_delivery_log(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     outbox.append_batch(&batch)?;
     outbox.close()?;
     Ok(())
+}
+
+/// Segments of four blocks. An id appended and acknowledged first, then
+/// plain records acknowledged until its segment is deleted (a tombstones frame
+/// carries the id); then keyed records of two keys, an id still pending and a
+/// record not before a century from now, over several sealed segments.
+fn write_producers_log(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let outbox = Outbox::open(dir, Options::default().segment_bytes(4 * 4096))?;
+    outbox.append_message(&Message::new(b"golden order-1 created").dedup_id(b"order-1/created"))?;
+    let mut n = 0;
+    while outbox.stats().segments_deleted == 0 {
+        if n > 500 {
+            return Err("no segment was deleted".into());
+        }
+        outbox.append(payload(n).as_bytes())?;
+        for record in outbox.claim(10)? {
+            outbox.ack(record.seq())?;
+        }
+        outbox.sync()?;
+        n += 1;
+    }
+    for k in 0..12 {
+        let key: &[u8] = if k % 3 == 0 {
+            b"account-a"
+        } else {
+            b"account-b"
+        };
+        outbox.append_message(&Message::new(payload(1000 + k).as_bytes()).key(key))?;
+    }
+    outbox.append_message(&Message::new(b"golden order-2 created").dedup_id(b"order-2/created"))?;
+    let century = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+    outbox.append_message(&Message::new(b"golden reminder in a century").delay(century))?;
+    outbox.close()?;
+    Ok(())
+}
+
+/// What a reopen of `dir` says of its producers' fields, read from a copy.
+fn expected_fields(dir: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    let (_copy, outbox) = reopen_copy(dir)?;
+    let stats = outbox.stats();
+    let mut out = format!(
+        "delayed {}\nblocked_keys {}\nheld_by_key {}\n",
+        stats.delayed, stats.blocked_keys, stats.held_by_key
+    );
+    for record in outbox.claim(usize::MAX)? {
+        if let Some(key) = record.key() {
+            writeln!(out, "key {} {}", record.seq(), std::str::from_utf8(key)?)?;
+        }
+        if let Some(id) = record.dedup_id() {
+            writeln!(
+                out,
+                "dedup_id {} {}",
+                record.seq(),
+                std::str::from_utf8(id)?
+            )?;
+        }
+    }
+    outbox.close()?;
+    Ok(out)
 }
 
 /// The dead letters (`seq attempts reason|payload` lines) and the number of

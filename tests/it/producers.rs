@@ -242,7 +242,11 @@ fn an_id_stays_known_after_its_record_is_acknowledged_deleted_and_the_outbox_reo
     // Across reopens, and after more deletions that carry the tombstone on.
     for round in 0..3 {
         let outbox = open().expect("reopen");
-        assert_eq!(outbox.stats().dedup_ids, 1, "round {round}: remembered at open");
+        assert_eq!(
+            outbox.stats().dedup_ids,
+            1,
+            "round {round}: remembered at open"
+        );
         assert_eq!(
             outbox.append_message(&m).expect("append"),
             Appended {
