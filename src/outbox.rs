@@ -484,7 +484,7 @@ impl Outbox {
     pub fn append_message(&self, message: &Message<'_>) -> Result<Appended> {
         let bytes = self.check_messages(std::slice::from_ref(message))?;
         let hasher = self.handle.shared.hasher;
-        let copy = || Payloads::Message(owned(&hasher, message));
+        let copy = || Payloads::Message(Box::new(owned(&hasher, message)));
         let (outcome, verdicts) = self.submit_messages(copy, bytes)?;
         let one = std::slice::from_ref(message);
         match (outcome, verdicts) {

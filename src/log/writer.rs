@@ -49,8 +49,9 @@ const BUF_KEEP_MIN: usize = 1 << 16;
 pub(crate) enum Payloads {
     One(Vec<u8>),
     Many(Vec<Vec<u8>>),
-    /// A record with what its producer said about it.
-    Message(OwnedMessage),
+    /// A record with what its producer said about it (boxed: a request stays
+    /// as small as a plain append's in the writer's queue).
+    Message(Box<OwnedMessage>),
     /// Records with what their producers said about them.
     Messages(Vec<OwnedMessage>),
 }
@@ -96,7 +97,7 @@ impl Payloads {
     /// The messages, if these are messages.
     fn messages(&self) -> &[OwnedMessage] {
         match self {
-            Payloads::Message(m) => std::slice::from_ref(m),
+            Payloads::Message(m) => std::slice::from_ref(&**m),
             Payloads::Messages(ms) => ms,
             _ => &[],
         }
