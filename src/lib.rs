@@ -90,3 +90,6 @@ pub use options::{
 };
 pub use outbox::{DeadLetter, Outbox, Stats};
 pub use relay::{Outcome, Publisher, Relay, RelayOptions, RelayStats};
+/// The relay's NATS JetStream publisher (feature `nats`; docs/RELAY.md).
+#[cfg(feature = "nats")]
+pub use relay::nats;

@@ -22,6 +22,9 @@ use crate::format::seq::Seq;
 use crate::io::reader::Record;
 use crate::outbox::Outbox;
 
+#[cfg(feature = "nats")]
+pub mod nats;
+
 /// What became of one record a [`Publisher`] was given.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -64,6 +67,7 @@ pub struct RelayOptions {
     pub(crate) backoff_max: Duration,
     pub(crate) renew_every: Duration,
     pub(crate) renew_by: Duration,
+    pub(crate) sync_acks: bool,
 }
 
 impl Default for RelayOptions {
@@ -75,6 +79,7 @@ impl Default for RelayOptions {
             backoff_max: Duration::from_secs(60),
             renew_every: Duration::from_secs(10),
             renew_by: Duration::from_secs(30),
+            sync_acks: true,
         }
     }
 }
@@ -111,6 +116,19 @@ impl RelayOptions {
     pub fn renew_leases(mut self, every: Duration, by: Duration) -> RelayOptions {
         self.renew_every = every.max(Duration::from_millis(1));
         self.renew_by = by;
+        self
+    }
+
+    /// Whether a round waits for its acknowledgements to be durable
+    /// ([`Outbox::sync`]) before the next round claims. Default `true`: then
+    /// at most one round's records (a batch) are stored in the broker without
+    /// a durable acknowledgement at any time, which bounds what a broker
+    /// publisher must check for at a restart (docs/RELAY.md, "records in
+    /// doubt"). The sync is group committed with the appends being written.
+    /// `false` leaves acknowledgements to
+    /// [`Options::ack_durability`](crate::Options::ack_durability).
+    pub fn sync_acks(mut self, sync: bool) -> RelayOptions {
+        self.sync_acks = sync;
         self
     }
 }
@@ -258,6 +276,13 @@ impl<P: Publisher> Relay<P> {
             {
                 first_error = Some(e);
             }
+        }
+        if self.options.sync_acks
+            && !stored.is_empty()
+            && first_error.is_none()
+            && let Err(e) = self.outbox.sync()
+        {
+            first_error = Some(e);
         }
         match first_error {
             Some(e) => Err(e),

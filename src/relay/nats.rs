@@ -1,0 +1,573 @@
+//! A [`Publisher`] into NATS JetStream (feature `nats`): [`JetStream`].
+//!
+//! Every record becomes one message on a subject made from a template (fixed,
+//! or with the record's key in it), with two headers: `Nats-Msg-Id`, the
+//! outbox's identity and the record's seq (`<32 hex digits>-<seq>`), which
+//! JetStream deduplicates within the stream's duplicate window, and
+//! `Segwal-Seq`, the seq alone. A batch is published pipelined on one
+//! connection (up to [`JetStreamOptions::in_flight`] acknowledgements
+//! outstanding) and each record's outcome comes from its own `PubAck`.
+//!
+//! Beyond the duplicate window, deduplication is this publisher's: before its
+//! first publish it reads the last [`JetStreamOptions::reconcile_depth`]
+//! messages of the stream and answers [`Outcome::Duplicate`], without
+//! publishing, for every record of this outbox already among them: the
+//! records a crash left stored in the stream but not acknowledged in the
+//! outbox (docs/RELAY.md, "records in doubt").
+//!
+//! The client is `async-nats` on a current-thread tokio runtime owned by the
+//! publisher: [`Publisher::publish`] blocks the relay's thread while a batch
+//! is in flight, as the trait expects.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::time::Duration;
+
+use async_nats::jetstream::context::{Context, PublishError, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::{Config, LastRawMessageErrorKind, StorageType, Stream};
+use async_nats::jetstream::{self, ErrorCode};
+use async_nats::{ConnectOptions, ServerAddr};
+use bytes::Bytes;
+
+use crate::io::reader::Record;
+use crate::outbox::Outbox;
+use crate::relay::{Outcome, Publisher};
+
+/// The header that carries a record's seq, in decimal.
+pub const SEQ_HEADER: &str = "Segwal-Seq";
+
+/// What a subject template's `{key}` becomes for a record without a key.
+pub const NO_KEY_TOKEN: &str = "_";
+
+/// How reconciliation reads the stream: this many message requests at once.
+const RECONCILE_CONCURRENCY: usize = 256;
+
+/// How a [`JetStream`] publisher connects and publishes. Built with
+/// [`JetStreamOptions::new`].
+#[derive(Clone, Debug)]
+pub struct JetStreamOptions {
+    servers: String,
+    stream: String,
+    subject: String,
+    timeout: Duration,
+    in_flight: usize,
+    reconcile_depth: u64,
+    create: Option<StreamSpec>,
+}
+
+/// The stream [`JetStreamOptions::create_stream`] creates when it is missing.
+#[derive(Clone, Debug)]
+struct StreamSpec {
+    replicas: usize,
+    max_message_size: Option<i32>,
+    duplicate_window: Duration,
+}
+
+impl JetStreamOptions {
+    /// Publish into the stream named `stream` on the servers `servers` (one
+    /// URL, or several separated by commas: the members of a cluster, tried
+    /// in turn and on reconnection), on subjects made from `subject`: a
+    /// fixed subject, or a template in which `{key}` stands for the record's
+    /// ordering key. A key made only of ASCII letters, digits, `-` and `_`
+    /// is used as it is; any other key as `x` followed by its bytes in hex;
+    /// a record without a key as `_` ([`NO_KEY_TOKEN`]).
+    ///
+    /// Defaults: a `PubAck` timeout of 5 s, 1024 acknowledgements in flight,
+    /// a reconciliation depth of 10,000 messages, and a stream that must
+    /// exist already (see [`create_stream`](JetStreamOptions::create_stream)).
+    pub fn new(servers: &str, stream: &str, subject: &str) -> JetStreamOptions {
+        JetStreamOptions {
+            servers: servers.to_owned(),
+            stream: stream.to_owned(),
+            subject: subject.to_owned(),
+            timeout: Duration::from_secs(5),
+            in_flight: 1024,
+            reconcile_depth: 10_000,
+            create: None,
+        }
+    }
+
+    /// How long a publish waits for its `PubAck` before it counts as
+    /// [`Outcome::Retry`]. Default 5 s.
+    pub fn timeout(mut self, timeout: Duration) -> JetStreamOptions {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Publishes whose `PubAck` may be outstanding at once. Default 1024; at
+    /// least 1. Keep it at or above the relay's batch, or a batch waits for
+    /// its own first acknowledgements before it is all sent.
+    pub fn in_flight(mut self, publishes: usize) -> JetStreamOptions {
+        self.in_flight = publishes.max(1);
+        self
+    }
+
+    /// How many of the stream's last messages are read before the first
+    /// publish, to find records of this outbox already stored (docs/RELAY.md,
+    /// "records in doubt"). Default 10,000; 0 turns the check off, leaving
+    /// deduplication to the stream's duplicate window alone.
+    pub fn reconcile_depth(mut self, messages: u64) -> JetStreamOptions {
+        self.reconcile_depth = messages;
+        self
+    }
+
+    /// Creates the stream when it does not exist: file storage, `replicas`
+    /// copies (1, or 3 on a cluster), capturing the subject template with
+    /// `{key}` as `*`, a duplicate window of 2 minutes. An existing stream is
+    /// used as it is.
+    pub fn create_stream(mut self, replicas: usize) -> JetStreamOptions {
+        self.create = Some(StreamSpec {
+            replicas: replicas.max(1),
+            max_message_size: None,
+            duplicate_window: Duration::from_secs(120),
+        });
+        self
+    }
+
+    /// With [`create_stream`](JetStreamOptions::create_stream): the largest
+    /// message the stream accepts (the server refuses larger ones for good,
+    /// and they become dead letters with its reason).
+    pub fn stream_max_message_size(mut self, bytes: i32) -> JetStreamOptions {
+        if let Some(spec) = &mut self.create {
+            spec.max_message_size = Some(bytes);
+        }
+        self
+    }
+
+    /// With [`create_stream`](JetStreamOptions::create_stream): the stream's
+    /// duplicate window (JetStream's deduplication of `Nats-Msg-Id`).
+    pub fn stream_duplicate_window(mut self, window: Duration) -> JetStreamOptions {
+        if let Some(spec) = &mut self.create {
+            spec.duplicate_window = window;
+        }
+        self
+    }
+}
+
+/// A failure to connect to the servers or to find (or create) the stream.
+#[derive(Debug)]
+pub struct NatsError {
+    /// What was being done: `"connect"`, `"stream"`, `"read"`, `"runtime"`.
+    pub step: &'static str,
+    /// The client's or the server's words.
+    pub reason: String,
+}
+
+impl fmt::Display for NatsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NATS JetStream publisher, {}: {}", self.step, self.reason)
+    }
+}
+
+impl std::error::Error for NatsError {}
+
+fn nats_error(step: &'static str, reason: impl fmt::Display) -> NatsError {
+    NatsError {
+        step,
+        reason: reason.to_string(),
+    }
+}
+
+/// A [`Publisher`] into a NATS JetStream stream; see the module's
+/// documentation and docs/RELAY.md.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use segwal::nats::{JetStream, JetStreamOptions};
+/// use segwal::{Options, Outbox, Relay, RelayOptions};
+///
+/// let outbox = Outbox::open("./outbox", Options::default())?;
+/// let options = JetStreamOptions::new("nats://127.0.0.1:4222", "EVENTS", "events.{key}")
+///     .create_stream(1);
+/// let publisher = JetStream::connect(&outbox, options)?;
+/// let mut relay = Relay::new(outbox.clone(), publisher, RelayOptions::default());
+/// let stop = std::sync::atomic::AtomicBool::new(false);
+/// relay.run(&stop)?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct JetStream {
+    /// The client's runtime, driven by its own thread (`segwal-nats`), so
+    /// the connection keeps answering the server between batches.
+    runtime: tokio::runtime::Handle,
+    driver: Option<(tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>)>,
+    context: Context,
+    options: JetStreamOptions,
+    /// `<outbox id in hex>-`: the start of every message id of this outbox.
+    id_prefix: String,
+    /// The subject template split at `{key}`, or whole when it has none.
+    subject: (String, Option<String>),
+    /// Seqs of this outbox found in the stream by reconciliation and not
+    /// handed to this publisher since.
+    stored_before: HashSet<u64>,
+    reconciled: Option<Reconciled>,
+}
+
+/// A stream's extent ([`JetStream::stream_state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamState {
+    /// The lowest stream sequence still held.
+    pub first: u64,
+    /// The last stream sequence assigned.
+    pub last: u64,
+    /// Messages held.
+    pub messages: u64,
+}
+
+/// One message read back from a stream ([`JetStream::read_stream`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredMessage {
+    /// Its sequence in the stream.
+    pub stream_seq: u64,
+    /// Its subject.
+    pub subject: String,
+    /// Its `Nats-Msg-Id` header.
+    pub message_id: Option<String>,
+    /// Its `Segwal-Seq` header: the record's seq in its outbox.
+    pub seq: Option<u64>,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+/// What reconciliation found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Messages of the stream read.
+    pub examined: u64,
+    /// Of them, messages of this outbox.
+    pub found: u64,
+}
+
+impl JetStream {
+    /// Connects to the servers (retrying in the background when none is
+    /// up yet) and, when they answer, finds or creates the stream. A server
+    /// that cannot be reached now is not an error: publishes wait for the
+    /// connection and fail as [`Outcome::Retry`] when their timeout passes.
+    pub fn connect(outbox: &Outbox, options: JetStreamOptions) -> Result<JetStream, NatsError> {
+        JetStream::connect_as(outbox.id(), options)
+    }
+
+    /// [`connect`](JetStream::connect) for the outbox whose
+    /// [`Outbox::id`] is `outbox_id`, without the outbox at hand: to read a
+    /// stream back ([`read_stream`](JetStream::read_stream)) from another
+    /// process than the outbox's owner.
+    pub fn connect_as(outbox_id: u128, options: JetStreamOptions) -> Result<JetStream, NatsError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| nats_error("runtime", e))?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let driver = std::thread::Builder::new()
+            .name("segwal-nats".into())
+            .spawn(move || {
+                let _ = runtime.block_on(stopped);
+            })
+            .map_err(|e| nats_error("runtime", e))?;
+        let runtime = handle;
+        let _entered = runtime.enter();
+        let servers = options
+            .servers
+            .split(',')
+            .map(|url| url.trim().parse::<ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| nats_error("connect", format!("{}: {e}", options.servers)))?;
+        let client = runtime
+            .block_on(
+                ConnectOptions::new()
+                    .retry_on_initial_connect()
+                    .max_reconnects(None)
+                    .connection_timeout(options.timeout)
+                    .reconnect_delay_callback(|attempts| {
+                        Duration::from_millis(50 * attempts.min(20) as u64)
+                    })
+                    .connect(servers),
+            )
+            .map_err(|e| nats_error("connect", e))?;
+        let context = jetstream::ContextBuilder::new()
+            .timeout(options.timeout)
+            .max_ack_inflight(options.in_flight)
+            .backpressure_on_inflight(true)
+            .build(client);
+        let subject = match options.subject.split_once("{key}") {
+            Some((before, after)) => (before.to_owned(), Some(after.to_owned())),
+            None => (options.subject.clone(), None),
+        };
+        Ok(JetStream {
+            runtime,
+            driver: Some((stop, driver)),
+            context,
+            id_prefix: format!("{outbox_id:032x}-"),
+            subject,
+            options,
+            stored_before: HashSet::new(),
+            reconciled: None,
+        })
+    }
+
+    /// What reconciliation found, once it ran (before the first publish).
+    pub fn reconciled(&self) -> Option<Reconciled> {
+        self.reconciled
+    }
+
+    /// The message id of the record `seq` of this outbox.
+    pub fn message_id(&self, seq: u64) -> String {
+        format!("{}{seq}", self.id_prefix)
+    }
+
+    /// The stream's first and last sequence and its message count (finding
+    /// or creating the stream as [`connect`](JetStream::connect)'s options
+    /// say).
+    pub fn stream_state(&mut self) -> Result<StreamState, NatsError> {
+        self.runtime.block_on(async {
+            let stream = find_stream(&self.context, &self.options)
+                .await
+                .map_err(|e| nats_error("stream", e))?;
+            let info = stream
+                .get_info()
+                .await
+                .map_err(|e| nats_error("stream", e))?;
+            Ok(StreamState {
+                first: info.state.first_sequence,
+                last: info.state.last_sequence,
+                messages: info.state.messages,
+            })
+        })
+    }
+
+    /// Reads the stream's messages with a stream sequence from `first` on,
+    /// at most `max`, oldest first (messages deleted from the stream are
+    /// skipped): for audits and tests, e.g. to check that a stream holds
+    /// every record of an outbox exactly once.
+    pub fn read_stream(&mut self, first: u64, max: usize) -> Result<Vec<StoredMessage>, NatsError> {
+        self.runtime.block_on(async {
+            let stream = find_stream(&self.context, &self.options)
+                .await
+                .map_err(|e| nats_error("stream", e))?;
+            let info = stream
+                .get_info()
+                .await
+                .map_err(|e| nats_error("stream", e))?;
+            let last = info.state.last_sequence;
+            let mut out = Vec::with_capacity(max.min(1 << 16));
+            let mut next = first.max(info.state.first_sequence).max(1);
+            while next <= last && out.len() < max {
+                let end = (next + RECONCILE_CONCURRENCY as u64 - 1).min(last);
+                let gets = (next..=end).map(|seq| stream.get_raw_message(seq));
+                for message in futures_util::future::join_all(gets).await {
+                    match message {
+                        Ok(m) if out.len() < max => out.push(StoredMessage {
+                            stream_seq: m.sequence,
+                            subject: m.subject.to_string(),
+                            message_id: m.headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned()),
+                            seq: m
+                                .headers
+                                .get(SEQ_HEADER)
+                                .and_then(|v| v.as_str().parse().ok()),
+                            payload: m.payload.to_vec(),
+                        }),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {}
+                        Err(e) => return Err(nats_error("read", e)),
+                    }
+                }
+                next = end + 1;
+            }
+            Ok(out)
+        })
+    }
+
+    /// The subject of `record`.
+    fn subject_of(&self, record: &Record) -> String {
+        let (before, after) = &self.subject;
+        let Some(after) = after else {
+            return before.clone();
+        };
+        let mut subject = before.clone();
+        match record.key() {
+            None => subject.push_str(NO_KEY_TOKEN),
+            Some(key)
+                if !key.is_empty()
+                    && key
+                        .iter()
+                        .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_') =>
+            {
+                // Checked just above: ASCII only.
+                subject.push_str(std::str::from_utf8(key).unwrap_or(NO_KEY_TOKEN));
+            }
+            Some(key) => {
+                subject.push('x');
+                for b in key {
+                    subject.push_str(&format!("{b:02x}"));
+                }
+            }
+        }
+        subject.push_str(after);
+        subject
+    }
+
+    /// Finds (or creates) the stream and reads its last messages for records
+    /// of this outbox.
+    async fn reconcile(
+        context: &Context,
+        options: &JetStreamOptions,
+        id_prefix: &str,
+        found: &mut HashSet<u64>,
+    ) -> Result<Reconciled, String> {
+        let stream = find_stream(context, options).await?;
+        let info = stream.get_info().await.map_err(|e| e.to_string())?;
+        let state = info.state;
+        let mut report = Reconciled::default();
+        if state.messages == 0 || options.reconcile_depth == 0 {
+            return Ok(report);
+        }
+        let last = state.last_sequence;
+        let from = state
+            .first_sequence
+            .max(last.saturating_sub(options.reconcile_depth - 1))
+            .max(1);
+        let mut next = from;
+        while next <= last {
+            let end = (next + RECONCILE_CONCURRENCY as u64 - 1).min(last);
+            let gets = (next..=end).map(|seq| stream.get_raw_message(seq));
+            for message in futures_util::future::join_all(gets).await {
+                let message = match message {
+                    Ok(message) => message,
+                    // Deleted (or aged out) since the stream's state was read.
+                    Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => continue,
+                    Err(e) => return Err(e.to_string()),
+                };
+                report.examined += 1;
+                let ours = message
+                    .headers
+                    .get("Nats-Msg-Id")
+                    .is_some_and(|id| id.as_str().starts_with(id_prefix));
+                let seq = message
+                    .headers
+                    .get(SEQ_HEADER)
+                    .and_then(|seq| seq.as_str().parse::<u64>().ok());
+                if let (true, Some(seq)) = (ours, seq) {
+                    report.found += 1;
+                    found.insert(seq);
+                }
+            }
+            next = end + 1;
+        }
+        Ok(report)
+    }
+}
+
+/// The stream, created from the options' spec when it is missing.
+async fn find_stream(context: &Context, options: &JetStreamOptions) -> Result<Stream, String> {
+    match &options.create {
+        None => context
+            .get_stream(&options.stream)
+            .await
+            .map_err(|e| format!("stream {}: {e}", options.stream)),
+        Some(spec) => {
+            let mut config = Config {
+                name: options.stream.clone(),
+                subjects: vec![options.subject.replace("{key}", "*")],
+                storage: StorageType::File,
+                num_replicas: spec.replicas,
+                duplicate_window: spec.duplicate_window,
+                ..Default::default()
+            };
+            if let Some(bytes) = spec.max_message_size {
+                config.max_message_size = bytes;
+            }
+            context
+                .get_or_create_stream(config)
+                .await
+                .map_err(|e| format!("stream {}: {e}", options.stream))
+        }
+    }
+}
+
+impl Drop for JetStream {
+    fn drop(&mut self) {
+        if let Some((stop, driver)) = self.driver.take() {
+            let _ = stop.send(());
+            let _ = driver.join();
+        }
+    }
+}
+
+impl Publisher for JetStream {
+    fn publish(&mut self, records: &[Record]) -> Vec<Outcome> {
+        if self.reconciled.is_none() {
+            let reconciled = self.runtime.block_on(JetStream::reconcile(
+                &self.context,
+                &self.options,
+                &self.id_prefix,
+                &mut self.stored_before,
+            ));
+            match reconciled {
+                Ok(report) => self.reconciled = Some(report),
+                Err(reason) => {
+                    let reason = format!("reading the stream's last messages: {reason}");
+                    return vec![Outcome::Retry(reason); records.len()];
+                }
+            }
+        }
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; records.len()];
+        let mut messages = Vec::with_capacity(records.len());
+        for (i, record) in records.iter().enumerate() {
+            let seq = record.seq().get();
+            if self.stored_before.remove(&seq) {
+                outcomes[i] = Some(Outcome::Duplicate);
+                continue;
+            }
+            let message = PublishMessage::build()
+                .payload(Bytes::copy_from_slice(record.payload()))
+                .message_id(self.message_id(seq))
+                .header(SEQ_HEADER, seq.to_string().as_str());
+            messages.push((i, self.subject_of(record), message));
+        }
+        let context = &self.context;
+        self.runtime.block_on(async {
+            // All sent first (pipelined), then every PubAck awaited in order.
+            let mut acks = Vec::with_capacity(messages.len());
+            for (i, subject, message) in messages {
+                match context.send_publish(subject, message).await {
+                    Ok(ack) => acks.push((i, ack)),
+                    Err(e) => outcomes[i] = Some(outcome_of_error(&e)),
+                }
+            }
+            for (i, ack) in acks {
+                outcomes[i] = Some(match ack.await {
+                    Ok(ack) if ack.duplicate => Outcome::Duplicate,
+                    Ok(_) => Outcome::Stored,
+                    Err(e) => outcome_of_error(&e),
+                });
+            }
+        });
+        outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Outcome::Retry("not published".into())))
+            .collect()
+    }
+}
+
+/// A failed publish: refused for good when the message is too large for the
+/// connection or the stream; otherwise (a timeout, no stream leader yet, a
+/// broken connection) retried.
+fn outcome_of_error(error: &PublishError) -> Outcome {
+    let refused = match error.kind() {
+        PublishErrorKind::MaxPayloadExceeded => true,
+        PublishErrorKind::Other => std::error::Error::source(error)
+            .and_then(|source| source.downcast_ref::<jetstream::Error>())
+            .is_some_and(|e| e.error_code() == ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM),
+        _ => false,
+    };
+    let reason = match std::error::Error::source(error) {
+        Some(source) => format!("{error}: {source}"),
+        None => error.to_string(),
+    };
+    if refused {
+        Outcome::Refused(reason)
+    } else {
+        Outcome::Retry(reason)
+    }
+}

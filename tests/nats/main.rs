@@ -1,0 +1,292 @@
+//! The relay into a real NATS JetStream (feature `nats`): a single server
+//! killed and restarted under load, a three-node cluster losing one node and
+//! then another, a relay killed and restarted, records the stream refuses,
+//! and records a crash left in doubt beyond the duplicate window.
+//!
+//! ```text
+//! cargo test --features nats --test nats [NAME...]
+//! ```
+//!
+//! Needs `nats-server` (Debian: `apt-get install nats-server`); every server
+//! is started here on free 127.0.0.1 ports and killed when its test ends.
+//! Its own runner (no libtest): the same binary is also the service the
+//! tests kill and restart, run as `nats service ...`.
+
+mod server;
+mod service;
+
+use std::collections::{HashMap, HashSet};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use segwal::nats::{JetStream, JetStreamOptions, StoredMessage};
+use segwal::{Options, Outbox, Outcome, Publisher, Relay, RelayOptions};
+
+use server::Server;
+use service::{SUBJECT, Workload};
+
+type Test = (&'static str, fn());
+
+const TESTS: &[Test] = &[
+    ("poison_records_become_dead_letters_with_the_brokers_reason", poison),
+    ("records_in_doubt_beyond_the_duplicate_window_are_not_stored_twice", in_doubt),
+    ("single_server_killed_twice_and_relay_killed_twice", single_server),
+    ("three_node_cluster_losing_one_node_then_another", cluster),
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("service") {
+        service::main(&args[1..]);
+        return;
+    }
+    let names: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let chosen: Vec<&Test> = TESTS
+        .iter()
+        .filter(|(name, _)| names.is_empty() || names.iter().any(|n| name.contains(n.as_str())))
+        .collect();
+    println!("running {} tests", chosen.len());
+    let mut failed = Vec::new();
+    for (name, test) in chosen {
+        let started = Instant::now();
+        match std::panic::catch_unwind(test) {
+            Ok(()) => println!("test {name} ... ok ({:.1} s)", started.elapsed().as_secs_f64()),
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed.push(*name);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        println!("failures: {failed:?}");
+        std::process::exit(1);
+    }
+    println!("test result: ok");
+}
+
+/// A publisher reading `stream` back (its outbox identity is irrelevant).
+fn reader(servers: &str, stream: &str) -> JetStream {
+    let options = JetStreamOptions::new(servers, stream, SUBJECT).timeout(Duration::from_secs(5));
+    JetStream::connect_as(0, options).expect("reader connects")
+}
+
+/// The stream's message count, or `None` while it cannot be read.
+fn stored(reader: &mut JetStream) -> Option<u64> {
+    reader.stream_state().ok().map(|s| s.messages)
+}
+
+/// Waits until the stream holds at least `count` messages.
+fn wait_for_messages(reader: &mut JetStream, count: u64, service: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while stored(reader).unwrap_or(0) < count {
+        if let Ok(Some(status)) = service.try_wait() {
+            panic!("the service exited ({status}) before the stream held {count} messages");
+        }
+        assert!(Instant::now() < deadline, "the stream never reached {count} messages");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_exit(service: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(status) = service.try_wait().expect("service status") {
+            assert!(status.success(), "the service failed: {status}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "the service did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills the service (SIGKILL) and starts it again.
+fn restart_service(service: &mut Child, work: &Workload) {
+    let _ = service.kill();
+    let _ = service.wait();
+    *service = work.spawn();
+}
+
+/// The end state every run must reach: the stream holds every record of the
+/// outbox exactly once, seqs 1..=N, intact, in order per key; the outbox is
+/// empty.
+fn check_delivered(work: &Workload, messages: &[StoredMessage]) {
+    let total = work.producers * work.per_producer;
+    let mut seqs = HashSet::new();
+    let mut records = HashSet::new();
+    let mut last_of_key: HashMap<String, u64> = HashMap::new();
+    for m in messages {
+        let seq = m.seq.expect("every message carries Segwal-Seq");
+        assert!(seqs.insert(seq), "seq {seq} stored twice (stream seq {})", m.stream_seq);
+        let (p, i) = service::parse(&m.payload).expect("a payload of the workload");
+        assert_eq!(m.payload, service::payload(p, i), "payload of seq {seq} intact");
+        assert!(records.insert((p, i)), "record p{p} i{i} stored twice");
+        let key = service::key(p, i);
+        assert_eq!(m.subject, SUBJECT.replace("{key}", &key), "subject of seq {seq}");
+        if let Some(before) = last_of_key.insert(key.clone(), seq) {
+            assert!(before < seq, "key {key}: seq {seq} stored after {before}");
+        }
+    }
+    assert_eq!(messages.len(), total, "every record stored once");
+    assert_eq!(seqs, (1..=total as u64).collect::<HashSet<_>>(), "seqs 1..={total}");
+    let outbox = work.open();
+    let stats = outbox.stats();
+    assert_eq!((stats.pending, stats.claimed, stats.delayed, stats.dead_letters), (0, 0, 0, 0));
+    outbox.close().expect("close");
+}
+
+fn single_server() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut server = Server::single(tmp.path());
+    server.start();
+    let work = Workload {
+        dir: tmp.path().join("service"),
+        servers: server.url(),
+        stream: "SINGLE".into(),
+        replicas: 1,
+        producers: 8,
+        per_producer: 25_000,
+    };
+    std::fs::create_dir_all(&work.dir).expect("service dir");
+    let mut service = work.spawn();
+    let mut reader = reader(&work.servers, &work.stream);
+    for (at, what) in [
+        (30_000, "server"),
+        (70_000, "relay"),
+        (110_000, "server"),
+        (150_000, "relay"),
+    ] {
+        wait_for_messages(&mut reader, at, &mut service);
+        if what == "server" {
+            server.kill();
+            std::thread::sleep(Duration::from_millis(500));
+            server.start();
+        } else {
+            restart_service(&mut service, &work);
+        }
+        println!("  killed the {what} at {at} messages stored");
+    }
+    wait_exit(&mut service);
+    let messages = reader.read_stream(1, usize::MAX).expect("read the stream");
+    check_delivered(&work, &messages);
+}
+
+fn cluster() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut nodes = Server::cluster(tmp.path());
+    for node in &mut nodes {
+        node.spawn();
+    }
+    for node in &mut nodes {
+        node.wait_ready(Duration::from_secs(60));
+    }
+    let servers: Vec<String> = nodes.iter().map(Server::url).collect();
+    let work = Workload {
+        dir: tmp.path().join("service"),
+        servers: servers.join(","),
+        stream: "CLUSTER".into(),
+        replicas: 3,
+        producers: 8,
+        per_producer: 25_000,
+    };
+    std::fs::create_dir_all(&work.dir).expect("service dir");
+    let mut service = work.spawn();
+    let mut reader = reader(&work.servers, &work.stream);
+    for (at, node) in [(40_000, 0), (120_000, 1)] {
+        wait_for_messages(&mut reader, at, &mut service);
+        nodes[node].kill();
+        println!("  killed node {} at {at} messages stored", nodes[node].name);
+        std::thread::sleep(Duration::from_secs(2));
+        nodes[node].start();
+    }
+    wait_exit(&mut service);
+    let messages = reader.read_stream(1, usize::MAX).expect("read the stream");
+    check_delivered(&work, &messages);
+}
+
+fn poison() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut server = Server::single(tmp.path());
+    server.start();
+    let outbox = Outbox::open(tmp.path().join("outbox"), Options::default()).expect("open");
+    let mut big = HashSet::new();
+    for i in 0..1_000usize {
+        let size = if i % 97 == 0 { 4096 } else { 200 };
+        let seq = outbox.append(&vec![b'a' + (i % 26) as u8; size]).expect("append");
+        if size > 1024 {
+            big.insert(seq);
+        }
+    }
+    let options = JetStreamOptions::new(&server.url(), "POISON", SUBJECT)
+        .create_stream(1)
+        .stream_max_message_size(1024);
+    let publisher = JetStream::connect(&outbox, options).expect("publisher");
+    let mut relay = Relay::new(outbox.clone(), publisher, RelayOptions::default());
+    while outbox.stats().pending > 0 {
+        relay.step().expect("a round");
+    }
+    let stats = relay.stats();
+    assert_eq!(stats.dead_letters, big.len() as u64);
+    assert_eq!(stats.published, 1_000 - big.len() as u64);
+    let dead = outbox.dead_letters(usize::MAX).expect("dead letters");
+    assert_eq!(dead.iter().map(|d| d.seq()).collect::<HashSet<_>>(), big);
+    for letter in &dead {
+        assert!(
+            letter.reason().contains("maximum"),
+            "the broker's reason is kept: {:?}",
+            letter.reason()
+        );
+    }
+    let mut reader = reader(&server.url(), "POISON");
+    let messages = reader.read_stream(1, usize::MAX).expect("read");
+    assert_eq!(messages.len(), 1_000 - big.len());
+    assert!(messages.iter().all(|m| m.payload.len() == 200));
+    outbox.close().expect("close");
+}
+
+/// Publishes 100 records without acknowledging them (a relay that crashed
+/// after the broker stored them), waits out the stream's duplicate window,
+/// and relays them again: reconciliation finds them in the stream, so the
+/// stream holds each once; with reconciliation off it holds each twice (the
+/// check above is not vacuous).
+fn in_doubt() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut server = Server::single(tmp.path());
+    server.start();
+    for (depth, stream, expected) in [(10_000, "DOUBT", 100), (0, "DOUBT_UNCHECKED", 200)] {
+        let dir = tmp.path().join(stream);
+        let options = || {
+            JetStreamOptions::new(&server.url(), stream, &format!("{stream}.records"))
+                .create_stream(1)
+                .stream_duplicate_window(Duration::from_secs(1))
+                .reconcile_depth(depth)
+        };
+        {
+            let outbox = Outbox::open(&dir, Options::default()).expect("open");
+            for i in 0..100u32 {
+                outbox.append(&i.to_le_bytes()).expect("append");
+            }
+            let mut publisher = JetStream::connect(&outbox, options()).expect("publisher");
+            let records = outbox.claim(100).expect("claim");
+            let outcomes = publisher.publish(&records);
+            assert!(outcomes.iter().all(|o| *o == Outcome::Stored), "{outcomes:?}");
+            // The process dies here: nothing acknowledged.
+            outbox.close().expect("close");
+        }
+        std::thread::sleep(Duration::from_millis(2_500));
+        let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+        assert_eq!(outbox.stats().pending, 100);
+        let publisher = JetStream::connect(&outbox, options()).expect("publisher");
+        let mut relay = Relay::new(outbox.clone(), publisher, RelayOptions::default());
+        while outbox.stats().pending > 0 {
+            relay.step().expect("a round");
+        }
+        let mut reader = JetStream::connect(&outbox, options()).expect("reader");
+        let messages = reader.read_stream(1, usize::MAX).expect("read");
+        assert_eq!(messages.len(), expected, "stream {stream}");
+        if depth > 0 {
+            assert_eq!(relay.stats().duplicates, 100);
+            assert_eq!(relay.stats().published, 0);
+        }
+        outbox.close().expect("close");
+    }
+}
