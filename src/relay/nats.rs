@@ -193,6 +193,10 @@ pub struct JetStream {
     runtime: tokio::runtime::Handle,
     driver: Option<(tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>)>,
     context: Context,
+    servers: Vec<ServerAddr>,
+    /// Rounds in a row in which no publish was acknowledged and one timed out.
+    stalled_rounds: u32,
+    reconnects: u64,
     options: JetStreamOptions,
     /// `<outbox id in hex>-`: the start of every message id of this outbox.
     id_prefix: String,
@@ -273,23 +277,7 @@ impl JetStream {
             .map(|url| url.trim().parse::<ServerAddr>())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| nats_error("connect", format!("{}: {e}", options.servers)))?;
-        let client = runtime
-            .block_on(
-                ConnectOptions::new()
-                    .retry_on_initial_connect()
-                    .max_reconnects(None)
-                    .connection_timeout(options.timeout)
-                    .reconnect_delay_callback(|attempts| {
-                        Duration::from_millis(50 * attempts.min(20) as u64)
-                    })
-                    .connect(servers),
-            )
-            .map_err(|e| nats_error("connect", e))?;
-        let context = jetstream::ContextBuilder::new()
-            .timeout(options.timeout)
-            .max_ack_inflight(options.in_flight)
-            .backpressure_on_inflight(true)
-            .build(client);
+        let context = runtime.block_on(new_context(&servers, &options))?;
         let subject = match options.subject.split_once("{key}") {
             Some((before, after)) => (before.to_owned(), Some(after.to_owned())),
             None => (options.subject.clone(), None),
@@ -298,12 +286,24 @@ impl JetStream {
             runtime,
             driver: Some((stop, driver)),
             context,
+            servers,
+            stalled_rounds: 0,
+            reconnects: 0,
             id_prefix: format!("{outbox_id:032x}-"),
             subject,
             options,
             stored_before: HashSet::new(),
             reconciled: None,
         })
+    }
+
+    /// How many times the client was replaced: after
+    /// two rounds in a row in which every publish failed and one timed out,
+    /// the connection is dropped and a new client connects (a client that
+    /// came back from a server's restart without sending again was seen with
+    /// async-nats 0.51 against a 2.9 cluster; docs/RELAY.md).
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects
     }
 
     /// What reconciliation found, once it ran (before the first publish).
@@ -458,6 +458,27 @@ impl JetStream {
     }
 }
 
+/// A client (connecting in the background) and its JetStream context.
+async fn new_context(servers: &[ServerAddr], options: &JetStreamOptions) -> Result<Context, NatsError> {
+    let client = ConnectOptions::new()
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connection_timeout(options.timeout)
+        .reconnect_delay_callback(|attempts| Duration::from_millis(50 * attempts.min(20) as u64))
+        .connect(servers.to_vec())
+        .await
+        .map_err(|e| nats_error("connect", e))?;
+    Ok(jetstream::ContextBuilder::new()
+        .timeout(options.timeout)
+        .max_ack_inflight(options.in_flight)
+        .backpressure_on_inflight(true)
+        .build(client))
+}
+
+/// Rounds in a row without an acknowledged publish, with timeouts, after
+/// which the client is replaced by a new one.
+const STALLED_ROUNDS_MAX: u32 = 2;
+
 /// The stream, created from the options' spec when it is missing.
 async fn find_stream(context: &Context, options: &JetStreamOptions) -> Result<Stream, String> {
     match &options.create {
@@ -506,6 +527,7 @@ impl Publisher for JetStream {
             match reconciled {
                 Ok(report) => self.reconciled = Some(report),
                 Err(reason) => {
+                    self.note_round(true);
                     let reason = format!("reading the stream's last messages: {reason}");
                     return vec![Outcome::Retry(reason); records.len()];
                 }
@@ -525,28 +547,66 @@ impl Publisher for JetStream {
                 .header(SEQ_HEADER, seq.to_string().as_str());
             messages.push((i, self.subject_of(record), message));
         }
-        let context = &self.context;
+        let context = &self.context.clone();
+        let mut timed_out = false;
+        let mut acknowledged = false;
         self.runtime.block_on(async {
             // All sent first (pipelined), then every PubAck awaited in order.
             let mut acks = Vec::with_capacity(messages.len());
             for (i, subject, message) in messages {
+                if timed_out {
+                    // The connection takes no more: the rest waits for the
+                    // next round rather than a timeout each.
+                    outcomes[i] = Some(Outcome::Retry("the connection accepts no publish".into()));
+                    continue;
+                }
                 match context.send_publish(subject, message).await {
                     Ok(ack) => acks.push((i, ack)),
-                    Err(e) => outcomes[i] = Some(outcome_of_error(&e)),
+                    Err(e) => {
+                        timed_out |= e.kind() == PublishErrorKind::TimedOut;
+                        outcomes[i] = Some(outcome_of_error(&e));
+                    }
                 }
             }
             for (i, ack) in acks {
                 outcomes[i] = Some(match ack.await {
-                    Ok(ack) if ack.duplicate => Outcome::Duplicate,
-                    Ok(_) => Outcome::Stored,
-                    Err(e) => outcome_of_error(&e),
+                    Ok(ack) => {
+                        acknowledged = true;
+                        if ack.duplicate { Outcome::Duplicate } else { Outcome::Stored }
+                    }
+                    Err(e) => {
+                        timed_out |= e.kind() == PublishErrorKind::TimedOut;
+                        outcome_of_error(&e)
+                    }
                 });
             }
         });
+        self.note_round(timed_out && !acknowledged);
         outcomes
             .into_iter()
             .map(|o| o.unwrap_or_else(|| Outcome::Retry("not published".into())))
             .collect()
+    }
+}
+
+impl JetStream {
+    /// Counts a round that stalled (nothing acknowledged, a timeout) or
+    /// not; after [`STALLED_ROUNDS_MAX`] in a row, replaces the client.
+    fn note_round(&mut self, stalled: bool) {
+        if !stalled {
+            self.stalled_rounds = 0;
+            return;
+        }
+        self.stalled_rounds += 1;
+        if self.stalled_rounds >= STALLED_ROUNDS_MAX {
+            let _entered = self.runtime.enter();
+            let fresh = self.runtime.block_on(new_context(&self.servers, &self.options));
+            if let Ok(context) = fresh {
+                self.context = context;
+                self.reconnects += 1;
+            }
+            self.stalled_rounds = 0;
+        }
     }
 }
 

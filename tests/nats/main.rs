@@ -205,16 +205,20 @@ fn cluster() {
         per_producer: 25_000,
     };
     std::fs::create_dir_all(&work.dir).expect("service dir");
+    let started = Instant::now();
     let mut service = work.spawn();
     let mut reader = reader(&work.servers, &work.stream);
     for (at, node) in [(40_000, 0), (120_000, 1)] {
         wait_for_messages(&mut reader, at, &mut service);
         nodes[node].kill();
-        println!("  killed node {} at {at} messages stored", nodes[node].name);
+        let name = &nodes[node].name;
+        println!("  killed node {name} at {at} messages stored ({:.1} s)", started.elapsed().as_secs_f64());
         std::thread::sleep(Duration::from_secs(2));
         nodes[node].start();
+        println!("  node {} back ({:.1} s)", nodes[node].name, started.elapsed().as_secs_f64());
     }
     wait_exit(&mut service);
+    println!("  the service finished ({:.1} s)", started.elapsed().as_secs_f64());
     let messages = reader.read_stream(1, usize::MAX).expect("read the stream");
     check_delivered(&work, &messages);
 }

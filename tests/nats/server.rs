@@ -5,6 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,6 +18,23 @@ pub struct Server {
     conf: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+}
+
+/// Makes the process `command` starts receive SIGKILL when the test process
+/// dies, however it dies (a panic, a timeout's kill): no test leaves a
+/// server or a service running.
+pub fn die_with_parent(command: &mut Command) {
+    // SAFETY: between fork and exec the closure only calls prctl(2), which
+    // is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
 }
 
 /// A port free on 127.0.0.1 at the time of asking.
@@ -108,14 +126,15 @@ impl Server {
             .append(true)
             .open(&self.log)
             .expect("server log");
-        let child = Command::new(binary())
+        let mut command = Command::new(binary());
+        command
             .arg("-c")
             .arg(&self.conf)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("server log"))
-            .stderr(log)
-            .spawn()
-            .expect("nats-server starts");
+            .stderr(log);
+        die_with_parent(&mut command);
+        let child = command.spawn().expect("nats-server starts");
         self.child = Some(child);
     }
 

@@ -94,7 +94,9 @@ impl Workload {
     /// Starts the service as a child process.
     pub fn spawn(&self) -> Child {
         let exe = std::env::current_exe().expect("the test binary");
-        Command::new(exe)
+        let mut command = Command::new(exe);
+        crate::server::die_with_parent(&mut command);
+        command
             .arg("service")
             .arg(&self.dir)
             .arg(&self.servers)
