@@ -43,15 +43,17 @@ impl Publisher for Timed {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let url = args.next().unwrap_or_else(|| "nats://127.0.0.1:4222".into());
+    let url = args
+        .next()
+        .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
     let producers: usize = args.next().map_or(Ok(8), |a| a.parse())?;
     let per_producer: usize = args.next().map_or(Ok(5_000), |a| a.parse())?;
     let total = producers * per_producer;
 
     let temp = tempfile::tempdir()?;
     let outbox = Outbox::open(temp.path().join("outbox"), Options::default())?;
-    let options = JetStreamOptions::new(&url, "SEGWAL_EXAMPLE", "segwal.example.{key}")
-        .create_stream(1);
+    let options =
+        JetStreamOptions::new(&url, "SEGWAL_EXAMPLE", "segwal.example.{key}").create_stream(1);
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(total)));
     let publisher = Timed {
         inner: JetStream::connect(&outbox, options)?,
@@ -62,9 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stop = Arc::new(AtomicBool::new(false));
     let relay = {
         let (outbox, stop) = (outbox.clone(), stop.clone());
-        thread::spawn(move || {
-            Relay::new(outbox, publisher, RelayOptions::default()).run(&stop)
-        })
+        thread::spawn(move || Relay::new(outbox, publisher, RelayOptions::default()).run(&stop))
     };
 
     let started = Instant::now();
@@ -119,7 +119,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         total as f64 / delivered.as_secs_f64()
     );
     if !latencies.is_empty() {
-        println!("latency from append to PubAck: p50 {:?}, p99 {:?}", pct(0.50), pct(0.99));
+        println!(
+            "latency from append to PubAck: p50 {:?}, p99 {:?}",
+            pct(0.50),
+            pct(0.99)
+        );
     }
     println!(
         "relay: {} published, {} duplicates, {} retries, {} dead letters",

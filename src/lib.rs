@@ -89,7 +89,7 @@ pub use options::{
     QUEUE_CAPACITY_MAX, RecoveryMode, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN,
 };
 pub use outbox::{DeadLetter, Outbox, Stats};
-pub use relay::{Outcome, Publisher, Relay, RelayOptions, RelayStats};
 /// The relay's NATS JetStream publisher (feature `nats`; docs/RELAY.md).
 #[cfg(feature = "nats")]
 pub use relay::nats;
+pub use relay::{Outcome, Publisher, Relay, RelayOptions, RelayStats};

@@ -21,6 +21,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::future::IntoFuture;
 use std::time::Duration;
 
 use async_nats::jetstream::context::{Context, PublishError, PublishErrorKind};
@@ -156,7 +157,11 @@ pub struct NatsError {
 
 impl fmt::Display for NatsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NATS JetStream publisher, {}: {}", self.step, self.reason)
+        write!(
+            f,
+            "NATS JetStream publisher, {}: {}",
+            self.step, self.reason
+        )
     }
 }
 
@@ -191,12 +196,11 @@ pub struct JetStream {
     /// The client's runtime, driven by its own thread (`segwal-nats`), so
     /// the connection keeps answering the server between batches.
     runtime: tokio::runtime::Handle,
-    driver: Option<(tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<()>)>,
+    driver: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        std::thread::JoinHandle<()>,
+    )>,
     context: Context,
-    servers: Vec<ServerAddr>,
-    /// Rounds in a row in which no publish was acknowledged and one timed out.
-    stalled_rounds: u32,
-    reconnects: u64,
     options: JetStreamOptions,
     /// `<outbox id in hex>-`: the start of every message id of this outbox.
     id_prefix: String,
@@ -286,24 +290,12 @@ impl JetStream {
             runtime,
             driver: Some((stop, driver)),
             context,
-            servers,
-            stalled_rounds: 0,
-            reconnects: 0,
             id_prefix: format!("{outbox_id:032x}-"),
             subject,
             options,
             stored_before: HashSet::new(),
             reconciled: None,
         })
-    }
-
-    /// How many times the client was replaced: after
-    /// two rounds in a row in which every publish failed and one timed out,
-    /// the connection is dropped and a new client connects (a client that
-    /// came back from a server's restart without sending again was seen with
-    /// async-nats 0.51 against a 2.9 cluster; docs/RELAY.md).
-    pub fn reconnects(&self) -> u64 {
-        self.reconnects
     }
 
     /// What reconciliation found, once it ran (before the first publish).
@@ -459,7 +451,10 @@ impl JetStream {
 }
 
 /// A client (connecting in the background) and its JetStream context.
-async fn new_context(servers: &[ServerAddr], options: &JetStreamOptions) -> Result<Context, NatsError> {
+async fn new_context(
+    servers: &[ServerAddr],
+    options: &JetStreamOptions,
+) -> Result<Context, NatsError> {
     let client = ConnectOptions::new()
         .retry_on_initial_connect()
         .max_reconnects(None)
@@ -474,10 +469,6 @@ async fn new_context(servers: &[ServerAddr], options: &JetStreamOptions) -> Resu
         .backpressure_on_inflight(true)
         .build(client))
 }
-
-/// Rounds in a row without an acknowledged publish, with timeouts, after
-/// which the client is replaced by a new one.
-const STALLED_ROUNDS_MAX: u32 = 2;
 
 /// The stream, created from the options' spec when it is missing.
 async fn find_stream(context: &Context, options: &JetStreamOptions) -> Result<Stream, String> {
@@ -527,7 +518,6 @@ impl Publisher for JetStream {
             match reconciled {
                 Ok(report) => self.reconciled = Some(report),
                 Err(reason) => {
-                    self.note_round(true);
                     let reason = format!("reading the stream's last messages: {reason}");
                     return vec![Outcome::Retry(reason); records.len()];
                 }
@@ -547,11 +537,10 @@ impl Publisher for JetStream {
                 .header(SEQ_HEADER, seq.to_string().as_str());
             messages.push((i, self.subject_of(record), message));
         }
-        let context = &self.context.clone();
+        let context = &self.context;
         let mut timed_out = false;
-        let mut acknowledged = false;
         self.runtime.block_on(async {
-            // All sent first (pipelined), then every PubAck awaited in order.
+            // All sent first (pipelined), then the PubAcks awaited.
             let mut acks = Vec::with_capacity(messages.len());
             for (i, subject, message) in messages {
                 if timed_out {
@@ -568,45 +557,25 @@ impl Publisher for JetStream {
                     }
                 }
             }
-            for (i, ack) in acks {
-                outcomes[i] = Some(match ack.await {
-                    Ok(ack) => {
-                        acknowledged = true;
-                        if ack.duplicate { Outcome::Duplicate } else { Outcome::Stored }
-                    }
-                    Err(e) => {
-                        timed_out |= e.kind() == PublishErrorKind::TimedOut;
-                        outcome_of_error(&e)
-                    }
+            // Awaited together: each PubAck's timeout runs from when it is
+            // first polled, so awaiting them one after another would let a
+            // batch the broker does not answer (a stream without a leader)
+            // take its length times the timeout.
+            let (indexes, acks): (Vec<usize>, Vec<_>) = acks.into_iter().unzip();
+            let answers =
+                futures_util::future::join_all(acks.into_iter().map(IntoFuture::into_future)).await;
+            for (i, answer) in indexes.into_iter().zip(answers) {
+                outcomes[i] = Some(match answer {
+                    Ok(ack) if ack.duplicate => Outcome::Duplicate,
+                    Ok(_) => Outcome::Stored,
+                    Err(e) => outcome_of_error(&e),
                 });
             }
         });
-        self.note_round(timed_out && !acknowledged);
         outcomes
             .into_iter()
             .map(|o| o.unwrap_or_else(|| Outcome::Retry("not published".into())))
             .collect()
-    }
-}
-
-impl JetStream {
-    /// Counts a round that stalled (nothing acknowledged, a timeout) or
-    /// not; after [`STALLED_ROUNDS_MAX`] in a row, replaces the client.
-    fn note_round(&mut self, stalled: bool) {
-        if !stalled {
-            self.stalled_rounds = 0;
-            return;
-        }
-        self.stalled_rounds += 1;
-        if self.stalled_rounds >= STALLED_ROUNDS_MAX {
-            let _entered = self.runtime.enter();
-            let fresh = self.runtime.block_on(new_context(&self.servers, &self.options));
-            if let Ok(context) = fresh {
-                self.context = context;
-                self.reconnects += 1;
-            }
-            self.stalled_rounds = 0;
-        }
     }
 }
 

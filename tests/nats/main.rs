@@ -28,9 +28,18 @@ use service::{SUBJECT, Workload};
 type Test = (&'static str, fn());
 
 const TESTS: &[Test] = &[
-    ("poison_records_become_dead_letters_with_the_brokers_reason", poison),
-    ("records_in_doubt_beyond_the_duplicate_window_are_not_stored_twice", in_doubt),
-    ("single_server_killed_twice_and_relay_killed_twice", single_server),
+    (
+        "poison_records_become_dead_letters_with_the_brokers_reason",
+        poison,
+    ),
+    (
+        "records_in_doubt_beyond_the_duplicate_window_are_not_stored_twice",
+        in_doubt,
+    ),
+    (
+        "single_server_killed_twice_and_relay_killed_twice",
+        single_server,
+    ),
     ("three_node_cluster_losing_one_node_then_another", cluster),
 ];
 
@@ -50,7 +59,10 @@ fn main() {
     for (name, test) in chosen {
         let started = Instant::now();
         match std::panic::catch_unwind(test) {
-            Ok(()) => println!("test {name} ... ok ({:.1} s)", started.elapsed().as_secs_f64()),
+            Ok(()) => println!(
+                "test {name} ... ok ({:.1} s)",
+                started.elapsed().as_secs_f64()
+            ),
             Err(_) => {
                 println!("test {name} ... FAILED");
                 failed.push(*name);
@@ -82,7 +94,10 @@ fn wait_for_messages(reader: &mut JetStream, count: u64, service: &mut Child) {
         if let Ok(Some(status)) = service.try_wait() {
             panic!("the service exited ({status}) before the stream held {count} messages");
         }
-        assert!(Instant::now() < deadline, "the stream never reached {count} messages");
+        assert!(
+            Instant::now() < deadline,
+            "the stream never reached {count} messages"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -116,12 +131,24 @@ fn check_delivered(work: &Workload, messages: &[StoredMessage]) {
     let mut last_of_key: HashMap<String, u64> = HashMap::new();
     for m in messages {
         let seq = m.seq.expect("every message carries Segwal-Seq");
-        assert!(seqs.insert(seq), "seq {seq} stored twice (stream seq {})", m.stream_seq);
+        assert!(
+            seqs.insert(seq),
+            "seq {seq} stored twice (stream seq {})",
+            m.stream_seq
+        );
         let (p, i) = service::parse(&m.payload).expect("a payload of the workload");
-        assert_eq!(m.payload, service::payload(p, i), "payload of seq {seq} intact");
+        assert_eq!(
+            m.payload,
+            service::payload(p, i),
+            "payload of seq {seq} intact"
+        );
         assert!(records.insert((p, i)), "record p{p} i{i} stored twice");
         let key = service::key(p, i);
-        assert_eq!(m.subject, SUBJECT.replace("{key}", &key), "subject of seq {seq}");
+        assert_eq!(
+            m.subject,
+            SUBJECT.replace("{key}", &key),
+            "subject of seq {seq}"
+        );
         if let Some(before) = last_of_key.insert(key.clone(), seq) {
             assert!(before < seq, "key {key}: seq {seq} stored after {before}");
         }
@@ -138,12 +165,24 @@ fn check_delivered(work: &Workload, messages: &[StoredMessage]) {
     for p in 0..work.producers {
         for i in 1..work.per_producer {
             let (before, after) = (of_record[&(p, i - 1)], of_record[&(p, i)]);
-            assert!(before < after, "producer {p}: record {i} has seq {after}, record {} {before}", i - 1);
+            assert!(
+                before < after,
+                "producer {p}: record {i} has seq {after}, record {} {before}",
+                i - 1
+            );
         }
     }
     let outbox = work.open();
     let stats = outbox.stats();
-    assert_eq!((stats.pending, stats.claimed, stats.delayed, stats.dead_letters), (0, 0, 0, 0));
+    assert_eq!(
+        (
+            stats.pending,
+            stats.claimed,
+            stats.delayed,
+            stats.dead_letters
+        ),
+        (0, 0, 0, 0)
+    );
     outbox.close().expect("close");
 }
 
@@ -177,12 +216,21 @@ fn single_server() {
         } else {
             restart_service(&mut service, &work);
         }
-        println!("  killed the {what} at {at} messages stored ({:.1} s)", started.elapsed().as_secs_f64());
+        println!(
+            "  killed the {what} at {at} messages stored ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
     }
     wait_exit(&mut service);
-    println!("  the service finished ({:.1} s)", started.elapsed().as_secs_f64());
+    println!(
+        "  the service finished ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
     let messages = reader.read_stream(1, usize::MAX).expect("read the stream");
-    println!("  read the stream back ({:.1} s)", started.elapsed().as_secs_f64());
+    println!(
+        "  read the stream back ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
     check_delivered(&work, &messages);
 }
 
@@ -212,13 +260,23 @@ fn cluster() {
         wait_for_messages(&mut reader, at, &mut service);
         nodes[node].kill();
         let name = &nodes[node].name;
-        println!("  killed node {name} at {at} messages stored ({:.1} s)", started.elapsed().as_secs_f64());
+        println!(
+            "  killed node {name} at {at} messages stored ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
         std::thread::sleep(Duration::from_secs(2));
         nodes[node].start();
-        println!("  node {} back ({:.1} s)", nodes[node].name, started.elapsed().as_secs_f64());
+        println!(
+            "  node {} back ({:.1} s)",
+            nodes[node].name,
+            started.elapsed().as_secs_f64()
+        );
     }
     wait_exit(&mut service);
-    println!("  the service finished ({:.1} s)", started.elapsed().as_secs_f64());
+    println!(
+        "  the service finished ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
     let messages = reader.read_stream(1, usize::MAX).expect("read the stream");
     check_delivered(&work, &messages);
 }
@@ -231,7 +289,9 @@ fn poison() {
     let mut big = HashSet::new();
     for i in 0..1_000usize {
         let size = if i % 97 == 0 { 4096 } else { 200 };
-        let seq = outbox.append(&vec![b'a' + (i % 26) as u8; size]).expect("append");
+        let seq = outbox
+            .append(&vec![b'a' + (i % 26) as u8; size])
+            .expect("append");
         if size > 1024 {
             big.insert(seq);
         }
@@ -288,7 +348,10 @@ fn in_doubt() {
             let mut publisher = JetStream::connect(&outbox, options()).expect("publisher");
             let records = outbox.claim(100).expect("claim");
             let outcomes = publisher.publish(&records);
-            assert!(outcomes.iter().all(|o| *o == Outcome::Stored), "{outcomes:?}");
+            assert!(
+                outcomes.iter().all(|o| *o == Outcome::Stored),
+                "{outcomes:?}"
+            );
             // The process dies here: nothing acknowledged.
             outbox.close().expect("close");
         }

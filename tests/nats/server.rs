@@ -47,7 +47,11 @@ fn free_port() -> u16 {
 
 /// The nats-server binary: on PATH, or where Debian's package puts it.
 fn binary() -> PathBuf {
-    for candidate in ["nats-server", "/usr/sbin/nats-server", "/usr/bin/nats-server"] {
+    for candidate in [
+        "nats-server",
+        "/usr/sbin/nats-server",
+        "/usr/bin/nats-server",
+    ] {
         let found = Command::new(candidate)
             .arg("--version")
             .stdout(Stdio::null())
@@ -151,7 +155,11 @@ impl Server {
             if let Some(child) = &mut self.child
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!("{} exited at start ({status}); see {}", self.name, self.log.display());
+                panic!(
+                    "{} exited at start ({status}); see {}",
+                    self.name,
+                    self.log.display()
+                );
             }
             if self.healthy() {
                 return;

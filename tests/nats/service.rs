@@ -12,8 +12,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -112,7 +112,11 @@ impl Workload {
     }
 
     fn from_args(args: &[String]) -> Workload {
-        assert_eq!(args.len(), 6, "service DIR SERVERS STREAM REPLICAS PRODUCERS PER_PRODUCER");
+        assert_eq!(
+            args.len(),
+            6,
+            "service DIR SERVERS STREAM REPLICAS PRODUCERS PER_PRODUCER"
+        );
         Workload {
             dir: PathBuf::from(&args[0]),
             servers: args[1].clone(),
@@ -146,7 +150,8 @@ pub fn main(args: &[String]) {
     let relay = {
         let (outbox, stop) = (outbox.clone(), stop.clone());
         thread::spawn(move || {
-            let options = RelayOptions::default().backoff(Duration::from_millis(50), Duration::from_secs(2));
+            let options =
+                RelayOptions::default().backoff(Duration::from_millis(50), Duration::from_secs(2));
             let mut relay = Relay::new(outbox, publisher, options);
             relay.run(&stop).expect("the relay runs")
         })
@@ -181,7 +186,10 @@ pub fn main(args: &[String]) {
         if stats.pending == 0 && stats.claimed == 0 && stats.delayed == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "not delivered in time: {stats:?}");
+        assert!(
+            Instant::now() < deadline,
+            "not delivered in time: {stats:?}"
+        );
         thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, Ordering::Release);
