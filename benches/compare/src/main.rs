@@ -5,6 +5,7 @@
 
 mod engines;
 mod measure;
+mod nats;
 mod report;
 mod workload;
 
@@ -142,6 +143,8 @@ struct Args {
     /// Only these producer counts.
     producers: Vec<usize>,
     rounds: Option<usize>,
+    /// Run the relay workload against this JetStream server, only.
+    nats: Option<String>,
 }
 
 const USAGE: &str = "usage: compare [--quick] [--out DIR] [--tmp DIR]
@@ -155,7 +158,10 @@ const USAGE: &str = "usage: compare [--quick] [--out DIR] [--tmp DIR]
               profiling one engine, not for results
   --producers LIST  only these producer counts (comma-separated)
   --rounds N  run each append cell N times, the engines taking turns, and
-              report the median round (default 3; 1 with --quick)";
+              report the median round (default 3; 1 with --quick)
+  --nats URL  only the relay workload: append to JetStream PubAck through
+              segwal's relay, against append-only and the server's own
+              pipelined publish rate (needs a JetStream server at URL)";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut args = Args {
@@ -165,6 +171,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         only: Vec::new(),
         producers: Vec::new(),
         rounds: None,
+        nats: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -198,6 +205,7 @@ fn parse_args() -> std::result::Result<Args, String> {
                     _ => return Err(format!("bad round count {n:?}")),
                 }
             }
+            "--nats" => args.nats = Some(it.next().ok_or("--nats needs a server URL")?),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -223,6 +231,11 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<()> {
+    if let Some(url) = &args.nats {
+        let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
+        let tmp = args.tmp.clone().unwrap_or_else(std::env::temp_dir);
+        return nats::run(url, args.quick, rounds, &tmp, args.out.as_deref());
+    }
     let mut plan = if args.quick {
         Plan::quick()
     } else {
