@@ -58,6 +58,11 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>>;
     /// Opens an existing file for reading and writing.
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>>;
+    /// Opens an existing file for reading only (checks that change nothing,
+    /// [`crate::verify`]). By default the same as [`Storage::open`].
+    fn open_read(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        self.open(path)
+    }
     /// Removes a file. Not durable until [`Storage::sync_dir`] of its directory.
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Renames the file `from` to `to` (which must not exist), in one atomic

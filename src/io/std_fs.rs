@@ -135,6 +135,11 @@ impl Storage for StdStorage {
         Ok(Arc::new(StdFile { file }))
     }
 
+    fn open_read(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let file = OpenOptions::new().read(true).open(self.at(path))?;
+        Ok(Arc::new(StdFile { file }))
+    }
+
     fn remove(&self, path: &Path) -> io::Result<()> {
         fs::remove_file(self.at(path))
     }

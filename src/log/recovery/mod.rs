@@ -24,6 +24,7 @@ mod plan;
 mod report;
 mod scan;
 pub(crate) mod state;
+pub(crate) mod verify;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

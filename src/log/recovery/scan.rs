@@ -349,9 +349,13 @@ pub(crate) fn scan_file(
     sync: bool,
 ) -> Result<(SegmentScan, Opened)> {
     let path = SegmentFile::path_of(dir, id);
-    let file = storage
-        .open(&path)
-        .map_err(|e| Error::io("open segment", &path, e))?;
+    // Without a sync to make, nothing is written: the file is opened read-only.
+    let file = if sync {
+        storage.open(&path)
+    } else {
+        storage.open_read(&path)
+    }
+    .map_err(|e| Error::io("open segment", &path, e))?;
     if sync {
         file.sync_data()
             .map_err(|e| Error::io("sync segment", &path, e))?;

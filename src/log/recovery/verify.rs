@@ -1,0 +1,249 @@
+//! A read-only pass of recovery's checks: scans every segment file whole and
+//! plans the open, changing nothing (no lock taken, no file written, cut,
+//! synced or removed). `segwal verify` and `segwal inspect` are built on it.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Corruption, Error, Result};
+use crate::format::seq::{SEGMENT_SUFFIX, SegmentId, Seq};
+use crate::io::Storage;
+use crate::options::{OpenCheck, RecoveryMode};
+
+use super::{plan, scan, state};
+
+/// One segment file, as [`verify`](crate::verify) found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SegmentSummary {
+    /// The file.
+    pub path: PathBuf,
+    /// The seq its name (and header) give: that of its first frame.
+    pub first_seq: Seq,
+    /// The seq of its last valid frame (`None` when it holds none).
+    pub last_seq: Option<Seq>,
+    /// Valid frames in it (records and internal frames).
+    pub frames: usize,
+    /// Of them, records.
+    pub records: usize,
+    /// The file's length.
+    pub bytes: u64,
+    /// Ends with a seal (a segment the writer finished); the newest segment
+    /// of a running outbox has none.
+    pub sealed: bool,
+    /// When the segment was created (its header), milliseconds since the
+    /// Unix epoch; `None` when the header does not check.
+    pub created_unix_ms: Option<u64>,
+}
+
+/// A problem [`verify`](crate::verify) found: what an open would refuse.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Problem {
+    /// The file.
+    pub path: PathBuf,
+    /// The byte offset of the damage in it.
+    pub offset: u64,
+    /// The seq the damaged frame would have held, when known.
+    pub seq: Option<Seq>,
+    /// What is wrong.
+    pub kind: Corruption,
+}
+
+/// What [`verify`](crate::verify) found in an outbox directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Verification {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Every segment file, oldest first.
+    pub segments: Vec<SegmentSummary>,
+    /// What an open would refuse (empty when the log is clean). Recovery
+    /// stops at the first problem, so this lists at most one per segment.
+    pub problems: Vec<Problem>,
+    /// A torn write at the end of the newest segment (a crash in the middle
+    /// of a write batch): not damage, it is what the next open truncates.
+    pub torn_tail: Option<Problem>,
+    /// The outbox's identity ([`Outbox::id`](crate::Outbox::id)), from its
+    /// segments' headers.
+    pub outbox_id: Option<u128>,
+    /// The format version of the segments (the one this build writes, when
+    /// any segment checks).
+    pub format_version: Option<u16>,
+    /// Records the log holds (acknowledged or not): those an open would
+    /// keep, or, when it would refuse, those read before each damage.
+    pub records: u64,
+    /// Bytes of segment files read.
+    pub bytes: u64,
+    /// The pid the directory's `OWNER` file names (the last process that
+    /// opened it; running or not).
+    pub owner_pid: Option<u32>,
+}
+
+impl Verification {
+    /// No problem found (a torn tail is not one).
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+fn problem(error: Error) -> std::result::Result<Problem, Error> {
+    match error {
+        Error::Corrupt {
+            path,
+            offset,
+            seq,
+            kind,
+        } => Ok(Problem {
+            path,
+            offset,
+            seq,
+            kind,
+        }),
+        other => Err(other),
+    }
+}
+
+/// Checks the outbox directory `dir` as an open would (every frame's
+/// checksum, the chain of segments, the log start, the delivery state the log
+/// records) without changing anything: no lock is taken, nothing is written,
+/// truncated, synced or removed, so it can run while the owner process
+/// appends (it then sees the log as far as it was written when each file was
+/// read; a tail being written can read as torn). Damage is listed in
+/// [`Verification::problems`] with file, offset, seq and kind; an error is
+/// returned only when the directory cannot be read at all.
+pub fn verify(dir: impl AsRef<Path>) -> Result<Verification> {
+    let dir = dir.as_ref();
+    let meta = std::fs::metadata(dir).map_err(|e| Error::io("stat directory", dir, e))?;
+    if !meta.is_dir() {
+        return Err(Error::InvalidPath {
+            path: dir.to_path_buf(),
+            reason: "not a directory",
+        });
+    }
+    let dir = std::fs::canonicalize(dir).map_err(|e| Error::io("resolve directory", dir, e))?;
+    verify_with(&crate::io::StdStorage::new(), &dir)
+}
+
+/// [`verify`] through `storage`.
+pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<Verification> {
+    let names = storage
+        .list(dir)
+        .map_err(|e| Error::io("list directory", dir, e))?;
+    let mut out = Verification {
+        dir: dir.to_path_buf(),
+        segments: Vec::new(),
+        problems: Vec::new(),
+        torn_tail: None,
+        outbox_id: None,
+        format_version: None,
+        records: 0,
+        bytes: 0,
+        owner_pid: std::fs::read_to_string(dir.join("OWNER"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok()),
+    };
+    let mut ids = Vec::new();
+    for name in &names {
+        match SegmentId::parse(name) {
+            Some(id) => ids.push(id),
+            None if name.ends_with(SEGMENT_SUFFIX) && SegmentId::parse_creating(name).is_none() => {
+                out.problems.push(Problem {
+                    path: dir.join(name),
+                    offset: 0,
+                    seq: None,
+                    kind: Corruption::BadSegmentName,
+                });
+            }
+            None => {}
+        }
+    }
+    ids.sort();
+    let mut scans = Vec::with_capacity(ids.len());
+    let mut damaged = Vec::new();
+    for &id in &ids {
+        let scan = match scan::scan_file(storage, dir, id, OpenCheck::EveryFrame, false) {
+            Ok((scan, _)) => scan,
+            // Deleted by the running owner since the directory was listed
+            // (all its records acknowledged): no longer part of the log.
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        out.bytes += scan.len;
+        let records = scan.frames.iter().filter(|f| f.is_record).count();
+        let last_seq = match (scan.seal, scan.frames.len()) {
+            (_, 0) => None,
+            (Some(seal), _) => Some(seal.seq),
+            (None, n) => Some(Seq::from(id.0 + n as u64 - 1)),
+        };
+        out.segments.push(SegmentSummary {
+            path: scan.path.clone(),
+            first_seq: id.first_seq(),
+            last_seq,
+            frames: scan.frames.len(),
+            records,
+            bytes: scan.len,
+            sealed: scan.seal.is_some(),
+            created_unix_ms: scan.header.map(|h| h.created_unix_ms),
+        });
+        if scan.header.is_some() {
+            out.format_version = Some(crate::format::segment::FORMAT_VERSION);
+        }
+        if let Some(damage) = &scan.damage {
+            damaged.push(Problem {
+                path: scan.path.clone(),
+                offset: damage.offset,
+                seq: Some(damage.expected),
+                kind: damage.cause.clone(),
+            });
+        }
+        scans.push(scan);
+    }
+    match plan::plan(&scans, RecoveryMode::Strict) {
+        Ok(plan) => {
+            out.outbox_id = plan.outbox_id;
+            out.records = plan.records;
+            // The plan accepted the damage it saw as a torn tail (and
+            // nothing else: it refuses any other).
+            out.torn_tail = plan.torn.map(|torn| Problem {
+                path: torn.path,
+                offset: torn.offset,
+                seq: None,
+                kind: torn.cause,
+            });
+            // The delivery state the kept frames record: read and checked
+            // as an open would.
+            let kept = plan.keep.iter().map(|k| {
+                let s = &scans[k.scan];
+                state::Kept {
+                    path: &s.path,
+                    salt: s
+                        .header
+                        .map_or(0, |h| crate::format::frame::salt(s.id, h.nonce)),
+                    frames: s.frames.get(..k.frames).unwrap_or_default(),
+                }
+            });
+            let hasher = crate::format::hash::Hasher::new(plan.outbox_id.unwrap_or(0));
+            if let Err(e) = state::recorded_state(storage, kept, false, &hasher) {
+                out.problems.push(problem(e)?);
+            }
+        }
+        Err(e) => {
+            out.records = out.segments.iter().map(|s| s.records as u64).sum();
+            // The first rule broken, as an open reports it, then the damage
+            // of every other segment.
+            out.problems.push(problem(e)?);
+            for found in damaged {
+                let known = out
+                    .problems
+                    .iter()
+                    .any(|p| p.path == found.path && p.offset == found.offset);
+                if !known {
+                    out.problems.push(found);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
