@@ -179,7 +179,7 @@ fn read_only_commands_work_while_the_owner_appends() {
     let dir = tmp.path().join("outbox");
     let outbox = Outbox::open(&dir, Options::default().segment_bytes(1 << 20)).expect("open");
     let stop = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
+    let outputs = std::thread::scope(|s| {
         s.spawn(|| {
             let mut i = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -193,24 +193,143 @@ fn read_only_commands_work_while_the_owner_appends() {
             }
         });
         std::thread::sleep(Duration::from_millis(200));
+        let mut outputs = Vec::new();
         for _ in 0..5 {
-            let out = segwal(&["verify", "--json", dir.to_str().expect("utf-8")]);
-            // Clean, or a batch caught half written (a torn tail): never
-            // refused for the lock, never damage.
-            assert_eq!(
-                out.status.code(),
-                Some(0),
-                "{}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-            let v = json(&out);
-            assert_eq!(v["owner_pid"], std::process::id());
-            assert_eq!(v["owner_running"], true);
+            outputs.push(segwal(&["verify", "--json", dir.to_str().expect("utf-8")]));
             std::thread::sleep(Duration::from_millis(50));
         }
+        // Stopped before anything is asserted: a failed assertion must not
+        // leave the appender running (the scope would wait for it forever).
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        outputs
     });
+    for out in &outputs {
+        // Clean, or a batch caught half written (a torn tail): never refused
+        // for the lock, never damage.
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let v = json(out);
+        assert_eq!(v["owner_pid"], std::process::id());
+        assert_eq!(v["owner_running"], true);
+    }
     // The owner was not disturbed.
     outbox.append(b"after").expect("append");
+    outbox.close().expect("close");
+}
+
+#[test]
+fn dead_letters_listed_requeued_and_discarded_and_refused_while_the_owner_runs() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    let seqs = {
+        let outbox = Outbox::open(&dir, Options::default()).expect("open");
+        for payload in [&b"webhook 1"[..], b"webhook 2", b"webhook 3"] {
+            outbox.append(payload).expect("append");
+        }
+        let records = outbox.claim(3).expect("claim");
+        outbox
+            .dead_letter(records[0].seq(), "HTTP 410 Gone")
+            .expect("dead letter");
+        outbox
+            .dead_letter(records[2].seq(), "invalid URL")
+            .expect("dead letter");
+        // The owner is running: commands that change the outbox are refused.
+        let refused = segwal(&["dead-letters", d, "list"]);
+        assert_eq!(refused.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            stderr.contains(&format!("process {}", std::process::id())),
+            "{stderr}"
+        );
+        outbox.close().expect("close");
+        [records[0].seq().get(), records[2].seq().get()]
+    };
+
+    let out = segwal(&["dead-letters", d, "list", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let list = json(&out);
+    let list = list.as_array().expect("array");
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0]["seq"], seqs[0]);
+    assert_eq!(list[0]["reason"], "HTTP 410 Gone");
+    assert_eq!(list[0]["payload"], "webhook 1");
+    assert_eq!(list[1]["reason"], "invalid URL");
+
+    let out = segwal(&["dead-letters", d, "requeue", &seqs[0].to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = segwal(&["dead-letters", d, "discard", &seqs[1].to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = segwal(&["dead-letters", d, "discard", "999999"]);
+    assert_eq!(out.status.code(), Some(1), "an unknown seq is an error");
+
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    let stats = outbox.stats();
+    assert_eq!(stats.dead_letters, 0);
+    // The requeued record and the one that never failed are pending.
+    let pending: Vec<_> = outbox
+        .claim(10)
+        .expect("claim")
+        .iter()
+        .map(|r| r.payload().to_vec())
+        .collect();
+    assert_eq!(pending, vec![b"webhook 1".to_vec(), b"webhook 2".to_vec()]);
+    outbox.close().expect("close");
+}
+
+#[test]
+fn repair_says_what_it_drops_then_keeps_the_damaged_file_aside() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    written(&dir);
+    // A record in the middle of a sealed segment (the newest is the next
+    // one): a repair drops from there on.
+    let segs = segments(&dir);
+    assert!(segs.len() >= 2, "{segs:?}");
+    let sealed = segs[segs.len() - 2].clone();
+    let mut bytes = std::fs::read(&sealed).expect("read");
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(&sealed, &bytes).expect("write");
+    let damaged = bytes;
+    let before = snapshot(&dir);
+
+    let out = segwal(&["repair", d]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stdout.contains("a repair drops seqs") && stdout.contains("--yes"),
+        "{stdout}{stderr}"
+    );
+    assert_eq!(snapshot(&dir), before, "without --yes nothing changes");
+
+    let out = segwal(&["repair", d, "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("repaired: dropped seqs"), "{stdout}");
+    // The damaged file, byte for byte, is in the quarantine folder.
+    let aside: Vec<_> = std::fs::read_dir(dir.join(segwal::QUARANTINE_DIR))
+        .expect("quarantine")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert!(
+        aside
+            .iter()
+            .any(|p| std::fs::read(p).expect("read") == damaged),
+        "{aside:?}"
+    );
+    assert_eq!(
+        segwal(&["verify", d]).status.code(),
+        Some(0),
+        "clean after the repair"
+    );
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    assert!(outbox.stats().pending > 0);
     outbox.close().expect("close");
 }

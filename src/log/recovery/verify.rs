@@ -74,6 +74,10 @@ pub struct Verification {
     pub records: u64,
     /// Bytes of segment files read.
     pub bytes: u64,
+    /// When damage was found: what a lossy repair
+    /// ([`RecoveryMode::Lossy`](crate::RecoveryMode::Lossy), `segwal repair`)
+    /// would drop, planned without doing it.
+    pub repair: Option<crate::Dropped>,
     /// The pid the directory's `OWNER` file names (the last process that
     /// opened it; running or not).
     pub owner_pid: Option<u32>,
@@ -138,6 +142,7 @@ pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<Verificat
         format_version: None,
         records: 0,
         bytes: 0,
+        repair: None,
         owner_pid: std::fs::read_to_string(dir.join("OWNER"))
             .ok()
             .and_then(|s| s.trim().parse().ok()),
@@ -231,6 +236,9 @@ pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<Verificat
         }
         Err(e) => {
             out.records = out.segments.iter().map(|s| s.records as u64).sum();
+            out.repair = plan::plan(&scans, RecoveryMode::Lossy)
+                .ok()
+                .and_then(|p| p.dropped);
             // The first rule broken, as an open reports it, then the damage
             // of every other segment.
             out.problems.push(problem(e)?);
