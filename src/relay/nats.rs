@@ -19,7 +19,7 @@
 //! publisher: [`Publisher::publish`] blocks the relay's thread while a batch
 //! is in flight, as the trait expects.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::future::IntoFuture;
 use std::time::Duration;
@@ -37,6 +37,11 @@ use crate::relay::{Outcome, Publisher};
 
 /// The header that carries a record's seq, in decimal.
 pub const SEQ_HEADER: &str = "Segwal-Seq";
+
+/// The header that carries the CRC-32 of a record's payload, in hex:
+/// reconciliation answers [`Outcome::Duplicate`] only for a message whose seq
+/// *and* payload match the record's.
+pub const CRC_HEADER: &str = "Segwal-Crc32";
 
 /// What a subject template's `{key}` becomes for a record without a key.
 pub const NO_KEY_TOKEN: &str = "_";
@@ -97,8 +102,8 @@ impl JetStreamOptions {
     }
 
     /// Publishes whose `PubAck` may be outstanding at once. Default 1024; at
-    /// least 1. Keep it at or above the relay's batch, or a batch waits for
-    /// its own first acknowledgements before it is all sent.
+    /// least 1. A batch larger than this is published in chunks of it, each
+    /// awaited before the next is sent.
     pub fn in_flight(mut self, publishes: usize) -> JetStreamOptions {
         self.in_flight = publishes.max(1);
         self
@@ -208,7 +213,7 @@ pub struct JetStream {
     subject: (String, Option<String>),
     /// Seqs of this outbox found in the stream by reconciliation and not
     /// handed to this publisher since.
-    stored_before: HashSet<u64>,
+    stored_before: HashMap<u64, u32>,
     reconciled: Option<Reconciled>,
 }
 
@@ -248,10 +253,11 @@ pub struct Reconciled {
 }
 
 impl JetStream {
-    /// Connects to the servers (retrying in the background when none is
-    /// up yet) and, when they answer, finds or creates the stream. A server
-    /// that cannot be reached now is not an error: publishes wait for the
-    /// connection and fail as [`Outcome::Retry`] when their timeout passes.
+    /// Connects to the servers (retrying in the background when none is up
+    /// yet). The stream is found (or created) and reconciled before the first
+    /// publish, not here: a server that cannot be reached now is not an
+    /// error; publishes wait for the connection and fail as
+    /// [`Outcome::Retry`] when their timeout passes.
     pub fn connect(outbox: &Outbox, options: JetStreamOptions) -> Result<JetStream, NatsError> {
         JetStream::connect_as(outbox.id(), options)
     }
@@ -293,7 +299,7 @@ impl JetStream {
             id_prefix: format!("{outbox_id:032x}-"),
             subject,
             options,
-            stored_before: HashSet::new(),
+            stored_before: HashMap::new(),
             reconciled: None,
         })
     }
@@ -405,7 +411,7 @@ impl JetStream {
         context: &Context,
         options: &JetStreamOptions,
         id_prefix: &str,
-        found: &mut HashSet<u64>,
+        found: &mut HashMap<u64, u32>,
     ) -> Result<Reconciled, String> {
         let stream = find_stream(context, options).await?;
         let info = stream.get_info().await.map_err(|e| e.to_string())?;
@@ -431,17 +437,21 @@ impl JetStream {
                     Err(e) => return Err(e.to_string()),
                 };
                 report.examined += 1;
-                let ours = message
-                    .headers
+                // This outbox's: the seq from the message id, the same in
+                // its own header, and the payload's checksum.
+                let headers = &message.headers;
+                let from_id = headers
                     .get("Nats-Msg-Id")
-                    .is_some_and(|id| id.as_str().starts_with(id_prefix));
-                let seq = message
-                    .headers
-                    .get(SEQ_HEADER)
-                    .and_then(|seq| seq.as_str().parse::<u64>().ok());
-                if let (true, Some(seq)) = (ours, seq) {
+                    .and_then(|id| id.as_str().strip_prefix(id_prefix).map(decimal));
+                let from_header = headers.get(SEQ_HEADER).map(|s| decimal(s.as_str()));
+                let crc = headers
+                    .get(CRC_HEADER)
+                    .and_then(|c| u32::from_str_radix(c.as_str(), 16).ok());
+                if let (Some(Some(seq)), Some(Some(same)), Some(crc)) = (from_id, from_header, crc)
+                    && seq == same
+                {
                     report.found += 1;
-                    found.insert(seq);
+                    found.insert(seq, crc);
                 }
             }
             next = end + 1;
@@ -468,6 +478,14 @@ async fn new_context(
         .max_ack_inflight(options.in_flight)
         .backpressure_on_inflight(true)
         .build(client))
+}
+
+/// A seq written by this publisher: ASCII digits only.
+fn decimal(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
 }
 
 /// The stream, created from the options' spec when it is missing.
@@ -527,49 +545,63 @@ impl Publisher for JetStream {
         let mut messages = Vec::with_capacity(records.len());
         for (i, record) in records.iter().enumerate() {
             let seq = record.seq().get();
-            if self.stored_before.remove(&seq) {
+            let crc = crc32fast::hash(record.payload());
+            // Kept after the answer: the record may come back (its ack
+            // failed, its lease ran out) and must get the same answer.
+            if self.stored_before.get(&seq) == Some(&crc) {
                 outcomes[i] = Some(Outcome::Duplicate);
                 continue;
             }
             let message = PublishMessage::build()
                 .payload(Bytes::copy_from_slice(record.payload()))
                 .message_id(self.message_id(seq))
-                .header(SEQ_HEADER, seq.to_string().as_str());
+                .header(SEQ_HEADER, seq.to_string().as_str())
+                .header(CRC_HEADER, format!("{crc:08x}").as_str());
             messages.push((i, self.subject_of(record), message));
         }
         let context = &self.context;
+        let connected =
+            context.client().connection_state() == async_nats::connection::State::Connected;
         let mut timed_out = false;
+        let in_flight = self.options.in_flight;
+        let mut messages = messages.into_iter().peekable();
         self.runtime.block_on(async {
-            // All sent first (pipelined), then the PubAcks awaited.
-            let mut acks = Vec::with_capacity(messages.len());
-            for (i, subject, message) in messages {
-                if timed_out {
-                    // The connection takes no more: the rest waits for the
-                    // next round rather than a timeout each.
-                    outcomes[i] = Some(Outcome::Retry("the connection accepts no publish".into()));
-                    continue;
-                }
-                match context.send_publish(subject, message).await {
-                    Ok(ack) => acks.push((i, ack)),
-                    Err(e) => {
-                        timed_out |= e.kind() == PublishErrorKind::TimedOut;
-                        outcomes[i] = Some(outcome_of_error(&e));
+            // Up to `in_flight` at a time (each unanswered publish holds one of
+            // the client's permits): all of a chunk sent first, pipelined,
+            // then its PubAcks awaited.
+            while messages.peek().is_some() {
+                let mut acks = Vec::with_capacity(in_flight);
+                for (i, subject, message) in messages.by_ref().take(in_flight) {
+                    if timed_out {
+                        // The connection takes no more: the rest waits for the
+                        // next round rather than a timeout each.
+                        outcomes[i] =
+                            Some(Outcome::Retry("the connection accepts no publish".into()));
+                        continue;
+                    }
+                    match context.send_publish(subject, message).await {
+                        Ok(ack) => acks.push((i, ack)),
+                        Err(e) => {
+                            timed_out |= e.kind() == PublishErrorKind::TimedOut;
+                            outcomes[i] = Some(outcome_of_error(&e, connected));
+                        }
                     }
                 }
-            }
-            // Awaited together: each PubAck's timeout runs from when it is
-            // first polled, so awaiting them one after another would let a
-            // batch the broker does not answer (a stream without a leader)
-            // take its length times the timeout.
-            let (indexes, acks): (Vec<usize>, Vec<_>) = acks.into_iter().unzip();
-            let answers =
-                futures_util::future::join_all(acks.into_iter().map(IntoFuture::into_future)).await;
-            for (i, answer) in indexes.into_iter().zip(answers) {
-                outcomes[i] = Some(match answer {
-                    Ok(ack) if ack.duplicate => Outcome::Duplicate,
-                    Ok(_) => Outcome::Stored,
-                    Err(e) => outcome_of_error(&e),
-                });
+                // Awaited together: each PubAck's timeout runs from when it is
+                // first polled, so awaiting them one after another would let a
+                // batch the broker does not answer (a stream without a leader)
+                // take its length times the timeout.
+                let (indexes, acks): (Vec<usize>, Vec<_>) = acks.into_iter().unzip();
+                let answers =
+                    futures_util::future::join_all(acks.into_iter().map(IntoFuture::into_future))
+                        .await;
+                for (i, answer) in indexes.into_iter().zip(answers) {
+                    outcomes[i] = Some(match answer {
+                        Ok(ack) if ack.duplicate => Outcome::Duplicate,
+                        Ok(_) => Outcome::Stored,
+                        Err(e) => outcome_of_error(&e, connected),
+                    });
+                }
             }
         });
         outcomes
@@ -580,11 +612,12 @@ impl Publisher for JetStream {
 }
 
 /// A failed publish: refused for good when the message is too large for the
-/// connection or the stream; otherwise (a timeout, no stream leader yet, a
-/// broken connection) retried.
-fn outcome_of_error(error: &PublishError) -> Outcome {
+/// stream, or for the connection's `max_payload` once the server said it
+/// (`connected`; before that the client assumes 1 MiB); otherwise (a
+/// timeout, no stream leader yet, a broken connection) retried.
+fn outcome_of_error(error: &PublishError, connected: bool) -> Outcome {
     let refused = match error.kind() {
-        PublishErrorKind::MaxPayloadExceeded => true,
+        PublishErrorKind::MaxPayloadExceeded => connected,
         PublishErrorKind::Other => std::error::Error::source(error)
             .and_then(|source| source.downcast_ref::<jetstream::Error>())
             .is_some_and(|e| e.error_code() == ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM),

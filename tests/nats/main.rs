@@ -298,7 +298,9 @@ fn poison() {
     }
     let options = JetStreamOptions::new(&server.url(), "POISON", SUBJECT)
         .create_stream(1)
-        .stream_max_message_size(1024);
+        .stream_max_message_size(1024)
+        // Smaller than the relay's batch (256): published in chunks.
+        .in_flight(64);
     let publisher = JetStream::connect(&outbox, options).expect("publisher");
     let mut relay = Relay::new(outbox.clone(), publisher, RelayOptions::default());
     while outbox.stats().pending > 0 {

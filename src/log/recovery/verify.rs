@@ -11,6 +11,55 @@ use crate::options::{OpenCheck, RecoveryMode};
 
 use super::{plan, scan, state};
 
+/// The storage seen through a pass that must change nothing: files open
+/// read-only, and every call that would create, remove, rename, sync or lock
+/// fails, so no code path below can write, whatever it tries.
+#[derive(Debug)]
+struct ReadOnly<'a>(&'a dyn Storage);
+
+fn refused() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        "a read-only check changes nothing",
+    )
+}
+
+impl Storage for ReadOnly<'_> {
+    fn create_dir(&self, _: &Path) -> std::io::Result<bool> {
+        Err(refused())
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        self.0.list(dir)
+    }
+    fn create(&self, _: &Path) -> std::io::Result<std::sync::Arc<dyn crate::io::StorageFile>> {
+        Err(refused())
+    }
+    fn open(&self, path: &Path) -> std::io::Result<std::sync::Arc<dyn crate::io::StorageFile>> {
+        self.0.open_read(path)
+    }
+    fn open_read(
+        &self,
+        path: &Path,
+    ) -> std::io::Result<std::sync::Arc<dyn crate::io::StorageFile>> {
+        self.0.open_read(path)
+    }
+    fn remove(&self, _: &Path) -> std::io::Result<()> {
+        Err(refused())
+    }
+    fn rename(&self, _: &Path, _: &Path) -> std::io::Result<()> {
+        Err(refused())
+    }
+    fn sync_dir(&self, _: &Path) -> std::io::Result<()> {
+        Err(refused())
+    }
+    fn lock(&self, _: &Path) -> std::result::Result<crate::io::LockGuard, crate::io::LockError> {
+        Err(crate::io::LockError::Io(refused()))
+    }
+}
+
+/// How many passes a check makes at most when the log changes under it.
+const PASSES_MAX: usize = 5;
+
 /// One segment file, as [`verify`](crate::verify) found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -103,6 +152,14 @@ fn problem(error: Error) -> std::result::Result<Problem, Error> {
             seq,
             kind,
         }),
+        // A segment of another format version: damage as far as this
+        // build can tell, named like any other.
+        Error::UnsupportedFormat { path, found, .. } => Ok(Problem {
+            path,
+            offset: 0,
+            seq: None,
+            kind: Corruption::UnsupportedVersion { found },
+        }),
         other => Err(other),
     }
 }
@@ -128,8 +185,47 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<Verification> {
     verify_with(&crate::io::StdStorage::new(), &dir)
 }
 
-/// [`verify`] through `storage`.
+/// [`verify`] through `storage`. A log being written changes while it is
+/// read (a rotation, a seal, a deletion, a batch landing): a pass that finds
+/// a problem, or a file gone, is made again, and a problem is reported only
+/// once two passes in a row find it (real damage is durable and does not
+/// move; an artefact of a concurrent write does not repeat).
 pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<Verification> {
+    let storage = ReadOnly(storage);
+    let mut previous: Option<Verification> = None;
+    for attempt in 1..=PASSES_MAX {
+        let current = match pass(&storage, dir) {
+            Ok(v) => v,
+            // A file deleted (or replaced) by the running owner mid-pass.
+            Err(Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && attempt < PASSES_MAX =>
+            {
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if current.is_clean() {
+            return Ok(current);
+        }
+        if let Some(before) = &previous
+            && before.problems == current.problems
+        {
+            return Ok(current);
+        }
+        previous = Some(current);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    previous.ok_or_else(|| {
+        Error::io(
+            "list directory",
+            dir,
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        )
+    })
+}
+
+/// One pass over `dir`.
+fn pass(storage: &dyn Storage, dir: &Path) -> Result<Verification> {
     let names = storage
         .list(dir)
         .map_err(|e| Error::io("list directory", dir, e))?;
