@@ -32,6 +32,8 @@ use crate::options::Options;
 use crate::state::dedup::Dedup;
 use crate::state::table::{SegmentSlots, SlotRef, Table};
 
+mod async_api;
+
 /// A durable outbox on one directory.
 ///
 /// A cheap handle: clone it freely and share it between any number of producer
@@ -303,6 +305,8 @@ impl Outbox {
             poison: OnceLock::new(),
             counters: Counters::default(),
             lock: Mutex::new(Some(lock)),
+            arrivals: Default::default(),
+            timers: OnceLock::new(),
         });
         Counters::add(&shared.counters.fsyncs, u64::from(sealed));
         let writer = Writer::start(
@@ -724,7 +728,7 @@ impl Outbox {
                 let reclaim = failure.corrupt && table.set_aside(failure.seq);
                 drop(table);
                 // The released records are claimable again.
-                shared.arrived.notify_all();
+                shared.notify_arrived(true);
                 if failure.corrupt {
                     Counters::add(&shared.counters.corrupt_records, 1);
                 }
@@ -807,7 +811,7 @@ impl Outbox {
         let shared = &self.handle.shared;
         shared.check_open()?;
         shared.table.lock().release(seq)?;
-        shared.arrived.notify_one();
+        shared.notify_arrived(false);
         Ok(())
     }
 
@@ -834,7 +838,7 @@ impl Outbox {
             first
         };
         // Claimable at once: wake a waiting relay.
-        shared.arrived.notify_all();
+        shared.notify_arrived(true);
         self.acknowledged(false, first)
     }
 
@@ -892,7 +896,7 @@ impl Outbox {
             table.requeue(seq)?;
             first
         };
-        shared.arrived.notify_all();
+        shared.notify_arrived(true);
         self.acknowledged(false, first)
     }
 
@@ -1062,6 +1066,10 @@ impl Handle {
         {
             let _table = shared.table.lock();
             shared.arrived.notify_all();
+        }
+        shared.arrivals.wake_all();
+        if let Some(timers) = shared.timers.get() {
+            timers.stop();
         }
         // Dropping the only sender lets the writer drain the queue and stop.
         drop(self.tx.write().take());

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Waker};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -36,6 +37,12 @@ pub(crate) struct Shared {
     /// The digests of deduplication ids, payloads and keys (keyed by the
     /// outbox's identity).
     pub hasher: crate::format::hash::Hasher,
+    /// The tasks of `claim_wait_async` waiting for records, woken with the
+    /// threads waiting on `arrived`.
+    pub arrivals: Wakers,
+    /// The deadlines of `claim_wait_async` (a timeout, a lease running out),
+    /// started by the first that needs one.
+    pub timers: OnceLock<Arc<crate::log::timer::Timers>>,
 }
 
 impl Shared {
@@ -56,6 +63,51 @@ impl Shared {
             return Err(Error::Closed);
         }
         Ok(())
+    }
+
+    /// Records became claimable (or the outbox closed): wakes the threads
+    /// waiting in `claim_wait` (one of them, or all) and every task waiting in
+    /// `claim_wait_async`. Called after the table changed.
+    pub(crate) fn notify_arrived(&self, all: bool) {
+        if all {
+            self.arrived.notify_all();
+        } else {
+            self.arrived.notify_one();
+        }
+        self.arrivals.wake_all();
+    }
+
+    /// The timer thread of `claim_wait_async`, started on first use (`None`
+    /// if the system refuses a thread: the caller then polls).
+    pub(crate) fn timers(&self) -> Option<&Arc<crate::log::timer::Timers>> {
+        if let Some(t) = self.timers.get() {
+            return Some(t);
+        }
+        let started = crate::log::timer::Timers::start()?;
+        Some(self.timers.get_or_init(|| started))
+    }
+}
+
+/// Tasks waiting for something, each woken once when it happens (a task
+/// that wants to wait again registers again when it is polled).
+#[derive(Default)]
+pub(crate) struct Wakers(Mutex<Vec<Waker>>);
+
+impl Wakers {
+    /// Registers `waker`, unless a waker of the same task is already there.
+    pub(crate) fn register(&self, waker: &Waker) {
+        let mut all = self.0.lock();
+        if !all.iter().any(|w| w.will_wake(waker)) {
+            all.push(waker.clone());
+        }
+    }
+
+    /// Wakes every registered task, outside the lock.
+    pub(crate) fn wake_all(&self) {
+        let woken = std::mem::take(&mut *self.0.lock());
+        for w in woken {
+            w.wake();
+        }
     }
 }
 
@@ -95,6 +147,8 @@ impl Counters {
 pub(crate) struct Budget {
     used: Mutex<Used>,
     freed: Condvar,
+    /// Async producers waiting for room, woken with the threads on `freed`.
+    waiting: Wakers,
     max_bytes: u64,
     max_requests: usize,
 }
@@ -119,6 +173,7 @@ impl Budget {
         Budget {
             used: Mutex::new(Used::default()),
             freed: Condvar::new(),
+            waiting: Wakers::default(),
             max_bytes,
             max_requests,
         }
@@ -136,6 +191,30 @@ impl Budget {
         used.bytes += bytes;
         used.requests += 1;
         Ok(())
+    }
+
+    /// [`acquire`](Budget::acquire) for a task: takes room for a request of
+    /// `bytes` if it fits now, or registers the task to be woken when room is
+    /// given back (or the outbox closes).
+    pub(crate) fn poll_acquire(
+        &self,
+        bytes: u64,
+        closed: &AtomicBool,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<()>> {
+        let mut used = self.used.lock();
+        if used.fits(bytes, self) {
+            used.bytes += bytes;
+            used.requests += 1;
+            return Poll::Ready(Ok(()));
+        }
+        if closed.load(Ordering::Acquire) {
+            return Poll::Ready(Err(Error::Closed));
+        }
+        // Registered under the lock that `release` takes before it wakes:
+        // room given back after the check above wakes this task.
+        self.waiting.register(cx.waker());
+        Poll::Pending
     }
 
     /// Takes room for a request of `bytes` if it fits now.
@@ -164,12 +243,16 @@ impl Budget {
         used.requests -= requests;
         drop(used);
         self.freed.notify_all();
+        self.waiting.wake_all();
     }
 
     /// Wakes every waiter, so that it sees the outbox closed.
     pub(crate) fn wake_all(&self) {
-        let _used = self.used.lock();
-        self.freed.notify_all();
+        {
+            let _used = self.used.lock();
+            self.freed.notify_all();
+        }
+        self.waiting.wake_all();
     }
 }
 
@@ -193,6 +276,22 @@ impl Ticket {
             bytes,
             armed: true,
         })
+    }
+
+    /// [`take`](Ticket::take) for a task: the ticket once the queue has room.
+    pub(crate) fn poll_take(
+        shared: &Arc<Shared>,
+        bytes: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Ticket>> {
+        shared
+            .budget
+            .poll_acquire(bytes, &shared.closed, cx)
+            .map_ok(|()| Ticket {
+                shared: shared.clone(),
+                bytes,
+                armed: true,
+            })
     }
 
     /// The encoded bytes of the request.
@@ -258,17 +357,25 @@ impl Verdicts {
 
 /// Where the writer puts the outcome of one request, and its producer waits.
 pub(crate) struct Completion {
-    slot: Mutex<Option<Result<Seq>>>,
+    slot: Mutex<Slot>,
     done: Condvar,
     /// For an append of messages: what became of each.
     verdicts: Mutex<Verdicts>,
+}
+
+/// The outcome once the writer left it, and the task to wake then (an async
+/// producer), under one lock.
+#[derive(Default)]
+struct Slot {
+    outcome: Option<Result<Seq>>,
+    waker: Option<Waker>,
 }
 
 impl Completion {
     /// A completion and the writer's end of it.
     pub(crate) fn new() -> (Arc<Completion>, Completer) {
         let c = Arc::new(Completion {
-            slot: Mutex::new(None),
+            slot: Mutex::new(Slot::default()),
             done: Condvar::new(),
             verdicts: Mutex::new(Verdicts::None),
         });
@@ -279,10 +386,37 @@ impl Completion {
     pub(crate) fn wait(&self) -> Result<Seq> {
         let mut slot = self.slot.lock();
         loop {
-            if let Some(outcome) = slot.take() {
+            if let Some(outcome) = slot.outcome.take() {
                 return outcome;
             }
             self.done.wait(&mut slot);
+        }
+    }
+
+    /// [`wait`](Completion::wait) for a task: the outcome if the writer left
+    /// it, else the task is woken when it does.
+    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<Seq>> {
+        let mut slot = self.slot.lock();
+        if let Some(outcome) = slot.outcome.take() {
+            return Poll::Ready(outcome);
+        }
+        match &slot.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => slot.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// Leaves `outcome` and wakes whoever waits for it.
+    fn finish(&self, outcome: Result<Seq>) {
+        let waker = {
+            let mut slot = self.slot.lock();
+            slot.outcome = Some(outcome);
+            slot.waker.take()
+        };
+        self.done.notify_all();
+        if let Some(w) = waker {
+            w.wake();
         }
     }
 
@@ -307,8 +441,7 @@ impl Completer {
 
     pub(crate) fn complete(mut self, outcome: Result<Seq>) {
         if let Some(c) = self.0.take() {
-            *c.slot.lock() = Some(outcome);
-            c.done.notify_all();
+            c.finish(outcome);
         }
     }
 }
@@ -362,8 +495,7 @@ impl Notifier {
 impl Drop for Completer {
     fn drop(&mut self) {
         if let Some(c) = self.0.take() {
-            *c.slot.lock() = Some(Err(Error::Closed));
-            c.done.notify_all();
+            c.finish(Err(Error::Closed));
         }
     }
 }

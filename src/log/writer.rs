@@ -1070,7 +1070,7 @@ impl Writer {
         self.unsynced.clear();
         self.group = None;
         self.unsynced_since = None;
-        self.shared.arrived.notify_all();
+        self.shared.notify_arrived(true);
         Ok(())
     }
 
@@ -1092,7 +1092,7 @@ impl Writer {
         }
         let _ = self.shared.poison.set(error.clone());
         // Claimers waiting for records will get none from this run.
-        self.shared.arrived.notify_all();
+        self.shared.notify_arrived(true);
         self.shared.poison.get().cloned().unwrap_or(error)
     }
 

@@ -2,6 +2,7 @@
 
 mod acks;
 mod append;
+mod async_api;
 mod backlog;
 mod claim;
 mod crash;

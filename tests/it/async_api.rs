@@ -1,0 +1,349 @@
+//! The async API under tokio (multi-thread and current-thread) and under a
+//! minimal executor (pollster): records arrive intact and once, waits are
+//! woken (by the writer, by room in the queue, by a lease running out, by
+//! close), and a future dropped at any point loses no record that was
+//! answered and duplicates none.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use segwal::{Error, Message, Options, Outbox, Seq};
+
+use crate::{drain, tmp};
+
+fn payload(producer: u32, i: u32) -> Vec<u8> {
+    format!("producer {producer} record {i}").into_bytes()
+}
+
+/// Every record of `outbox` after a reopen: payload -> seq, each at most once.
+fn reopened_payloads(path: &std::path::Path) -> BTreeMap<Vec<u8>, Seq> {
+    let outbox = Outbox::open(path, Options::default()).expect("reopen");
+    let mut seen = BTreeMap::new();
+    for r in drain(&outbox) {
+        let before = seen.insert(r.payload().to_vec(), r.seq());
+        assert!(before.is_none(), "record {:?} delivered twice", r.seq());
+    }
+    outbox.close().expect("close");
+    seen
+}
+
+#[test]
+fn futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    let (_d, path) = tmp();
+    let outbox = Outbox::open(&path, Options::default()).expect("open");
+    send(&outbox.append_async(b"x"));
+    send(&outbox.append_message_async(&Message::new(b"x")));
+    send(&outbox.claim_async(1));
+    send(&outbox.claim_wait_async(1, Duration::ZERO));
+    send(&outbox.sync_async());
+    outbox.close().expect("close");
+}
+
+#[test]
+fn many_tasks_on_a_multi_thread_runtime_append_in_order() {
+    let (_d, path) = tmp();
+    let outbox = Arc::new(Outbox::open(&path, Options::default()).expect("open"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("runtime");
+    let answered: Vec<Vec<Seq>> = rt.block_on(async {
+        let tasks: Vec<_> = (0..64u32)
+            .map(|p| {
+                let outbox = outbox.clone();
+                tokio::spawn(async move {
+                    let mut seqs = Vec::new();
+                    for i in 0..100 {
+                        seqs.push(outbox.append_async(&payload(p, i)).await.expect("append"));
+                    }
+                    seqs
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for t in tasks {
+            all.push(t.await.expect("task"));
+        }
+        all
+    });
+    // Each task's records in the order it appended them.
+    for seqs in &answered {
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    }
+    let records = drain(&outbox);
+    assert_eq!(records.len(), 6_400);
+    let by_seq: BTreeMap<Seq, Vec<u8>> = records
+        .iter()
+        .map(|r| (r.seq(), r.payload().to_vec()))
+        .collect();
+    for (p, seqs) in answered.iter().enumerate() {
+        for (i, seq) in seqs.iter().enumerate() {
+            assert_eq!(by_seq[seq], payload(p as u32, i as u32));
+        }
+    }
+    Arc::try_unwrap(outbox)
+        .expect("one handle")
+        .close()
+        .expect("close");
+}
+
+#[test]
+fn a_current_thread_runtime_is_never_blocked() {
+    // One thread runs the relay's wait and the producers: an append or a
+    // wait that blocked the thread would leave the other side never polled,
+    // and the claim would time out empty.
+    let (_d, path) = tmp();
+    // A queue of two requests: producers wait for room, as futures.
+    let options = Options::default().queue_capacity(2);
+    let outbox = Arc::new(Outbox::open(&path, options).expect("open"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let delivered = rt.block_on(async {
+        let relay = {
+            let outbox = outbox.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                while got.len() < 400 {
+                    let batch = outbox
+                        .claim_wait_async(64, Duration::from_secs(30))
+                        .await
+                        .expect("claim");
+                    assert!(!batch.is_empty(), "the wait was not woken by appends");
+                    for r in &batch {
+                        outbox.ack(r.seq()).expect("ack");
+                    }
+                    got.extend(batch.into_iter().map(|r| r.payload().to_vec()));
+                }
+                got
+            })
+        };
+        let producers: Vec<_> = (0..8u32)
+            .map(|p| {
+                let outbox = outbox.clone();
+                tokio::spawn(async move {
+                    for i in 0..50 {
+                        outbox.append_async(&payload(p, i)).await.expect("append");
+                    }
+                })
+            })
+            .collect();
+        for p in producers {
+            p.await.expect("producer");
+        }
+        relay.await.expect("relay")
+    });
+    let mut expected: Vec<Vec<u8>> = (0..8)
+        .flat_map(|p| (0..50).map(move |i| payload(p, i)))
+        .collect();
+    let mut got = delivered;
+    expected.sort();
+    got.sort();
+    assert_eq!(got, expected);
+    assert_eq!(outbox.stats().pending, 0);
+    Arc::try_unwrap(outbox)
+        .expect("one handle")
+        .close()
+        .expect("close");
+}
+
+#[test]
+fn a_minimal_executor_runs_every_method() {
+    let (_d, path) = tmp();
+    let outbox =
+        Outbox::open(&path, Options::default().lease(Duration::from_millis(100))).expect("open");
+    let seq = pollster::block_on(outbox.append_async(b"first")).expect("append");
+    let m = Message::new(b"second").dedup_id(b"order-7781");
+    let a = pollster::block_on(outbox.append_message_async(&m)).expect("append message");
+    assert!(!a.duplicate);
+    let again = pollster::block_on(outbox.append_message_async(&m)).expect("append again");
+    assert!(again.duplicate);
+    assert_eq!(again.seq, a.seq);
+    pollster::block_on(outbox.sync_async()).expect("sync");
+
+    let first = pollster::block_on(outbox.claim_async(1)).expect("claim");
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].seq(), seq);
+    assert_eq!(first[0].attempt(), 1);
+    let second = pollster::block_on(outbox.claim_async(10)).expect("claim");
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].payload(), b"second");
+    outbox.ack(second[0].seq()).expect("ack");
+
+    // Nothing claimable until the first record's lease runs out: the timer
+    // wakes the wait, which hands it out again as a second attempt.
+    let back = pollster::block_on(outbox.claim_wait_async(10, Duration::from_secs(30)))
+        .expect("claim wait");
+    assert_eq!(back.len(), 1, "the lease's end did not wake the wait");
+    assert_eq!(back[0].seq(), seq);
+    assert_eq!(back[0].attempt(), 2);
+    outbox.ack(seq).expect("ack");
+
+    // And a timeout with nothing to claim resolves empty.
+    let none = pollster::block_on(outbox.claim_wait_async(10, Duration::from_millis(30)))
+        .expect("claim wait");
+    assert!(none.is_empty());
+    outbox.close().expect("close");
+}
+
+#[test]
+fn close_wakes_every_waiting_future() {
+    let (_d, path) = tmp();
+    let outbox = Arc::new(Outbox::open(&path, Options::default()).expect("open"));
+    let waiter = {
+        let outbox = outbox.clone();
+        std::thread::spawn(move || {
+            pollster::block_on(outbox.claim_wait_async(1, Duration::from_secs(3600)))
+        })
+    };
+    // Give the wait time to park (if it has not, close still answers it).
+    std::thread::sleep(Duration::from_millis(50));
+    outbox.close().expect("close");
+    match waiter.join().expect("waiter") {
+        Err(Error::Closed) => {}
+        other => panic!("expected Closed, got {other:?}"),
+    }
+    assert!(matches!(
+        pollster::block_on(outbox.append_async(b"late")),
+        Err(Error::Closed)
+    ));
+}
+
+/// Polls `fut` `polls` times (with a waker that does nothing), then drops it;
+/// its answer if one of the polls returned it.
+fn poll_then_drop<F: Future>(fut: F, polls: u32) -> Option<F::Output> {
+    let mut fut = pin!(fut);
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..polls {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return Some(out);
+        }
+        std::thread::yield_now();
+    }
+    None
+}
+
+#[test]
+fn dropping_append_futures_at_random_points_loses_no_answered_record() {
+    let (_d, path) = tmp();
+    // A small queue, so that some futures wait for room when dropped.
+    let outbox = Outbox::open(&path, Options::default().queue_capacity(4)).expect("open");
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut answered = BTreeMap::new();
+    let mut never_polled = Vec::new();
+    let mut dropped = Vec::new();
+    for i in 0..2_000u32 {
+        let p = payload(0, i);
+        let polls = (next() % 4) as u32;
+        // One in four awaited to the end, the others dropped after 0 to 2
+        // polls.
+        let outcome = if polls == 3 {
+            Some(pollster::block_on(outbox.append_async(&p)))
+        } else {
+            poll_then_drop(outbox.append_async(&p), polls)
+        };
+        match outcome {
+            Some(Ok(seq)) => {
+                answered.insert(p, seq);
+            }
+            Some(Err(e)) => panic!("append {i}: {e}"),
+            None if polls == 0 => never_polled.push(p),
+            None => dropped.push(p),
+        }
+    }
+    // The writer finishes what it was given; then a reopen shows the log.
+    outbox.close().expect("close");
+    let found = reopened_payloads(&path);
+    for (p, seq) in &answered {
+        assert_eq!(found.get(p), Some(seq), "an answered record is missing");
+    }
+    for p in &never_polled {
+        assert!(!found.contains_key(p), "a future never polled was written");
+    }
+    // Dropped after a poll: in doubt, so present or not (each once, checked
+    // by `reopened_payloads`), and nothing else is in the log.
+    let in_doubt_written = dropped.iter().filter(|p| found.contains_key(*p)).count();
+    assert_eq!(found.len(), answered.len() + in_doubt_written);
+    assert!(!answered.is_empty() && !never_polled.is_empty() && !dropped.is_empty());
+}
+
+#[test]
+fn tokio_timeouts_cancel_appends_and_claims_without_loss() {
+    let (_d, path) = tmp();
+    let outbox = Arc::new(
+        Outbox::open(&path, Options::default().lease(Duration::from_millis(200))).expect("open"),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let answered: Vec<(Vec<u8>, Seq)> = rt.block_on(async {
+        let tasks: Vec<_> = (0..16u32)
+            .map(|p| {
+                let outbox = outbox.clone();
+                tokio::spawn(async move {
+                    let mut done = Vec::new();
+                    for i in 0..100u32 {
+                        // A few microseconds to a few hundred: some appends
+                        // are cut off while queued, some before.
+                        let budget = Duration::from_micros(u64::from((p * 37 + i * 11) % 400));
+                        let body = payload(p, i);
+                        if let Ok(r) =
+                            tokio::time::timeout(budget, outbox.append_async(&body)).await
+                        {
+                            done.push((body, r.expect("append")));
+                        }
+                    }
+                    done
+                })
+            })
+            .collect();
+        // A relay whose claims are also cut off at random points.
+        let relay = {
+            let outbox = outbox.clone();
+            tokio::spawn(async move {
+                for k in 0..200u64 {
+                    let cut = Duration::from_micros(k * 13 % 500);
+                    if let Ok(r) = tokio::time::timeout(
+                        cut,
+                        outbox.claim_wait_async(8, Duration::from_millis(5)),
+                    )
+                    .await
+                    {
+                        // Claimed, not acked: each comes back at the next open.
+                        drop(r.expect("claim"));
+                    }
+                }
+            })
+        };
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.expect("task"));
+        }
+        relay.await.expect("relay");
+        all
+    });
+    Arc::try_unwrap(outbox)
+        .expect("one handle")
+        .close()
+        .expect("close");
+    let found = reopened_payloads(&path);
+    for (p, seq) in &answered {
+        assert_eq!(found.get(p), Some(seq), "an answered record is missing");
+    }
+    assert!(found.len() >= answered.len());
+    assert!(found.len() <= 1_600);
+}
