@@ -5,6 +5,7 @@
 
 mod engines;
 mod measure;
+mod asyncs;
 mod nats;
 mod report;
 mod workload;
@@ -145,6 +146,8 @@ struct Args {
     rounds: Option<usize>,
     /// Run the relay workload against this JetStream server, only.
     nats: Option<String>,
+    /// Run the async workload, only.
+    asyncs: bool,
 }
 
 const USAGE: &str = "usage: compare [--quick] [--out DIR] [--tmp DIR]
@@ -161,7 +164,9 @@ const USAGE: &str = "usage: compare [--quick] [--out DIR] [--tmp DIR]
               report the median round (default 3; 1 with --quick)
   --nats URL  only the relay workload: append to JetStream PubAck through
               segwal's relay, against append-only and the server's own
-              pipelined publish rate (needs a JetStream server at URL)";
+              pipelined publish rate (needs a JetStream server at URL)
+  --async     only the async workload: durable appends from tasks on a tokio
+              runtime (append_async) against as many threads (append)";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut args = Args {
@@ -172,6 +177,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         producers: Vec::new(),
         rounds: None,
         nats: None,
+        asyncs: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -205,6 +211,7 @@ fn parse_args() -> std::result::Result<Args, String> {
                     _ => return Err(format!("bad round count {n:?}")),
                 }
             }
+            "--async" => args.asyncs = true,
             "--nats" => args.nats = Some(it.next().ok_or("--nats needs a server URL")?),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
@@ -235,6 +242,11 @@ fn run(args: Args) -> Result<()> {
         let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
         let tmp = args.tmp.clone().unwrap_or_else(std::env::temp_dir);
         return nats::run(url, args.quick, rounds, &tmp, args.out.as_deref());
+    }
+    if args.asyncs {
+        let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
+        let tmp = args.tmp.clone().unwrap_or_else(std::env::temp_dir);
+        return asyncs::run(args.quick, rounds, &tmp, args.out.as_deref());
     }
     let mut plan = if args.quick {
         Plan::quick()
