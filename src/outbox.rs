@@ -63,7 +63,13 @@ struct Handle {
 
 /// What an operator needs to see whether the relay keeps up. From
 /// [`Outbox::stats`].
+///
+/// Serialisable (feature `json`, on by default), so that a metrics endpoint
+/// prints what `segwal inspect --json` prints: durations as whole
+/// microseconds under names ending in `_us`, sequence numbers as numbers,
+/// `None` as `null` (`examples/prometheus.rs` turns it into Prometheus text).
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "json", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Stats {
     /// Records durable and waiting to be claimed.
@@ -120,9 +126,17 @@ pub struct Stats {
     /// that was ahead when it was appended reads zero, not a negative age), and
     /// grows with the monotonic clock from then on. A record stamped while the
     /// wall clock read before 1970 carries time 0 (docs/GUARANTEES.md, 7).
+    #[cfg_attr(
+        feature = "json",
+        serde(rename = "oldest_pending_age_us", serialize_with = "micros")
+    )]
     pub oldest_pending_age: Option<Duration>,
     /// Age of the oldest record not yet acknowledged (pending or claimed),
     /// measured as [`oldest_pending_age`](Stats::oldest_pending_age) is.
+    #[cfg_attr(
+        feature = "json",
+        serde(rename = "oldest_unacked_age_us", serialize_with = "micros")
+    )]
     pub oldest_unacked_age: Option<Duration>,
     /// Records appended since open.
     pub records_appended: u64,
@@ -162,6 +176,38 @@ pub struct Stats {
     /// bound, producers wait (or `try_append` fails with [`Error::Full`]): the
     /// disk is not keeping up.
     pub queued_bytes: u64,
+    /// The median time a batch's `fdatasync` took since open (the fsyncs
+    /// appends wait for; those of segment headers, seals and directories are
+    /// not counted). Read from a histogram of four buckets per power of two:
+    /// at most 25 % above the true value, never below. `None` before the
+    /// first.
+    #[cfg_attr(
+        feature = "json",
+        serde(rename = "fsync_p50_us", serialize_with = "micros")
+    )]
+    pub fsync_p50: Option<Duration>,
+    /// The 99th percentile of the batch fsyncs since open, read as
+    /// [`fsync_p50`](Stats::fsync_p50) is.
+    #[cfg_attr(
+        feature = "json",
+        serde(rename = "fsync_p99_us", serialize_with = "micros")
+    )]
+    pub fsync_p99: Option<Duration>,
+    /// The longest batch fsync since open, exact.
+    #[cfg_attr(
+        feature = "json",
+        serde(rename = "fsync_max_us", serialize_with = "micros")
+    )]
+    pub fsync_max: Option<Duration>,
+}
+
+/// A duration as whole microseconds (or null), for [`Stats`]' JSON.
+#[cfg(feature = "json")]
+fn micros<S: serde::Serializer>(d: &Option<Duration>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+        None => s.serialize_none(),
+    }
 }
 
 impl Outbox {
@@ -981,6 +1027,9 @@ impl Outbox {
             dead_letters: t.dead_letters,
             poisoned: shared.poison.get().is_some(),
             queued_bytes: shared.budget.used(),
+            fsync_p50: c.fsync_latency.quantile(0.50),
+            fsync_p99: c.fsync_latency.quantile(0.99),
+            fsync_max: c.fsync_latency.max(),
         }
     }
 

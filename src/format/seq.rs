@@ -18,6 +18,7 @@ pub(crate) const SEQ_MAX: u64 = 1 << 62;
 /// lossy recovery skips the numbers it dropped. The records of one
 /// [`Outbox::append_batch`](crate::Outbox::append_batch) call are always contiguous.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[cfg_attr(feature = "json", derive(serde::Serialize), serde(transparent))]
 pub struct Seq(u64);
 
 impl Seq {

@@ -126,6 +126,124 @@ pub(crate) struct Counters {
     pub duplicates: AtomicU64,
     /// The writer's deduplication memory, in bytes (set by the writer).
     pub dedup_bytes: AtomicU64,
+    /// How long the batch fsyncs took (those appends wait for).
+    pub fsync_latency: Latencies,
+}
+
+/// Buckets per power of two of a [`Latencies`] histogram.
+const SUB_BUCKETS: u32 = 4;
+/// Buckets enough for any `u64` of nanoseconds.
+const BUCKETS: usize = 64 * SUB_BUCKETS as usize;
+
+/// A histogram of durations since open, lock-free: four buckets per power of
+/// two of nanoseconds, so a percentile read from it is at most a quarter
+/// (25 %) above the true value, never below it; and the exact maximum.
+pub(crate) struct Latencies {
+    buckets: [AtomicU64; BUCKETS],
+    max_ns: AtomicU64,
+}
+
+impl Default for Latencies {
+    fn default() -> Latencies {
+        Latencies {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            max_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Latencies {
+    /// The bucket of `ns`: below 4 its own; above, the power of two and the
+    /// quarter of it `ns` falls in.
+    fn bucket(ns: u64) -> usize {
+        if ns < u64::from(SUB_BUCKETS) {
+            return ns as usize;
+        }
+        let e = 63 - ns.leading_zeros();
+        let quarter = (ns >> (e - 2)) & 3;
+        ((e - 1) * SUB_BUCKETS) as usize + quarter as usize
+    }
+
+    /// The largest value bucket `i` holds.
+    fn upper(i: usize) -> u64 {
+        if i < SUB_BUCKETS as usize {
+            return i as u64;
+        }
+        let e = (i as u32) / SUB_BUCKETS + 1;
+        let quarter = (i as u32 % SUB_BUCKETS) as u64;
+        let lower = (4 + quarter) << (e - 2);
+        lower.saturating_add((1u64 << (e - 2)) - 1)
+    }
+
+    pub(crate) fn record(&self, took: std::time::Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.buckets[Latencies::bucket(ns)].fetch_add(1, Ordering::Relaxed);
+        self.max_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// The `q` quantile (0 to 1) of what was recorded, rounded up to its
+    /// bucket's top (never above the maximum); `None` before the first.
+    pub(crate) fn quantile(&self, q: f64) -> Option<std::time::Duration> {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        let max = self.max_ns.load(Ordering::Relaxed);
+        for (i, n) in counts.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(std::time::Duration::from_nanos(Latencies::upper(i).min(max)));
+            }
+        }
+        Some(std::time::Duration::from_nanos(max))
+    }
+
+    /// The longest recorded; `None` before the first.
+    pub(crate) fn max(&self) -> Option<std::time::Duration> {
+        let any = self.buckets.iter().any(|b| b.load(Ordering::Relaxed) > 0);
+        any.then(|| std::time::Duration::from_nanos(self.max_ns.load(Ordering::Relaxed)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Latencies;
+    use std::time::Duration;
+
+    #[test]
+    fn every_value_lies_in_its_bucket_and_buckets_tile_the_line() {
+        for ns in (0..5000u64).chain([1 << 20, (1 << 20) + 1, u64::MAX / 3, u64::MAX]) {
+            let i = Latencies::bucket(ns);
+            assert!(ns <= Latencies::upper(i), "{ns} above bucket {i}");
+            if i > 0 {
+                assert!(ns > Latencies::upper(i - 1), "{ns} also fits bucket {}", i - 1);
+            }
+            // At most a quarter above the value.
+            assert!(Latencies::upper(i) - ns <= ns / 4 + 1, "{ns}: bucket {i} too wide");
+        }
+    }
+
+    #[test]
+    fn quantiles_come_from_what_was_recorded() {
+        let l = Latencies::default();
+        assert_eq!(l.quantile(0.5), None);
+        assert_eq!(l.max(), None);
+        for us in 1..=100u64 {
+            l.record(Duration::from_micros(us));
+        }
+        let p50 = l.quantile(0.5).expect("p50");
+        let p99 = l.quantile(0.99).expect("p99");
+        assert!(p50 >= Duration::from_micros(50) && p50 <= Duration::from_micros(63), "{p50:?}");
+        assert!(p99 >= Duration::from_micros(99) && p99 <= Duration::from_micros(100), "{p99:?}");
+        assert_eq!(l.max(), Some(Duration::from_micros(100)));
+    }
 }
 
 impl Counters {

@@ -1042,9 +1042,14 @@ impl Writer {
         let Some(group) = self.group else {
             return Ok(());
         };
+        let started = std::time::Instant::now();
         if let Err(e) = self.active.seg.file.sync_data() {
             return Err(self.poison("fsync", &self.active.seg.path.clone(), e));
         }
+        self.shared
+            .counters
+            .fsync_latency
+            .record(started.elapsed());
         Counters::add(&self.shared.counters.fsyncs, 1);
         self.active.tail.clear();
         // The negative control goes on in the middle of the block instead.
