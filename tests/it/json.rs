@@ -93,3 +93,46 @@ fn a_value_that_cannot_be_json_writes_nothing() {
     assert_eq!(outbox.stats().records_appended, 0);
     outbox.close().expect("close");
 }
+
+#[test]
+fn stats_serialise_with_fsync_percentiles() {
+    let (_d, path) = tmp();
+    let outbox = Outbox::open(&path, Options::default()).expect("open");
+    let before = outbox.stats();
+    assert_eq!(before.fsync_p50, None, "no batch fsync yet");
+    for i in 0..50u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    let claimed = outbox.claim(10).expect("claim");
+    outbox.ack(claimed[0].seq()).expect("ack");
+    let stats = outbox.stats();
+    let (p50, p99, max) = (
+        stats.fsync_p50.expect("p50"),
+        stats.fsync_p99.expect("p99"),
+        stats.fsync_max.expect("max"),
+    );
+    assert!(p50 <= p99 && p99 <= max, "{p50:?} {p99:?} {max:?}");
+    assert!(p50 > std::time::Duration::ZERO);
+
+    let json = serde_json::to_value(&stats).expect("serialise");
+    assert_eq!(json["pending"], 40);
+    assert_eq!(json["claimed"], 9);
+    assert_eq!(json["records_appended"], 50);
+    assert_eq!(json["first_seq"], claimed[1].seq().get());
+    assert_eq!(
+        json["fsync_max_us"],
+        u64::try_from(max.as_micros()).expect("fits")
+    );
+    assert!(json["oldest_pending_age_us"].is_u64());
+    assert_eq!(json["poisoned"], false);
+    // Every field a number, a boolean or null: what a metrics exporter reads.
+    let fields = json.as_object().expect("an object");
+    assert!(fields.len() >= 33, "{} fields", fields.len());
+    for (name, value) in fields {
+        assert!(
+            value.is_number() || value.is_boolean() || value.is_null(),
+            "{name}: {value}"
+        );
+    }
+    outbox.close().expect("close");
+}
