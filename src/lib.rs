@@ -48,6 +48,18 @@ macro_rules! injected {
 }
 pub(crate) use injected;
 
+/// A `tracing` event under the target `segwal` (feature `tracing`): open and
+/// recovery, rotation and seal, deletion, relocation, poisoning, lease
+/// expiry, dead-lettering. Without the feature it expands to nothing and
+/// evaluates nothing.
+macro_rules! event {
+    ($level:ident, $($arg:tt)+) => {{
+        #[cfg(feature = "tracing")]
+        ::tracing::$level!(target: "segwal", $($arg)+);
+    }};
+}
+pub(crate) use event;
+
 // The layers, bottom up (docs/ARCHITECTURE.md has the map): the pure codecs of
 // the format; everything that touches the disk; the log (writer and recovery);
 // the in-memory state machines; and on top, the public API in this folder.

@@ -366,6 +366,7 @@ impl Outbox {
             .name("segwal-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| Error::io("spawn writer thread", &shared.dir, e))?;
+        trace_open(&shared.dir, &report);
         // Kept aside for the next open that finds the disk full (best effort).
         reserve::ensure(
             &*shared.storage,
@@ -904,6 +905,7 @@ impl Outbox {
             table.dead_letter(seq, reason, crate::io::segment_file::now_us())?;
             first
         };
+        crate::event!(warn, seq = seq.get(), reason, "dead letter");
         self.acknowledged(false, first)
     }
 
@@ -1041,6 +1043,54 @@ impl Outbox {
     /// Records claimed and not acknowledged are pending again at the next open.
     pub fn close(&self) -> Result<()> {
         self.handle.close()
+    }
+}
+
+/// The events of an open (feature `tracing`): what recovery found and did.
+fn trace_open(_dir: &Path, _report: &RecoveryReport) {
+    #[cfg(feature = "tracing")]
+    {
+        let (dir, report) = (_dir, _report);
+        if let Some(torn) = &report.torn_tail {
+            crate::event!(
+                warn,
+                path = %torn.path.display(),
+                offset = torn.offset,
+                bytes = torn.bytes,
+                cause = %torn.cause,
+                "torn tail truncated (a write batch a crash cut short)"
+            );
+        }
+        for removed in &report.removed {
+            crate::event!(info, path = %removed.display(), "leftover segment removed");
+        }
+        for q in &report.quarantined {
+            crate::event!(
+                warn,
+                from = %q.from.display(),
+                to = %q.to.display(),
+                reason = ?q.reason,
+                "file set aside in quarantine"
+            );
+        }
+        if let Some(d) = &report.dropped {
+            crate::event!(
+                error,
+                path = %d.path.display(),
+                offset = d.offset,
+                first_seq = d.first.get(),
+                last_seq = d.last.map(|s| s.get()),
+                "lossy recovery dropped records"
+            );
+        }
+        crate::event!(
+            info,
+            dir = %dir.display(),
+            segments = report.segments_found,
+            records = report.records_recovered,
+            reserve_released = report.reserve_released,
+            "outbox opened"
+        );
     }
 }
 

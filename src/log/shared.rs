@@ -199,7 +199,9 @@ impl Latencies {
         for (i, n) in counts.iter().enumerate() {
             seen += n;
             if seen >= rank {
-                return Some(std::time::Duration::from_nanos(Latencies::upper(i).min(max)));
+                return Some(std::time::Duration::from_nanos(
+                    Latencies::upper(i).min(max),
+                ));
             }
         }
         Some(std::time::Duration::from_nanos(max))
@@ -223,10 +225,17 @@ mod tests {
             let i = Latencies::bucket(ns);
             assert!(ns <= Latencies::upper(i), "{ns} above bucket {i}");
             if i > 0 {
-                assert!(ns > Latencies::upper(i - 1), "{ns} also fits bucket {}", i - 1);
+                assert!(
+                    ns > Latencies::upper(i - 1),
+                    "{ns} also fits bucket {}",
+                    i - 1
+                );
             }
             // At most a quarter above the value.
-            assert!(Latencies::upper(i) - ns <= ns / 4 + 1, "{ns}: bucket {i} too wide");
+            assert!(
+                Latencies::upper(i) - ns <= ns / 4 + 1,
+                "{ns}: bucket {i} too wide"
+            );
         }
     }
 
@@ -240,8 +249,14 @@ mod tests {
         }
         let p50 = l.quantile(0.5).expect("p50");
         let p99 = l.quantile(0.99).expect("p99");
-        assert!(p50 >= Duration::from_micros(50) && p50 <= Duration::from_micros(63), "{p50:?}");
-        assert!(p99 >= Duration::from_micros(99) && p99 <= Duration::from_micros(100), "{p99:?}");
+        assert!(
+            p50 >= Duration::from_micros(50) && p50 <= Duration::from_micros(63),
+            "{p50:?}"
+        );
+        assert!(
+            p99 >= Duration::from_micros(99) && p99 <= Duration::from_micros(100),
+            "{p99:?}"
+        );
         assert_eq!(l.max(), Some(Duration::from_micros(100)));
     }
 }

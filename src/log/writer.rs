@@ -1046,10 +1046,7 @@ impl Writer {
         if let Err(e) = self.active.seg.file.sync_data() {
             return Err(self.poison("fsync", &self.active.seg.path.clone(), e));
         }
-        self.shared
-            .counters
-            .fsync_latency
-            .record(started.elapsed());
+        self.shared.counters.fsync_latency.record(started.elapsed());
         Counters::add(&self.shared.counters.fsyncs, 1);
         self.active.tail.clear();
         // The negative control goes on in the middle of the block instead.
@@ -1095,7 +1092,15 @@ impl Writer {
         if self.shared.poison.get().is_none() && self.active.len > self.active.synced_len {
             self.active.seg.cut_back(self.active.synced_len);
         }
-        let _ = self.shared.poison.set(error.clone());
+        if self.shared.poison.set(error.clone()).is_ok() {
+            crate::event!(
+                error,
+                path = %path.display(),
+                op,
+                error = %error,
+                "outbox poisoned: appends fail until it is reopened"
+            );
+        }
         // Claimers waiting for records will get none from this run.
         self.shared.notify_arrived(true);
         self.shared.poison.get().cloned().unwrap_or(error)
@@ -1142,6 +1147,14 @@ impl Writer {
             return Err(self.poison(f.op, &f.path, f.source));
         }
         Counters::add(&self.shared.counters.fsyncs, 1);
+        crate::event!(
+            info,
+            sealed = %self.active.seg.path.display(),
+            last_seq = seal_seq.get(),
+            bytes = self.active.len,
+            next = first.get(),
+            "segment sealed, the next one started"
+        );
         self.next_seq = first;
         self.last_written = seal_seq;
         self.shared.table.lock().seal_last(self.active.seg.id);
@@ -1244,6 +1257,12 @@ impl Writer {
             table.set_aside(seq);
         }
         table.moved_in(&moves);
+        crate::event!(
+            info,
+            from = %relocation.path.display(),
+            records = moves.len(),
+            "records carried forward so that their old segment can go"
+        );
         let copied = copies
             .iter()
             .map(|(_, ext, payload, _)| frame::frame_len(ext.len() + payload.len()) as u64)
@@ -1336,7 +1355,14 @@ impl Writer {
             // A file that cannot be removed now is below the durable log start:
             // the next recovery removes it.
             self.shared.files.forget(path);
-            let _ = self.shared.storage.remove(path);
+            let _removed = self.shared.storage.remove(path);
+            crate::event!(
+                info,
+                path = %path.display(),
+                log_start = new_start.get(),
+                removed = _removed.is_ok(),
+                "acknowledged segment deleted"
+            );
         }
         if let Err(e) = self.shared.storage.sync_dir(&self.shared.dir) {
             let _ = self.poison("directory fsync", &self.shared.dir.clone(), e);

@@ -622,6 +622,7 @@ impl Table {
             self.leases.done(seq.get());
             let reason =
                 format!("delivered {attempts} times without an acknowledgement (max_attempts)");
+            crate::event!(warn, seq = seq.get(), attempts, "dead letter: {reason}");
             self.dead.insert(
                 seq.get(),
                 DeadEntry {
@@ -656,6 +657,14 @@ impl Table {
     pub(crate) fn expire(&mut self, now: u64) -> usize {
         self.release_due(now);
         let expired = self.leases.expire(now);
+        if !expired.is_empty() {
+            crate::event!(
+                warn,
+                records = expired.len(),
+                first_seq = expired.iter().min().copied().unwrap_or(0),
+                "leases ran out: claimed records went back to pending"
+            );
+        }
         for &seq in &expired {
             // Still claimed: the lease would have let go of it otherwise.
             let _ = self.unclaim(Seq::from(seq));

@@ -1,0 +1,242 @@
+//! The `tracing` events (feature `tracing`): each life-cycle step an
+//! operator wants in the service's logs is reported, with the fields that
+//! say where. A binary of its own: the recording subscriber is the process's
+//! global one, and the writer thread's events reach only a global subscriber.
+
+use std::fs::OpenOptions;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use segwal::sim::{Fault, FaultRule, SimDisk};
+use segwal::{Error, Options, Outbox};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+/// One event: its level, its message, and its other fields as `name=value`.
+#[derive(Clone, Debug)]
+struct Seen {
+    level: tracing::Level,
+    target: String,
+    message: String,
+    fields: Vec<String>,
+}
+
+#[derive(Default)]
+struct Recorder(Arc<Mutex<Vec<Seen>>>);
+
+struct Fields<'a>(&'a mut Seen);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0.message = format!("{value:?}");
+        } else {
+            self.0.fields.push(format!("{}={value:?}", field.name()));
+        }
+    }
+}
+
+impl Subscriber for Recorder {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut seen = Seen {
+            level: *event.metadata().level(),
+            target: event.metadata().target().to_owned(),
+            message: String::new(),
+            fields: Vec::new(),
+        };
+        event.record(&mut Fields(&mut seen));
+        self.0.lock().expect("events").push(seen);
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+struct Events(Arc<Mutex<Vec<Seen>>>);
+
+impl Events {
+    /// Takes the events recorded so far whose message contains `what`.
+    fn take(&self, what: &str) -> Vec<Seen> {
+        let mut all = self.0.lock().expect("events");
+        let (found, rest) = all.drain(..).partition(|e| e.message.contains(what));
+        *all = rest;
+        found
+    }
+
+    /// Waits a little for an event from another thread (the writer's).
+    fn wait_for(&self, what: &str) -> Vec<Seen> {
+        for _ in 0..200 {
+            let found = self.take(what);
+            if !found.is_empty() {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!(
+            "no event {what:?}; events: {:#?}",
+            self.0.lock().expect("events")
+        );
+    }
+}
+
+fn has(e: &Seen, field: &str) -> bool {
+    e.fields.iter().any(|f| f.starts_with(&format!("{field}=")))
+}
+
+fn main() {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    tracing::subscriber::set_global_default(Recorder(events.clone())).expect("subscriber");
+    let events = Events(events);
+    life_cycle(&events);
+    poisoning(&events);
+    println!("tracing: every event seen");
+}
+
+fn life_cycle(events: &Events) {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let dir = tmp.path().join("outbox");
+    let options = Options::default()
+        .segment_bytes(16 * 4096)
+        .lease(Duration::from_millis(30))
+        .max_attempts(2);
+    let outbox = Outbox::open(&dir, options.clone()).expect("open");
+    let opened = events.take("outbox opened");
+    assert_eq!(opened.len(), 1);
+    assert_eq!(opened[0].level, tracing::Level::INFO);
+    assert_eq!(opened[0].target, "segwal");
+    assert!(
+        has(&opened[0], "dir") && has(&opened[0], "records"),
+        "{opened:?}"
+    );
+
+    // Rotation: 40 records appended one by one fill more than two segments.
+    for i in 0..40u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    let sealed = events.wait_for("segment sealed");
+    assert!(sealed.len() >= 2, "{sealed:?}");
+    assert!(has(&sealed[0], "sealed") && has(&sealed[0], "last_seq"));
+
+    // A dead letter parked by the relay.
+    let first = outbox.claim(1).expect("claim");
+    outbox
+        .dead_letter(first[0].seq(), "422 from the webhook")
+        .expect("dead letter");
+    let dead = events.take("dead letter");
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0]
+            .fields
+            .iter()
+            .any(|f| f.contains("422 from the webhook")),
+        "{dead:?}"
+    );
+
+    // A lease runs out twice: the second time the record is past
+    // max_attempts and becomes a dead letter by itself.
+    let second = outbox.claim(1).expect("claim")[0].seq();
+    std::thread::sleep(Duration::from_millis(60));
+    assert_eq!(outbox.claim(1).expect("claim")[0].seq(), second);
+    let expired = events.take("leases ran out");
+    assert_eq!(expired.len(), 1);
+    assert!(
+        expired[0].fields.contains(&"records=1".to_owned()),
+        "{expired:?}"
+    );
+    std::thread::sleep(Duration::from_millis(60));
+    let next = outbox.claim(1).expect("claim");
+    assert_ne!(next[0].seq(), second);
+    let parked = events.take("max_attempts");
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert!(parked[0].fields.contains(&format!("seq={}", second.get())));
+    outbox.release(next[0].seq()).expect("release");
+
+    // Deletion: everything else acknowledged.
+    loop {
+        let batch = outbox.claim(100).expect("claim");
+        if batch.is_empty() {
+            break;
+        }
+        for r in &batch {
+            outbox.ack(r.seq()).expect("ack");
+        }
+    }
+    outbox.sync().expect("sync");
+    let deleted = events.wait_for("acknowledged segment deleted");
+    assert!(!deleted.is_empty());
+    assert!(has(&deleted[0], "path") && has(&deleted[0], "log_start"));
+    outbox.close().expect("close");
+    truncation(events, &tmp.path().join("fresh"));
+}
+
+/// Truncation: a log whose newest segment ends inside its last record (a
+/// write batch cut short) opens with that record cut off, and says so.
+fn truncation(events: &Events, dir: &std::path::Path) {
+    let outbox = Outbox::open(dir, Options::default()).expect("open");
+    for i in 0..10u8 {
+        outbox.append(&[i; 100]).expect("append");
+    }
+    outbox.close().expect("close");
+    let seg = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.extension().is_some_and(|e| e == "seg"))
+        .expect("a segment");
+    // The file runs on past its last frame in preallocated zeros; the last
+    // record's payload (bytes of 9) ends its data.
+    let bytes = std::fs::read(&seg).expect("read");
+    let end = bytes
+        .iter()
+        .rposition(|&b| b == 9)
+        .expect("the last record") as u64
+        + 1;
+    let f = OpenOptions::new().write(true).open(&seg).expect("open");
+    f.set_len(end - 3).expect("cut");
+    drop(f);
+    events.take("");
+    let outbox = Outbox::open(dir, Options::default()).expect("torn tail opens");
+    let torn = events.take("torn tail truncated");
+    assert_eq!(torn.len(), 1, "{:?}", outbox.recovery_report());
+    assert_eq!(torn[0].level, tracing::Level::WARN);
+    assert!(
+        torn[0]
+            .fields
+            .iter()
+            .any(|f| f.starts_with("path=") && f.contains(".seg"))
+    );
+    assert!(has(&torn[0], "offset"));
+    assert_eq!(events.take("outbox opened").len(), 1);
+    outbox.close().expect("close");
+}
+
+fn poisoning(events: &Events) {
+    let disk = SimDisk::new(3);
+    let outbox = Outbox::open_with_storage("/outbox", Options::default(), Arc::new(disk.clone()))
+        .expect("open");
+    outbox.append(b"durable").expect("append");
+    disk.inject(FaultRule {
+        fault: Fault::SyncEio,
+        at_op: disk.ops(),
+        persistent: true,
+    });
+    assert!(matches!(
+        outbox.append(b"lost"),
+        Err(Error::Poisoned { .. })
+    ));
+    let poisoned = events.wait_for("outbox poisoned");
+    assert_eq!(poisoned.len(), 1, "poisoning is reported once");
+    assert_eq!(poisoned[0].level, tracing::Level::ERROR);
+    assert!(
+        poisoned[0].fields.contains(&"op=\"fsync\"".to_owned()),
+        "{poisoned:?}"
+    );
+    let _ = outbox.close();
+}
