@@ -203,7 +203,10 @@ pub struct Stats {
 
 /// A duration as whole microseconds (or null), for [`Stats`]' JSON.
 #[cfg(feature = "json")]
-fn micros<S: serde::Serializer>(d: &Option<Duration>, s: S) -> std::result::Result<S::Ok, S::Error> {
+fn micros<S: serde::Serializer>(
+    d: &Option<Duration>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
     match d {
         Some(d) => s.serialize_some(&u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
         None => s.serialize_none(),
