@@ -93,7 +93,10 @@ pub struct ReadmeDoctests;
 pub use format::delivery::REASON_BYTES_MAX;
 pub use format::seq::{QUARANTINE_DIR, Seq};
 pub use io::reader::Record;
-pub use log::recovery::verify::{Problem, SegmentSummary, Verification, verify};
+pub use log::recovery::dump::{Dump, DumpOptions, DumpedRecord, RecordState, dump};
+pub use log::recovery::verify::{
+    Problem, SegmentSummary, StateCounts, Verification, verify, verify_with_progress,
+};
 pub use log::recovery::{Dropped, QuarantineReason, Quarantined, RecoveryReport, TornTail};
 pub use message::{Appended, DEDUP_ID_BYTES_MAX, KEY_BYTES_MAX, Message};
 pub use options::{

@@ -14,7 +14,6 @@ use crate::format::ext::RecordFields;
 use crate::format::fields::DedupDigest;
 use crate::format::frame::frame_len;
 use crate::format::hash::{Digest, Hasher};
-use crate::format::segment::FRAMES_AT;
 use crate::format::seq::Seq;
 use crate::io::reader::{self, Record};
 use crate::io::reserve;
@@ -22,7 +21,6 @@ use crate::io::segment_file::FileCache;
 use crate::io::segment_file::first_allocation;
 use crate::io::{LockError, StdStorage, Storage};
 use crate::log::clock::Clock;
-use crate::log::recovery::state::Recorded;
 use crate::log::recovery::{self, RecoveryReport};
 use crate::log::shared::{Budget, Completion, Counters, Shared, Ticket};
 use crate::log::shared::{Verdict, Verdicts};
@@ -30,7 +28,7 @@ use crate::log::writer::{MessageFields, OwnedMessage, Payloads, Request, Writer}
 use crate::message::{Appended, Message};
 use crate::options::Options;
 use crate::state::dedup::Dedup;
-use crate::state::table::{SegmentSlots, SlotRef, Table};
+use crate::state::table::{SlotRef, Table};
 
 mod async_api;
 
@@ -267,69 +265,12 @@ impl Outbox {
             }
             other => other?,
         };
-        let mut table = Table::new();
-        for seg in recovered.segments {
-            let frames_at = FRAMES_AT as u32;
-            table.push_segment(SegmentSlots::new(
-                seg.id, seg.path, None, seg.salt, frames_at,
-            ));
-            table.push_frames(seg.id, seg.id.first_seq(), &seg.frames);
-            table.seal_last(seg.id);
-        }
         // The delivery state the log recorded, in log order: acknowledged
         // records are never handed out, delayed ones wait, dead letters stay.
         let clock = Clock::new(recovered.active.segment.id.first_seq());
         let (now, now_wall) = (clock.now_us(), crate::io::segment_file::now_us());
-        // What producers said of the records (keys, not-before times, ids),
-        // applied once the rest is replayed, in sequence order; and the
-        // deduplication ids, with their records' times and the frames that
-        // keep them.
-        let mut described = Vec::new();
-        let mut ids = Vec::new();
-        for recorded in &recovered.state {
-            match recorded {
-                Recorded::Acks(first, last) => table.ack_recovered(*first, *last),
-                Recorded::Change(change, at) => table.replay(change, *at, now, now_wall),
-                Recorded::Relocated {
-                    seq,
-                    at,
-                    carried,
-                    described: d,
-                    stamped_us,
-                } => {
-                    table.relocated_recovered(*seq, *at, carried, now, now_wall);
-                    if let Some(d) = d {
-                        described.push(*d);
-                        if let Some(id) = d.dedup {
-                            ids.push((*seq, *at, id, *stamped_us));
-                        }
-                    }
-                }
-                Recorded::Fields {
-                    described: ds,
-                    at,
-                    stamped_us,
-                } => {
-                    for d in ds {
-                        described.push(*d);
-                        if let Some(id) = d.dedup {
-                            ids.push((d.seq, *at, id, *stamped_us));
-                        }
-                    }
-                }
-                Recorded::Tombstones { stones, at } => {
-                    for t in stones {
-                        ids.push((t.seq, *at, t.dedup, t.appended_us));
-                    }
-                }
-            }
-        }
-        // A record described twice (its batch's fields frame, then a
-        // relocated copy) keeps the later word.
-        described.reverse();
-        described.sort_by_key(|d| d.seq);
-        described.dedup_by_key(|d| d.seq);
-        table.apply_fields(&described, now, now_wall);
+        let (table, ids) =
+            recovery::rebuild::rebuild(recovered.segments, &recovered.state, now, now_wall);
         let dedup = recovered_ids(ids, &options, now_wall);
         let mut report = recovered.report;
         report.records_recovered = table.pending();

@@ -4,20 +4,22 @@
 //! cargo install --path . --features cli
 //! segwal inspect DIR [--json]
 //! segwal verify DIR [--json]
+//! segwal dump DIR [--from SEQ] [--limit N] [--format text|json|hex] [--state]
 //! segwal dead-letters DIR list [--json] | requeue SEQ... | discard SEQ...
 //! segwal repair DIR [--yes]
 //! ```
 //!
-//! `inspect` and `verify` are read-only: they never write, never take the
-//! directory's lock, and work while the owner process runs. `dead-letters`
-//! and `repair` open the outbox, taking its lock: refused, naming the
-//! owner's pid, while the owner runs.
+//! `inspect`, `verify` and `dump` are read-only: they never write, never
+//! take the directory's lock, and work while the owner process runs.
+//! `dead-letters` and `repair` open the outbox, taking its lock: refused,
+//! naming the owner's pid, while the owner runs.
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use segwal::{Problem, Verification};
+use clap::{Parser, Subcommand, ValueEnum};
+use segwal::{DumpedRecord, Problem, RecordState, Verification};
 use serde_json::{Value, json};
 
 /// An operator's view of a segwal outbox directory.
@@ -52,6 +54,35 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The records in seq order: seq, time (the frame's timestamp), ordering
+    /// key, deduplication id, payload (JSON payloads as JSON, other text
+    /// escaped), and with --state each one's state and attempts. Read-only:
+    /// never writes, never takes the lock, works while the owner runs (a
+    /// batch being written is where it stops). Exit 0, 1 when a frame fails
+    /// its checksum (named on stderr, with file and offset, after the
+    /// records before it), 2 when the directory cannot be read.
+    Dump {
+        /// The outbox directory.
+        dir: PathBuf,
+        /// Start at this seq (or the first record after it).
+        #[arg(long, value_name = "SEQ")]
+        from: Option<u64>,
+        /// Print at most this many records.
+        #[arg(long, value_name = "N")]
+        limit: Option<u64>,
+        /// text: one line per record; json: one JSON object per line (JSON
+        /// Lines, the schema is in docs/OPERATIONS.md); hex: a hex dump of
+        /// each payload.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Each record's state (pending, held back by its key, delayed, dead,
+        /// acknowledged) and attempts, from the state table an open would
+        /// rebuild: a few bytes of memory per record, read before the first
+        /// is printed. A record a running owner has claimed shows as
+        /// pending: claims live only in its memory.
+        #[arg(long)]
+        state: bool,
+    },
     /// The dead letters: list them, put some back to be delivered
     /// (requeue), or drop them for good (discard). Opens the outbox, taking
     /// its lock: refused with the owner's pid while the owner runs.
@@ -74,6 +105,14 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
+}
+
+/// How `dump` prints records.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+    Hex,
 }
 
 #[derive(Subcommand)]
@@ -123,9 +162,30 @@ fn report_json(v: &Verification) -> Value {
                 "bytes": s.bytes,
                 "sealed": s.sealed,
                 "created_unix_ms": s.created_unix_ms,
+                "live_records": s.live_records,
             })
         })
         .collect();
+    let now = now_us();
+    let states = v.states.as_ref().map(|c| {
+        json!({
+            "records": c.records,
+            "pending": c.pending,
+            "held_by_key": c.held_by_key,
+            "delayed": c.delayed,
+            "dead": c.dead,
+            "acknowledged": c.acknowledged,
+            // Claims live only in the running owner's memory.
+            "claimed": Value::Null,
+            "oldest_pending": c.oldest_pending.map(|(seq, at)| json!({
+                "seq": seq.get(),
+                "appended_unix_us": at,
+                "age_us": now.saturating_sub(at),
+            })),
+            "held_segments": c.held_segments,
+            "held_by_records": c.held_by_records,
+        })
+    });
     json!({
         "dir": v.dir.display().to_string(),
         "outbox_id": v.outbox_id.map(|id| format!("{id:032x}")),
@@ -135,6 +195,7 @@ fn report_json(v: &Verification) -> Value {
         "records": v.records,
         "bytes": v.bytes,
         "segments": segments,
+        "states": states,
         "torn_tail": v.torn_tail.as_ref().map(problem_json),
         "problems": v.problems.iter().map(problem_json).collect::<Vec<_>>(),
         "clean": v.is_clean(),
@@ -182,6 +243,30 @@ fn inspect(v: &Verification) {
         "records     {} in the log (acknowledged ones included until their segment goes)",
         v.records
     );
+    match &v.states {
+        Some(c) => {
+            println!(
+                "states      {} pending, {} held back by a key, {} delayed, {} dead, {} acknowledged (still on disk), of {} records",
+                c.pending, c.held_by_key, c.delayed, c.dead, c.acknowledged, c.records
+            );
+            println!(
+                "claimed     known only to the running owner (Outbox::stats): a record it claimed shows as pending"
+            );
+            match c.oldest_pending {
+                Some((seq, at)) => println!(
+                    "oldest      pending seq {seq}, appended {} ({} ago)",
+                    rfc3339(at),
+                    age(now_us().saturating_sub(at))
+                ),
+                None => println!("oldest      - (nothing pending)"),
+            }
+            println!(
+                "held        {} sealed segments kept by {} live records",
+                c.held_segments, c.held_by_records
+            );
+        }
+        None => println!("states      - (the log is too damaged to plan an open)"),
+    }
     println!(
         "disk        {} bytes in {} segments",
         v.bytes,
@@ -189,15 +274,18 @@ fn inspect(v: &Verification) {
     );
     println!();
     println!(
-        "{:>20} {:>20} {:>9} {:>12}  state",
-        "first seq", "last seq", "records", "bytes"
+        "{:>20} {:>20} {:>9} {:>9} {:>12}  state",
+        "first seq", "last seq", "records", "live", "bytes"
     );
     for s in &v.segments {
         let last = s.last_seq.map_or_else(|| "-".to_owned(), |q| q.to_string());
+        let live = s
+            .live_records
+            .map_or_else(|| "-".to_owned(), |n| n.to_string());
         let state = if s.sealed { "sealed" } else { "active" };
         println!(
-            "{:>20} {:>20} {:>9} {:>12}  {state}",
-            s.first_seq, last, s.records, s.bytes
+            "{:>20} {:>20} {:>9} {:>9} {:>12}  {state}",
+            s.first_seq, last, s.records, live, s.bytes
         );
     }
     if let Some(torn) = &v.torn_tail {
@@ -223,7 +311,7 @@ fn open(dir: &std::path::Path) -> Result<segwal::Outbox, ExitCode> {
     segwal::Outbox::open(dir, segwal::Options::default()).map_err(|e| {
         match &e {
             segwal::Error::Locked { pid: Some(pid), .. } => eprintln!(
-                "segwal: {} is open in process {pid}: stop it first (read-only commands: inspect, verify)",
+                "segwal: {} is open in process {pid}: stop it first (read-only commands: inspect, verify, dump)",
                 dir.display()
             ),
             _ => eprintln!("segwal: {e}"),
@@ -403,10 +491,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let (dir, json) = match &cli.command {
         Command::Inspect { dir, json } | Command::Verify { dir, json } => (dir, json),
+        Command::Dump {
+            dir,
+            from,
+            limit,
+            format,
+            state,
+        } => return dump(dir, *from, *limit, *format, *state),
         Command::DeadLetters { dir, action } => return dead_letters(dir, action),
         Command::Repair { dir, yes } => return repair(dir, *yes),
     };
-    let verification = match segwal::verify(dir) {
+    let verification = match verify_showing_progress(dir) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("segwal: {e}");
@@ -444,5 +539,413 @@ fn main() -> ExitCode {
     ) {
         (true, false) => ExitCode::from(1),
         _ => ExitCode::SUCCESS,
+    }
+}
+
+/// A log at least this large gets a progress bar (on a terminal).
+const PROGRESS_BYTES_MIN: u64 = 256 << 20;
+/// A log of more segments than this gets a progress bar (on a terminal).
+const PROGRESS_SEGMENTS_MIN: usize = 8;
+
+/// [`segwal::verify`], with a progress bar on stderr when stderr is a
+/// terminal and the log is large.
+fn verify_showing_progress(dir: &std::path::Path) -> segwal::Result<Verification> {
+    let (segments, bytes) = segment_files(dir);
+    if !std::io::stderr().is_terminal()
+        || (bytes <= PROGRESS_BYTES_MIN && segments <= PROGRESS_SEGMENTS_MIN)
+    {
+        return segwal::verify(dir);
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(bytes),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "verify [{bar:40}] {bytes}/{total_bytes} bytes ({percent}%), {elapsed}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let verified = segwal::verify_with_progress(dir, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish();
+    verified
+}
+
+/// How many segment files `dir` holds, and their bytes (0 when unreadable:
+/// the check itself reports why).
+fn segment_files(dir: &std::path::Path) -> (usize, u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return (0, 0);
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+        .fold((0, 0), |(n, bytes), e| {
+            (n + 1, bytes + e.metadata().map_or(0, |m| m.len()))
+        })
+}
+
+/// The wall clock, µs since the Unix epoch.
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// `us` microseconds since the Unix epoch as an RFC 3339 time in UTC, to the
+/// microsecond: `2025-06-01T12:00:00.123456Z`.
+fn rfc3339(us: u64) -> String {
+    let secs = us / 1_000_000;
+    let (days, day_secs) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        day_secs / 3_600,
+        day_secs / 60 % 60,
+        day_secs % 60,
+        us % 1_000_000
+    )
+}
+
+/// The proleptic Gregorian date (year, month 1 to 12, day 1 to 31) `days`
+/// days after 1970-01-01: Howard Hinnant's `civil_from_days`, for days on
+/// or after the epoch. Eras of 400 years (146,097 days) repeat exactly; a
+/// year is counted from March, so that the leap day ends it.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    // Days since 0000-03-01.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097; // day of the era, 0 to 146,096
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365; // 0 to 399
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // day of the year from March, 0 to 365
+    let mp = (5 * doy + 2) / 153; // month from March, 0 to 11
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+/// A duration in µs for a person: `3d 4h`, `2h 05m`, `4m 09s`, `12s`.
+fn age(us: u64) -> String {
+    let s = us / 1_000_000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3_600 => format!("{}m {:02}s", s / 60, s % 60),
+        3_600..86_400 => format!("{}h {:02}m", s / 3_600, s / 60 % 60),
+        _ => format!("{}d {}h", s / 86_400, s / 3_600 % 24),
+    }
+}
+
+/// `bytes` as lowercase hexadecimal digits.
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// Whether `bytes` are one JSON value.
+fn is_json(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+}
+
+/// JSON that is one value, on one line: a line break in JSON can only be
+/// whitespace between tokens (strings escape theirs), so it becomes a space.
+/// Keys keep their order and numbers their digits.
+fn one_line(json: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if json.iter().any(|&b| b == b'\n' || b == b'\r') {
+        json.iter()
+            .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b })
+            .collect::<Vec<u8>>()
+            .into()
+    } else {
+        json.into()
+    }
+}
+
+/// Bytes for a line of text: UTF-8 escaped as Rust escapes a string
+/// (`\n`, `\"`, `\u{7f}`), other bytes as `\xNN`, in quotes.
+fn quoted(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => format!("\"{}\"", text.escape_debug()),
+        Err(_) => format!("\"{}\"", bytes.escape_ascii()),
+    }
+}
+
+/// Bytes for JSON: a string when UTF-8, else `{"hex": "..."}`.
+fn bytes_json(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Value::String(text.to_owned()),
+        Err(_) => json!({ "hex": hex(bytes) }),
+    }
+}
+
+/// The name of a state, as `dump` prints it.
+fn state_name(state: &RecordState) -> &'static str {
+    match state {
+        RecordState::Pending => "pending",
+        RecordState::HeldByKey => "held_by_key",
+        RecordState::Delayed { .. } => "delayed",
+        RecordState::Dead { .. } => "dead",
+        RecordState::Acknowledged => "acknowledged",
+        _ => "unknown",
+    }
+}
+
+/// One record as a line of text.
+fn text_line(r: &DumpedRecord, out: &mut Vec<u8>) {
+    use std::fmt::Write as _;
+    let mut line = format!("seq={} time={}", r.seq, rfc3339(r.timestamp_us));
+    if let Some(key) = &r.key {
+        let _ = write!(line, " key={}", quoted(key));
+    }
+    if let Some(id) = &r.dedup_id {
+        let _ = write!(line, " dedup_id={}", quoted(id));
+    }
+    if let Some(at) = r.not_before_us {
+        let _ = write!(line, " not_before={}", rfc3339(at));
+    }
+    if r.relocated {
+        line.push_str(" relocated");
+    }
+    if let Some(state) = &r.state {
+        let _ = write!(line, " state={}", state_name(state));
+        match state {
+            RecordState::Delayed { not_before_us } => {
+                let _ = write!(line, " until={}", rfc3339(*not_before_us));
+            }
+            RecordState::Dead { reason, since_us } => {
+                let _ = write!(
+                    line,
+                    " since={} reason={}",
+                    rfc3339(*since_us),
+                    quoted(reason.as_bytes())
+                );
+            }
+            _ => {}
+        }
+    }
+    if let Some(attempts) = r.attempts {
+        let _ = write!(line, " attempts={attempts}");
+    }
+    out.extend_from_slice(line.as_bytes());
+    out.extend_from_slice(b" payload=");
+    if is_json(&r.payload) {
+        out.extend_from_slice(&one_line(&r.payload));
+    } else {
+        out.extend_from_slice(quoted(&r.payload).as_bytes());
+    }
+    out.push(b'\n');
+}
+
+/// One record as a line of JSON (JSON Lines). Built by hand around the
+/// payload, so that a JSON payload is copied as it was written.
+fn json_line(r: &DumpedRecord, out: &mut Vec<u8>) {
+    let file = r.path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let mut head = json!({
+        "seq": r.seq.get(),
+        "time_unix_us": r.timestamp_us,
+        "key": r.key.as_deref().map(bytes_json),
+        "dedup_id": r.dedup_id.as_deref().map(bytes_json),
+        "not_before_unix_us": r.not_before_us,
+        "segment": file,
+        "offset": r.offset,
+        "relocated": r.relocated,
+        "payload_bytes": r.payload.len(),
+    });
+    if let (Some(state), Some(map)) = (&r.state, head.as_object_mut()) {
+        map.insert("state".into(), state_name(state).into());
+        map.insert("attempts".into(), r.attempts.into());
+        match state {
+            RecordState::Delayed { not_before_us } => {
+                map.insert("delayed_until_unix_us".into(), (*not_before_us).into());
+            }
+            RecordState::Dead { reason, since_us } => {
+                map.insert("dead_reason".into(), reason.as_str().into());
+                map.insert("dead_since_unix_us".into(), (*since_us).into());
+            }
+            _ => {}
+        }
+    }
+    let head = head.to_string();
+    // The object without its closing brace, then the payload.
+    out.extend_from_slice(head.strip_suffix('}').unwrap_or(&head).as_bytes());
+    if is_json(&r.payload) {
+        out.extend_from_slice(br#","payload_format":"json","payload":"#);
+        out.extend_from_slice(&one_line(&r.payload));
+    } else if let Ok(text) = std::str::from_utf8(&r.payload) {
+        out.extend_from_slice(br#","payload_format":"text","payload":"#);
+        out.extend_from_slice(Value::from(text).to_string().as_bytes());
+    } else {
+        out.extend_from_slice(br#","payload_format":"hex","payload":""#);
+        out.extend_from_slice(hex(&r.payload).as_bytes());
+        out.push(b'"');
+    }
+    out.extend_from_slice(b"}\n");
+}
+
+/// One record as a hex dump: its line of text without the payload, then 16
+/// bytes a line, offset, hex and the printable ones.
+fn hex_dump(r: &DumpedRecord, out: &mut Vec<u8>) {
+    let mut head = Vec::new();
+    let mut payload_less = r.clone();
+    payload_less.payload.clear();
+    text_line(&payload_less, &mut head);
+    let head = String::from_utf8_lossy(&head);
+    let head = head.trim_end().trim_end_matches(" payload=\"\"");
+    let _ = writeln!(out, "{head} payload_bytes={}", r.payload.len());
+    for (k, chunk) in r.payload.chunks(16).enumerate() {
+        let _ = write!(out, "  {:08x} ", k * 16);
+        for i in 0..16 {
+            match chunk.get(i) {
+                Some(b) => {
+                    let _ = write!(out, " {b:02x}");
+                }
+                None => out.extend_from_slice(b"   "),
+            }
+            if i == 7 {
+                out.push(b' ');
+            }
+        }
+        out.extend_from_slice(b"  |");
+        out.extend(chunk.iter().map(|&b| {
+            if b.is_ascii_graphic() || b == b' ' {
+                b
+            } else {
+                b'.'
+            }
+        }));
+        out.extend_from_slice(b"|\n");
+    }
+}
+
+/// `segwal dump`: every record from `from`, at most `limit`, in `format`.
+fn dump(
+    dir: &std::path::Path,
+    from: Option<u64>,
+    limit: Option<u64>,
+    format: Format,
+    state: bool,
+) -> ExitCode {
+    let mut options = segwal::DumpOptions::new().from(segwal::Seq::from(from.unwrap_or(0)));
+    if state {
+        options = options.with_states();
+    }
+    let records = match segwal::dump(dir, options) {
+        Ok(records) => records,
+        Err(e) => {
+            eprintln!("segwal: {e}");
+            let damaged = matches!(e, segwal::Error::Corrupt { .. });
+            return ExitCode::from(if damaged { 1 } else { 2 });
+        }
+    };
+    let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    let mut line = Vec::new();
+    let limit = limit.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    for record in records.take(limit) {
+        let record = match record {
+            Ok(record) => record,
+            Err(e) => {
+                let _ = stdout.flush();
+                eprintln!("segwal: {e}");
+                let damaged = matches!(e, segwal::Error::Corrupt { .. });
+                return ExitCode::from(if damaged { 1 } else { 2 });
+            }
+        };
+        line.clear();
+        match format {
+            Format::Text => text_line(&record, &mut line),
+            Format::Json => json_line(&record, &mut line),
+            Format::Hex => hex_dump(&record, &mut line),
+        }
+        if let Err(e) = stdout.write_all(&line) {
+            return output_failed(&e);
+        }
+    }
+    match stdout.flush() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => output_failed(&e),
+    }
+}
+
+/// Stdout failed: a reader that went away (`segwal dump | head`) is no
+/// error; anything else is.
+fn output_failed(e: &std::io::Error) -> ExitCode {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!("segwal: writing the output: {e}");
+    ExitCode::from(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_known_by_heart() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(rfc3339(951_782_400_000_000), "2000-02-29T00:00:00.000000Z");
+        assert_eq!(
+            rfc3339(1_709_251_199_999_999),
+            "2024-02-29T23:59:59.999999Z"
+        );
+        assert_eq!(
+            rfc3339(4_107_542_400_000_000),
+            "2100-03-01T00:00:00.000000Z"
+        );
+        assert_eq!(
+            rfc3339(253_402_300_799_000_001),
+            "9999-12-31T23:59:59.000001Z"
+        );
+    }
+
+    /// Day by day over 1,000 years from 1970, the date moves on by the
+    /// calendar's rules (a leap year every 4, not every 100, every 400).
+    #[test]
+    fn every_day_follows_the_one_before() {
+        let leap =
+            |y: u64| (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400);
+        let days_in = |y: u64, m: u64| match m {
+            2 if leap(y) => 29,
+            2 => 28,
+            4 | 6 | 9 | 11 => 30,
+            _ => 31,
+        };
+        let mut date = (1970, 1, 1);
+        for days in 0..365_243 {
+            assert_eq!(civil_from_days(days), date, "day {days}");
+            let (y, m, d) = date;
+            date = if d < days_in(y, m) {
+                (y, m, d + 1)
+            } else if m < 12 {
+                (y, m + 1, 1)
+            } else {
+                (y + 1, 1, 1)
+            };
+        }
+        assert_eq!(date, (2970, 1, 1));
+        // The largest time a frame can hold.
+        assert!(rfc3339(u64::MAX).ends_with("Z"));
+    }
+
+    #[test]
+    fn json_payloads_go_on_one_line_unchanged_but_for_line_breaks() {
+        let pretty = b"{\n  \"b\": 1,\n  \"a\": \"x\\ny\"\r\n}";
+        assert!(is_json(pretty));
+        let line = one_line(pretty);
+        assert_eq!(&*line, &b"{   \"b\": 1,   \"a\": \"x\\ny\"  }"[..]);
+        assert!(is_json(&line));
+        assert!(!is_json(b"order created"));
+        assert_eq!(quoted(b"a\"b\n"), r#""a\"b\n""#);
+        assert_eq!(quoted(&[0x66, 0xff]), r#""f\xff""#);
+        assert_eq!(age(0), "0s");
+        assert_eq!(age(3_725_000_000), "1h 02m");
     }
 }

@@ -315,6 +315,23 @@ pub(crate) struct Table {
     keys: Keys,
 }
 
+/// Where one record stands ([`Table::standing`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Standing {
+    /// Waiting to be claimed.
+    Pending,
+    /// Handed out by a claim, not yet acknowledged.
+    Claimed,
+    /// Held back behind an earlier record of its key.
+    HeldByKey,
+    /// Waiting out a delay until `due` (the table's clock).
+    Delayed { due: u64 },
+    /// A dead letter.
+    Dead(DeadEntry),
+    /// Acknowledged (or set aside as corrupt).
+    Done,
+}
+
 /// A dead letter's state.
 #[derive(Clone, Debug)]
 pub(crate) struct DeadEntry {
@@ -1464,6 +1481,45 @@ impl Table {
             stats.keys_bytes = self.keys.heap_bytes();
         }
         stats
+    }
+
+    /// Each segment's first seq and its live records (not Done: pending,
+    /// claimed, delayed, held back by a key, dead letters), oldest first.
+    pub(crate) fn live_by_segment(&self) -> impl Iterator<Item = (Seq, u64)> + '_ {
+        self.segments
+            .iter()
+            .map(|s| (s.id.first_seq(), s.len() - u64::from(s.done_count)))
+    }
+
+    /// Where the record `seq` stands, and the deliveries counted so far (for
+    /// a dead letter, those before it died); `None` if the table holds no
+    /// such record. For a table rebuilt by a read-only check, where nothing
+    /// is claimed, a record with its claimed bit set waits out a delay, is a
+    /// dead letter, or is held back behind an earlier record of its key.
+    pub(crate) fn standing(&self, seq: Seq) -> Option<(Standing, u32)> {
+        let (si, i) = self.slot(seq).ok()??;
+        let seg = &self.segments[si];
+        if SegmentSlots::bit(&seg.done, i) {
+            return Some((Standing::Done, self.leases.delivered(seq.get())));
+        }
+        let own = seq.get();
+        if let Some(dead) = self.dead.get(&own) {
+            return Some((Standing::Dead(dead.clone()), dead.attempts));
+        }
+        let attempts = self.leases.delivered(own);
+        if let Some(&due) = self.due.get(&own) {
+            return Some((Standing::Delayed { due }, attempts));
+        }
+        if SegmentSlots::bit(&seg.claimed, i) {
+            let held = !self.keys.is_empty() && self.keys.is_held(own);
+            let standing = if held {
+                Standing::HeldByKey
+            } else {
+                Standing::Claimed
+            };
+            return Some((standing, attempts));
+        }
+        Some((Standing::Pending, attempts))
     }
 
     /// The first slot at or after `from` whose words satisfy `pick`.

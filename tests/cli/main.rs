@@ -293,7 +293,11 @@ fn repair_says_what_it_drops_then_keeps_the_damaged_file_aside() {
     assert!(segs.len() >= 2, "{segs:?}");
     let sealed = segs[segs.len() - 2].clone();
     let mut bytes = std::fs::read(&sealed).expect("read");
-    let at = bytes.len() / 2;
+    // 100 bytes into the frame that starts the block in the middle of the
+    // file: a block boundary before the seal is never padding, whereas the
+    // middle byte itself can be (a record alone in its sync group leaves
+    // the rest of its block as padding, where a flipped bit is no damage).
+    let at = bytes.len() / 2 / 4096 * 4096 + 100;
     bytes[at] ^= 0x40;
     std::fs::write(&sealed, &bytes).expect("write");
     let damaged = bytes;
@@ -332,4 +336,500 @@ fn repair_says_what_it_drops_then_keeps_the_damaged_file_aside() {
     let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
     assert!(outbox.stats().pending > 0);
     outbox.close().expect("close");
+}
+
+fn lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+fn seqs_of(records: &[serde_json::Value]) -> Vec<u64> {
+    records
+        .iter()
+        .map(|r| r["seq"].as_u64().expect("seq"))
+        .collect()
+}
+
+/// An outbox of 40 records (several segments): JSON payloads, text, bytes,
+/// one with a key and an id. Returns the seq of each.
+fn varied(dir: &Path) -> Vec<u64> {
+    let outbox = Outbox::open(dir, Options::default().segment_bytes(1 << 20)).expect("open");
+    let mut seqs = Vec::new();
+    for i in 0..40u32 {
+        let payload = match i % 4 {
+            0 => format!("{{\"order\": {i},\n \"zeta\": 1, \"alpha\": \"a\\nb\"}}").into_bytes(),
+            1 => format!("order {i} created").into_bytes(),
+            2 => vec![0xff, 0x00, i as u8],
+            _ => vec![b'x'; 200_000],
+        };
+        let seq = if i == 5 {
+            outbox
+                .append_message(
+                    &segwal::Message::new(&payload)
+                        .key(b"account-42")
+                        .dedup_id(b"order-5/created"),
+                )
+                .expect("append")
+                .seq
+        } else {
+            outbox.append(&payload).expect("append")
+        };
+        seqs.push(seq.get());
+    }
+    outbox.close().expect("close");
+    seqs
+}
+
+#[test]
+fn dump_prints_every_record_in_seq_order_from_a_seq_and_up_to_a_limit() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    let seqs = varied(&dir);
+    // Records nobody acknowledged: none relocated, each in its place.
+    assert!(segments(&dir).len() >= 2, "several segments");
+    let before = snapshot(&dir);
+
+    let out = segwal(&["dump", d, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let records = lines(&out);
+    assert_eq!(seqs_of(&records), seqs, "every record once, in seq order");
+    // A JSON payload is printed as JSON (on one line, its keys in their
+    // order); text as a string; other bytes as hex.
+    let first = &records[0];
+    assert_eq!(first["payload_format"], "json");
+    assert_eq!(first["payload"]["order"], 0);
+    assert_eq!(first["payload"]["alpha"], "a\nb");
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .map(str::to_owned);
+    let line = line.expect("a line");
+    assert!(
+        line.find("\"zeta\"") < line.find("\"alpha\""),
+        "keys in the payload's order: {line}"
+    );
+    assert_eq!(records[1]["payload_format"], "text");
+    assert_eq!(records[1]["payload"], "order 1 created");
+    assert_eq!(records[2]["payload_format"], "hex");
+    assert_eq!(records[2]["payload"], "ff0002");
+    assert_eq!(records[3]["payload_bytes"], 200_000);
+    assert_eq!(records[5]["key"], "account-42");
+    assert_eq!(records[5]["dedup_id"], "order-5/created");
+    assert_eq!(records[4]["key"], serde_json::Value::Null);
+    assert!(
+        records[0].get("state").is_none(),
+        "no state without --state"
+    );
+    // Times: the frames' own, microseconds since the epoch, not decreasing.
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64;
+    let times: Vec<u64> = records
+        .iter()
+        .map(|r| r["time_unix_us"].as_u64().expect("time"))
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    assert!(now_us - times[0] < 600_000_000, "{} {now_us}", times[0]);
+
+    // --from and --limit.
+    let from = seqs[17].to_string();
+    let out = segwal(&[
+        "dump", d, "--format", "json", "--from", &from, "--limit", "5",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(seqs_of(&lines(&out)), seqs[17..22].to_vec());
+    // A seq between records starts at the next one.
+    let out = segwal(&[
+        "dump",
+        d,
+        "--format",
+        "json",
+        "--from",
+        &(seqs[39] + 1).to_string(),
+    ]);
+    assert_eq!(lines(&out).len(), 0);
+
+    // Text: one line per record, the time as RFC 3339, JSON as JSON.
+    let out = segwal(&["dump", d, "--limit", "6"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let text_lines: Vec<&str> = text.lines().collect();
+    assert_eq!(text_lines.len(), 6, "{text}");
+    assert!(
+        text_lines[0].starts_with(&format!("seq={} time=20", seqs[0])),
+        "{text}"
+    );
+    assert!(text_lines[0].contains("Z payload={"), "{text}");
+    assert!(
+        text_lines[1].ends_with("payload=\"order 1 created\""),
+        "{text}"
+    );
+    assert!(
+        text_lines[2].ends_with(r#"payload="\xff\x00\x02""#),
+        "{text}"
+    );
+    assert!(
+        text_lines[5].contains("key=\"account-42\" dedup_id=\"order-5/created\""),
+        "{text}"
+    );
+
+    // Hex: a dump of each payload.
+    let out = segwal(&["dump", d, "--format", "hex", "--limit", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with(&format!("seq={} ", seqs[0])), "{text}");
+    assert!(text.contains("payload_bytes=41"), "{text}");
+    assert!(
+        text.contains(
+            "  00000000  7b 22 6f 72 64 65 72 22  3a 20 30 2c 0a 20 22 7a  |{\"order\": 0,. \"z|"
+        ),
+        "{text}"
+    );
+
+    assert_eq!(snapshot(&dir), before, "dump changes nothing");
+    let help = segwal(&["dump", "--help"]);
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("Read-only"),
+        "{help:?}"
+    );
+}
+
+#[test]
+fn dump_state_shows_acknowledged_dead_delayed_held_and_attempts() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    let options = || Options::default().max_attempts(5);
+    let seqs: Vec<u64> = {
+        let outbox = Outbox::open(&dir, options()).expect("open");
+        let mut seqs = Vec::new();
+        for i in 0..6u32 {
+            seqs.push(
+                outbox
+                    .append(format!("r{i}").as_bytes())
+                    .expect("append")
+                    .get(),
+            );
+        }
+        // Two records of one key: the second waits for the first.
+        for payload in [&b"k1"[..], b"k2"] {
+            let m = segwal::Message::new(payload).key(b"k");
+            seqs.push(outbox.append_message(&m).expect("append").seq.get());
+        }
+        let claimed = outbox.claim(5).expect("claim");
+        assert_eq!(claimed.len(), 5);
+        outbox.ack(claimed[0].seq()).expect("ack");
+        outbox.ack(claimed[1].seq()).expect("ack");
+        outbox
+            .dead_letter(claimed[2].seq(), "HTTP 410 Gone")
+            .expect("dead letter");
+        outbox
+            .release_after(claimed[3].seq(), Duration::from_secs(3_600), "broker down")
+            .expect("release");
+        // Delivered once, then released at once: pending, one attempt.
+        outbox.release(claimed[4].seq()).expect("release");
+        outbox.close().expect("close");
+        seqs
+    };
+
+    let out = segwal(&["dump", d, "--format", "json", "--state"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let records = lines(&out);
+    assert_eq!(seqs_of(&records), seqs);
+    let states: Vec<&str> = records
+        .iter()
+        .map(|r| r["state"].as_str().expect("state"))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "acknowledged",
+            "acknowledged",
+            "dead",
+            "delayed",
+            "pending",
+            "pending",
+            "pending",
+            "held_by_key"
+        ]
+    );
+    assert_eq!(records[2]["dead_reason"], "HTTP 410 Gone");
+    assert_eq!(records[2]["attempts"], 1);
+    let until = records[3]["delayed_until_unix_us"].as_u64().expect("until");
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64;
+    assert!(
+        (now_us + 3_500_000_000..now_us + 3_700_000_000).contains(&until),
+        "an hour ahead: {until} {now_us}"
+    );
+    assert_eq!(records[4]["attempts"], 1, "{}", records[4]);
+    assert_eq!(records[5]["attempts"], 0, "{}", records[5]);
+
+    let text = segwal(&["dump", d, "--state"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(" state=dead since=20")
+            && text.contains("reason=\"HTTP 410 Gone\" attempts=1"),
+        "{text}"
+    );
+    assert!(text.contains(" state=delayed until=20"), "{text}");
+    assert!(
+        text.contains(" key=\"k\" state=held_by_key attempts=0"),
+        "{text}"
+    );
+}
+
+#[test]
+fn inspect_counts_the_records_in_each_state() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    let mut seqs = Vec::new();
+    {
+        let outbox = Outbox::open(&dir, Options::default().segment_bytes(1 << 20)).expect("open");
+        for i in 0..3_000u32 {
+            let mut payload = vec![b'r'; 1024];
+            payload[..4].copy_from_slice(&i.to_le_bytes());
+            seqs.push(outbox.append(&payload).expect("append"));
+        }
+        for record in outbox.claim(1_500).expect("claim") {
+            outbox.ack(record.seq()).expect("ack");
+        }
+        let two = outbox.claim(2).expect("claim");
+        outbox.dead_letter(two[0].seq(), "refused").expect("dead");
+        outbox
+            .release_after(two[1].seq(), Duration::from_secs(600), "later")
+            .expect("release");
+        outbox.close().expect("close");
+    }
+    let out = segwal(&["inspect", "--json", d]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v = json(&out);
+    let states = &v["states"];
+    assert_eq!(states["pending"], 1_498, "{states}");
+    assert_eq!(states["dead"], 1);
+    assert_eq!(states["delayed"], 1);
+    assert_eq!(states["held_by_key"], 0);
+    assert_eq!(states["claimed"], serde_json::Value::Null);
+    // Acknowledged: the records on disk that are not live (some in their
+    // own segments, some only as relocated copies: while the 1,500 claimed
+    // records waited for their acks, relocation carried some forward).
+    let records = states["records"].as_u64().expect("records");
+    assert_eq!(states["acknowledged"], records - 1_500, "{states}");
+    let in_place = v["records"].as_u64().expect("records");
+    assert!(
+        in_place > 1_500 && in_place <= records && records < 3_000,
+        "{v}"
+    );
+    let oldest = &states["oldest_pending"];
+    assert_eq!(oldest["seq"], seqs[1_502].get(), "{oldest}");
+    assert!(
+        oldest["age_us"].as_u64().expect("age") < 600_000_000,
+        "{oldest}"
+    );
+    // Live records per segment add up; the sealed ones holding some are
+    // the held segments.
+    let segs = v["segments"].as_array().expect("segments");
+    let live: Vec<u64> = segs
+        .iter()
+        .map(|s| s["live_records"].as_u64().expect("live"))
+        .collect();
+    assert_eq!(live.iter().sum::<u64>(), 1_500, "{live:?}");
+    let held: Vec<u64> = segs
+        .iter()
+        .zip(&live)
+        .filter(|(s, n)| s["sealed"] == true && **n > 0)
+        .map(|(_, n)| *n)
+        .collect();
+    assert_eq!(states["held_segments"], held.len());
+    assert_eq!(states["held_by_records"], held.iter().sum::<u64>());
+    assert!(!held.is_empty());
+
+    let text = segwal(&["inspect", d]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("1498 pending, 0 held back by a key, 1 delayed, 1 dead"),
+        "{text}"
+    );
+    assert!(
+        text.contains("claimed     known only to the running owner"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "oldest      pending seq {}, appended 20",
+            seqs[1_502]
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn dump_of_a_damaged_log_prints_the_records_before_and_names_the_file_and_offset() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    written(&dir);
+    let first = segments(&dir)[0].clone();
+    let mut bytes = std::fs::read(&first).expect("read");
+    bytes[300_000] ^= 0x40;
+    std::fs::write(&first, &bytes).expect("write");
+    let verified = json(&segwal(&["verify", "--json", d]));
+    let problem = &verified["problems"][0];
+    let (offset, seq) = (
+        problem["offset"].as_u64().expect("offset"),
+        problem["seq"].as_u64().expect("seq"),
+    );
+
+    let out = segwal(&["dump", d, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&first.display().to_string())
+            && stderr.contains(&format!("offset {offset}"))
+            && stderr.contains("checksum"),
+        "{stderr}"
+    );
+    let printed = seqs_of(&lines(&out));
+    assert!(!printed.is_empty());
+    assert!(
+        printed.iter().all(|&s| s < seq),
+        "only records before the damage"
+    );
+    assert_eq!(*printed.last().expect("a record"), seq - 1);
+
+    let gone = segwal(&["dump", &format!("{d}-missing")]);
+    assert_eq!(gone.status.code(), Some(2), "{gone:?}");
+}
+
+#[test]
+fn dump_while_the_owner_appends_stops_at_what_was_written() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    let outbox = Outbox::open(&dir, Options::default().segment_bytes(1 << 20)).expect("open");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let outputs = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                outbox.append(&[b'w'; 700]).expect("append while dumped");
+                i += 1;
+                if i.is_multiple_of(64) {
+                    for r in outbox.claim(64).expect("claim") {
+                        outbox.ack(r.seq()).expect("ack");
+                    }
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let mut outputs = Vec::new();
+        for k in 0..6 {
+            let state = if k % 2 == 0 {
+                "--format=json"
+            } else {
+                "--state"
+            };
+            let mut args = vec!["dump", d, "--format", "json"];
+            if state == "--state" {
+                args.push("--state");
+            }
+            outputs.push(segwal(&args));
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        outputs
+    });
+    for out in &outputs {
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let seqs = seqs_of(&lines(out));
+        assert!(!seqs.is_empty());
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seqs increase");
+    }
+    outbox.close().expect("close");
+}
+
+/// `segwal verify` on a terminal (a tmux pane) and a log of more than eight
+/// segments draws its progress bar on stderr.
+#[test]
+fn verify_on_a_terminal_shows_a_progress_bar() {
+    let has_tmux = Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_tmux {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "tmux is missing on CI (.ci/run installs it)"
+        );
+        eprintln!("skipped: tmux is not installed (CI installs it)");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    {
+        let outbox = Outbox::open(&dir, Options::default().segment_bytes(1 << 20)).expect("open");
+        for _ in 0..12 {
+            let batch: Vec<Vec<u8>> = (0..100).map(|_| vec![b'p'; 10_000]).collect();
+            let messages: Vec<segwal::Message<'_>> =
+                batch.iter().map(|p| segwal::Message::new(p)).collect();
+            outbox.append_messages(&messages).expect("append");
+        }
+        outbox.close().expect("close");
+    }
+    assert!(segments(&dir).len() > 8, "{}", segments(&dir).len());
+    let session = format!("segwal-progress-{}", std::process::id());
+    let done = tmp.path().join("done");
+    let script = format!(
+        "{} verify {} > /dev/null; echo $? > {}; sleep 30",
+        env!("CARGO_BIN_EXE_segwal"),
+        dir.display(),
+        done.display()
+    );
+    let started = Command::new("tmux")
+        .args([
+            "new-session",
+            "-d",
+            "-x",
+            "200",
+            "-y",
+            "50",
+            "-s",
+            &session,
+            &script,
+        ])
+        .status()
+        .expect("tmux runs");
+    assert!(started.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !done.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pane = Command::new("tmux")
+        .args(["capture-pane", "-p", "-t", &session])
+        .output()
+        .expect("capture");
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", &session])
+        .status();
+    let pane = String::from_utf8_lossy(&pane.stdout);
+    assert_eq!(
+        std::fs::read_to_string(&done).expect("exit code").trim(),
+        "0",
+        "{pane}"
+    );
+    assert!(
+        pane.contains("verify [") && pane.contains("bytes (100%)"),
+        "{pane}"
+    );
 }

@@ -8,6 +8,11 @@
 //! - `apply`: the only part that changes files, in an order safe to interrupt;
 //! - `report`: what the user is told it found and changed.
 //!
+//! Beside them: `state` reads the delivery state the kept frames record,
+//! `rebuild` turns the kept segments and that state into the state table
+//! (for an open and for the read-only checks alike), and `verify` and `dump`
+//! are the read-only passes the `segwal` command is built on.
+//!
 //! The rules, and why each is safe, are argued in `docs/FORMAT.md` ("Recovery"
 //! and "Crash cases, one by one"). In short:
 //!
@@ -20,7 +25,9 @@
 //!   missing at or after it is corruption.
 
 pub(crate) mod apply;
+pub(crate) mod dump;
 mod plan;
+pub(crate) mod rebuild;
 mod report;
 mod scan;
 pub(crate) mod state;
@@ -117,17 +124,8 @@ pub(crate) fn recover(
     }
     // The delivery state of what is kept, read (and checked) before anything
     // changes on disk: a strict open that refuses changes nothing.
-    let kept = plan.keep.iter().map(|k| {
-        let s = &scans[k.scan];
-        state::Kept {
-            path: &s.path,
-            salt: s
-                .header
-                .map_or(0, |h| crate::format::frame::salt(s.id, h.nonce)),
-            frames: s.frames.get(..k.frames).unwrap_or_default(),
-        }
-    });
     let hasher = crate::format::hash::Hasher::new(plan.outbox_id.unwrap_or(0));
+    let kept = rebuild::kept(&scans, &plan.keep);
     let mut recorded = state::recorded_state(storage, kept, mode == RecoveryMode::Lossy, &hasher)?;
     // The negative controls forget what the log recorded.
     if crate::injected!(options, ForgetAcksAtRecovery) {

@@ -1,6 +1,8 @@
 //! A read-only pass of recovery's checks: scans every segment file whole and
 //! plans the open, changing nothing (no lock taken, no file written, cut,
-//! synced or removed). `segwal verify` and `segwal inspect` are built on it.
+//! synced or removed), then rebuilds the state table as an open would, to
+//! count the records in each state. `segwal verify` and `segwal inspect` are
+//! built on it.
 
 use std::path::{Path, PathBuf};
 
@@ -9,13 +11,13 @@ use crate::format::seq::{SEGMENT_SUFFIX, SegmentId, Seq};
 use crate::io::Storage;
 use crate::options::{OpenCheck, RecoveryMode};
 
-use super::{plan, scan, state};
+use super::{plan, rebuild, scan, state};
 
 /// The storage seen through a pass that must change nothing: files open
 /// read-only, and every call that would create, remove, rename, sync or lock
 /// fails, so no code path below can write, whatever it tries.
 #[derive(Debug)]
-struct ReadOnly<'a>(&'a dyn Storage);
+pub(super) struct ReadOnly<'a>(pub(super) &'a dyn Storage);
 
 fn refused() -> std::io::Error {
     std::io::Error::new(
@@ -82,6 +84,50 @@ pub struct SegmentSummary {
     /// When the segment was created (its header), milliseconds since the
     /// Unix epoch; `None` when the header does not check.
     pub created_unix_ms: Option<u64>,
+    /// Of its records, those not acknowledged (pending, delayed, held back
+    /// by a key, dead letters), as an open would count them; `None` when the
+    /// log is too damaged to plan an open, or the open would not keep the
+    /// segment (a leftover below the log start, an empty file).
+    pub live_records: Option<u64>,
+}
+
+/// The records of an outbox in each state, as an open would rebuild them
+/// from the log ([`Verification::states`]).
+///
+/// A claim lives only in the memory of the process that made it: a record a
+/// running owner has claimed and not yet acknowledged is counted here as
+/// pending (or delayed, or held back, as the log last recorded it). The
+/// running owner's [`Outbox::stats`](crate::Outbox::stats) counts its claims.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StateCounts {
+    /// Records whose frames lie on disk, each counted once: those in their
+    /// own segment ([`Verification::records`]), and those only a relocated
+    /// copy still holds (docs/FORMAT.md, "Relocation"). The sum of the
+    /// counts below.
+    pub records: u64,
+    /// Records waiting to be claimed (claimed ones of a running owner
+    /// included).
+    pub pending: u64,
+    /// Records held back behind an earlier record of their ordering key
+    /// (a record both held back and delayed is counted in `delayed`).
+    pub held_by_key: u64,
+    /// Records waiting out a delay: released with one, or appended with a
+    /// not-before time still ahead (by the wall clock now).
+    pub delayed: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Records acknowledged whose frames are still on disk (their segment
+    /// also holds a live record, or is the newest; or a relocated copy of
+    /// them lies in such a segment).
+    pub acknowledged: u64,
+    /// The oldest pending record: its seq and when it was appended (its
+    /// frame's timestamp, microseconds since the Unix epoch).
+    pub oldest_pending: Option<(Seq, u64)>,
+    /// Sealed segments kept on disk by records not yet acknowledged.
+    pub held_segments: usize,
+    /// The live records in those [`held_segments`](StateCounts::held_segments).
+    pub held_by_records: u64,
 }
 
 /// A problem [`verify`](crate::verify) found: what an open would refuse.
@@ -130,6 +176,9 @@ pub struct Verification {
     /// The pid the directory's `OWNER` file names (the last process that
     /// opened it; running or not).
     pub owner_pid: Option<u32>,
+    /// The records in each state, from the state table rebuilt as an open
+    /// would; `None` when the log is too damaged for an open to plan it.
+    pub states: Option<StateCounts>,
 }
 
 impl Verification {
@@ -173,6 +222,18 @@ fn problem(error: Error) -> std::result::Result<Problem, Error> {
 /// [`Verification::problems`] with file, offset, seq and kind; an error is
 /// returned only when the directory cannot be read at all.
 pub fn verify(dir: impl AsRef<Path>) -> Result<Verification> {
+    verify_with_progress(dir, |_, _| {})
+}
+
+/// [`verify`], telling `progress` how far it got: after each segment file
+/// read, the bytes of segment files read so far and the bytes of all of them
+/// (as listed when the pass began). A pass made again, when the log changed
+/// under the first (see [`verify`]), reports from 0 again. For a progress
+/// bar: `progress` is called once per segment file, and once with 0 first.
+pub fn verify_with_progress(
+    dir: impl AsRef<Path>,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<Verification> {
     let dir = dir.as_ref();
     let meta = std::fs::metadata(dir).map_err(|e| Error::io("stat directory", dir, e))?;
     if !meta.is_dir() {
@@ -182,7 +243,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<Verification> {
         });
     }
     let dir = std::fs::canonicalize(dir).map_err(|e| Error::io("resolve directory", dir, e))?;
-    verify_with(&crate::io::StdStorage::new(), &dir)
+    verify_with(&crate::io::StdStorage::new(), &dir, &mut progress)
 }
 
 /// [`verify`] through `storage`. A log being written changes while it is
@@ -190,11 +251,15 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<Verification> {
 /// a problem, or a file gone, is made again, and a problem is reported only
 /// once two passes in a row find it (real damage is durable and does not
 /// move; an artefact of a concurrent write does not repeat).
-pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<Verification> {
+pub(crate) fn verify_with(
+    storage: &dyn Storage,
+    dir: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Verification> {
     let storage = ReadOnly(storage);
     let mut previous: Option<Verification> = None;
     for attempt in 1..=PASSES_MAX {
-        let current = match pass(&storage, dir) {
+        let current = match pass(&storage, dir, progress) {
             Ok(v) => v,
             // A file deleted (or replaced) by the running owner mid-pass.
             Err(Error::Io { source, .. })
@@ -225,7 +290,11 @@ pub(crate) fn verify_with(storage: &dyn Storage, dir: &Path) -> Result<Verificat
 }
 
 /// One pass over `dir`.
-fn pass(storage: &dyn Storage, dir: &Path) -> Result<Verification> {
+fn pass(
+    storage: &dyn Storage,
+    dir: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Verification> {
     let names = storage
         .list(dir)
         .map_err(|e| Error::io("list directory", dir, e))?;
@@ -242,6 +311,7 @@ fn pass(storage: &dyn Storage, dir: &Path) -> Result<Verification> {
         owner_pid: std::fs::read_to_string(dir.join("OWNER"))
             .ok()
             .and_then(|s| s.trim().parse().ok()),
+        states: None,
     };
     let mut ids = Vec::new();
     for name in &names {
@@ -259,6 +329,16 @@ fn pass(storage: &dyn Storage, dir: &Path) -> Result<Verification> {
         }
     }
     ids.sort();
+    // The bytes to read, for the progress report: the files' lengths now (a
+    // file gone since the listing counts nothing).
+    let total: u64 = ids
+        .iter()
+        .filter_map(|&id| {
+            let path = crate::io::segment_file::SegmentFile::path_of(dir, id);
+            storage.open_read(&path).and_then(|f| f.len()).ok()
+        })
+        .sum();
+    progress(0, total);
     let mut scans = Vec::with_capacity(ids.len());
     let mut damaged = Vec::new();
     for &id in &ids {
@@ -272,6 +352,8 @@ fn pass(storage: &dyn Storage, dir: &Path) -> Result<Verification> {
             Err(e) => return Err(e),
         };
         out.bytes += scan.len;
+        // A file the owner appended to since the listing reads longer.
+        progress(out.bytes, total.max(out.bytes));
         let records = scan.frames.iter().filter(|f| f.is_record).count();
         let last_seq = match (scan.seal, scan.frames.len()) {
             (_, 0) => None,
@@ -287,6 +369,7 @@ fn pass(storage: &dyn Storage, dir: &Path) -> Result<Verification> {
             bytes: scan.len,
             sealed: scan.seal.is_some(),
             created_unix_ms: scan.header.map(|h| h.created_unix_ms),
+            live_records: None,
         });
         if scan.header.is_some() {
             out.format_version = Some(crate::format::segment::FORMAT_VERSION);
@@ -314,20 +397,15 @@ fn pass(storage: &dyn Storage, dir: &Path) -> Result<Verification> {
                 kind: torn.cause,
             });
             // The delivery state the kept frames record: read and checked
-            // as an open would.
-            let kept = plan.keep.iter().map(|k| {
-                let s = &scans[k.scan];
-                state::Kept {
-                    path: &s.path,
-                    salt: s
-                        .header
-                        .map_or(0, |h| crate::format::frame::salt(s.id, h.nonce)),
-                    frames: s.frames.get(..k.frames).unwrap_or_default(),
-                }
-            });
+            // as an open would, then replayed into a state table.
+            let kept = rebuild::kept(&scans, &plan.keep);
             let hasher = crate::format::hash::Hasher::new(plan.outbox_id.unwrap_or(0));
-            if let Err(e) = state::recorded_state(storage, kept, false, &hasher) {
-                out.problems.push(problem(e)?);
+            match state::recorded_state(storage, kept, false, &hasher) {
+                Ok(recorded) => {
+                    let segments = rebuild::kept_segments(&mut scans, &plan.keep);
+                    out.states = Some(count_states(storage, &mut out, segments, &recorded));
+                }
+                Err(e) => out.problems.push(problem(e)?),
             }
         }
         Err(e) => {
@@ -350,4 +428,52 @@ fn pass(storage: &dyn Storage, dir: &Path) -> Result<Verification> {
         }
     }
     Ok(out)
+}
+
+/// The records of `segments` in each state, from the state table an open
+/// would rebuild (`recorded` replayed into it); fills each summary's live
+/// records.
+fn count_states(
+    storage: &dyn Storage,
+    out: &mut Verification,
+    segments: Vec<super::RecoveredSegment>,
+    recorded: &[state::Recorded],
+) -> StateCounts {
+    let on_disk = rebuild::records_on_disk(&segments, recorded);
+    // No monotonic clock of its own: a delay ends at its wall-clock time.
+    let now = crate::io::segment_file::now_us();
+    let (table, _) = rebuild::rebuild(segments, recorded, now, now);
+    for (first, live) in table.live_by_segment() {
+        if let Some(s) = out.segments.iter_mut().find(|s| s.first_seq == first) {
+            s.live_records = Some(live);
+        }
+    }
+    let t = table.stats();
+    // Sealed by the writer: the newest segment, sealed in a table an open
+    // rebuilds, is still the owner's active one.
+    let held: Vec<u64> = out
+        .segments
+        .iter()
+        .filter(|s| s.sealed)
+        .filter_map(|s| s.live_records.filter(|&n| n > 0))
+        .collect();
+    // Nothing is claimed in a rebuilt table: its claimed records are
+    // delayed, dead letters, or held back by their key.
+    let live = t.pending + t.claimed;
+    let oldest_pending = t.first_pending.and_then(|slot| {
+        let file = storage.open_read(&slot.path).ok()?;
+        let stamped = crate::io::reader::frame_stamp(&*file, slot.offset)?;
+        Some((slot.seq, stamped))
+    });
+    StateCounts {
+        records: on_disk.max(live),
+        pending: t.pending,
+        held_by_key: t.held_by_key,
+        delayed: t.delayed,
+        dead: t.dead_letters,
+        acknowledged: on_disk.saturating_sub(live),
+        oldest_pending,
+        held_segments: held.len(),
+        held_by_records: held.iter().sum(),
+    }
 }

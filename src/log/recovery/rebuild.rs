@@ -1,0 +1,213 @@
+//! The state table rebuilt from what recovery kept: the segments' frames, then
+//! the delivery state the log recorded, replayed in log order. The one place
+//! this is done: an open builds the table the outbox runs on from it, and the
+//! read-only commands (`verify`, `inspect`, `dump --state`) the table they
+//! count and look records up in, so that both see the same states.
+
+use std::sync::Arc;
+
+use super::RecoveredSegment;
+use super::plan::Keep;
+use super::scan::SegmentScan;
+use super::state::{Kept, Recorded};
+use crate::format::fields::DedupDigest;
+use crate::format::frame;
+use crate::format::segment::FRAMES_AT;
+use crate::format::seq::Seq;
+use crate::state::table::{SegmentSlots, Table};
+
+/// A deduplication id the log keeps: its record, the frame that keeps it
+/// (its home), its digest and its record's time (µs since the Unix epoch).
+pub(crate) type KeptId = (Seq, Seq, DedupDigest, u64);
+
+/// The segments a plan keeps, with the frames it keeps of each: what
+/// [`recorded_state`](super::state::recorded_state) reads.
+pub(crate) fn kept<'a>(
+    scans: &'a [SegmentScan],
+    keep: &'a [Keep],
+) -> impl Iterator<Item = Kept<'a>> {
+    keep.iter().map(|k| {
+        let s = &scans[k.scan];
+        Kept {
+            path: &s.path,
+            salt: s.header.map_or(0, |h| frame::salt(s.id, h.nonce)),
+            frames: s.frames.get(..k.frames).unwrap_or_default(),
+        }
+    })
+}
+
+/// The segments a plan keeps as an open would leave them (without the seal
+/// an open would add to the newest), taking their frames out of `scans`: for
+/// a check that changes nothing on disk.
+pub(crate) fn kept_segments(scans: &mut [SegmentScan], keep: &[Keep]) -> Vec<RecoveredSegment> {
+    keep.iter()
+        .filter_map(|k| {
+            let s = scans.get_mut(k.scan)?;
+            let mut frames = std::mem::take(&mut s.frames);
+            frames.truncate(k.frames);
+            Some(RecoveredSegment {
+                id: s.id,
+                path: Arc::from(s.path.as_path()),
+                salt: s.header.map_or(0, |h| frame::salt(s.id, h.nonce)),
+                frames,
+            })
+        })
+        .collect()
+}
+
+/// The state table of `segments` (oldest first, as recovery keeps them) once
+/// `recorded` is replayed into it, and the deduplication ids the log keeps.
+///
+/// Acknowledged records are done, delayed ones wait, dead letters stay, and
+/// what producers said of the records (keys, not-before times) is applied
+/// last, in sequence order. `now` (the outbox's monotonic clock) and
+/// `now_wall_us` (the wall clock) place a delay's end on the monotonic clock;
+/// a caller with no monotonic clock of its own passes the wall clock twice,
+/// and delays then end at their wall-clock times.
+pub(crate) fn rebuild(
+    segments: impl IntoIterator<Item = RecoveredSegment>,
+    recorded: &[Recorded],
+    now: u64,
+    now_wall_us: u64,
+) -> (Table, Vec<KeptId>) {
+    let mut table = Table::new();
+    for seg in segments {
+        let frames_at = FRAMES_AT as u32;
+        table.push_segment(SegmentSlots::new(
+            seg.id, seg.path, None, seg.salt, frames_at,
+        ));
+        table.push_frames(seg.id, seg.id.first_seq(), &seg.frames);
+        table.seal_last(seg.id);
+    }
+    // What producers said of the records (keys, not-before times, ids),
+    // applied once the rest is replayed, in sequence order; and the
+    // deduplication ids, with their records' times and the frames that
+    // keep them.
+    let mut described = Vec::new();
+    let mut ids = Vec::new();
+    for r in recorded {
+        match r {
+            Recorded::Acks(first, last) => table.ack_recovered(*first, *last),
+            Recorded::Change(change, at) => table.replay(change, *at, now, now_wall_us),
+            Recorded::Relocated {
+                seq,
+                at,
+                carried,
+                described: d,
+                stamped_us,
+            } => {
+                table.relocated_recovered(*seq, *at, carried, now, now_wall_us);
+                if let Some(d) = d {
+                    described.push(*d);
+                    if let Some(id) = d.dedup {
+                        ids.push((*seq, *at, id, *stamped_us));
+                    }
+                }
+            }
+            Recorded::Fields {
+                described: ds,
+                at,
+                stamped_us,
+            } => {
+                for d in ds {
+                    described.push(*d);
+                    if let Some(id) = d.dedup {
+                        ids.push((d.seq, *at, id, *stamped_us));
+                    }
+                }
+            }
+            Recorded::Tombstones { stones, at } => {
+                for t in stones {
+                    ids.push((t.seq, *at, t.dedup, t.appended_us));
+                }
+            }
+        }
+    }
+    // A record described twice (its batch's fields frame, then a relocated
+    // copy) keeps the later word.
+    described.reverse();
+    described.sort_by_key(|d| d.seq);
+    described.dedup_by_key(|d| d.seq);
+    table.apply_fields(&described, now, now_wall_us);
+    (table, ids)
+}
+
+/// The distinct records whose frames lie in `segments`: every record frame,
+/// and the records only a relocated copy still holds (their own seq below the
+/// oldest segment: the segment they were appended to is deleted, as recovery
+/// places them). A record present both in its place and as a copy counts once.
+pub(crate) fn records_on_disk(segments: &[RecoveredSegment], recorded: &[Recorded]) -> u64 {
+    let in_place: usize = segments
+        .iter()
+        .map(|s| s.frames.iter().filter(|f| f.is_record).count())
+        .sum();
+    let oldest = segments.first().map_or(0, |s| s.id.first_seq().get());
+    let mut copies: Vec<u64> = recorded
+        .iter()
+        .filter_map(|r| match r {
+            Recorded::Relocated { seq, .. } if seq.get() < oldest => Some(seq.get()),
+            _ => None,
+        })
+        .collect();
+    copies.sort_unstable();
+    copies.dedup();
+    (in_place + copies.len()) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::format::frame::FrameSpan;
+    use crate::format::relocated::{Carried, CarriedState};
+    use crate::format::seq::SegmentId;
+
+    fn segment(first: u64, records: u32) -> RecoveredSegment {
+        let frames = (0..records)
+            .map(|i| FrameSpan {
+                offset: FRAMES_AT as u32 + i * 100,
+                len: 100,
+                is_record: true,
+            })
+            .collect();
+        RecoveredSegment {
+            id: SegmentId(first),
+            path: Arc::from(Path::new("segment")),
+            salt: 0,
+            frames,
+        }
+    }
+
+    fn copy(seq: u64, at: u64) -> Recorded {
+        Recorded::Relocated {
+            seq: Seq::from(seq),
+            at: Seq::from(at),
+            carried: Carried {
+                attempts: 0,
+                state: CarriedState::Pending,
+                reason: None,
+            },
+            described: None,
+            stamped_us: 0,
+        }
+    }
+
+    #[test]
+    fn acknowledged_records_are_done() {
+        let recorded = vec![Recorded::Acks(Seq::from(10), Seq::from(12))];
+        let (table, ids) = rebuild(vec![segment(10, 5)], &recorded, 0, 0);
+        assert_eq!(table.pending(), 2);
+        assert!(ids.is_empty());
+    }
+
+    #[test]
+    fn a_record_only_a_copy_holds_counts_once_and_one_in_its_place_not_again() {
+        let segs = vec![segment(10, 5)];
+        assert_eq!(records_on_disk(&segs, &[]), 5);
+        // Seq 3's segment is gone: two copies of it (relocated twice) are
+        // one record; seq 11 is still in its place.
+        let recorded = vec![copy(3, 12), copy(3, 14), copy(11, 13)];
+        assert_eq!(records_on_disk(&segs, &recorded), 6);
+    }
+}
