@@ -833,3 +833,89 @@ fn verify_on_a_terminal_shows_a_progress_bar() {
         "{pane}"
     );
 }
+
+/// A dead letter at the start of the log keeps its segment, and every later
+/// one, on disk, until the writer carries it forward (relocation) into the
+/// active segment and deletes the rest: the record is then on disk only as a
+/// copy, numbered below every segment. A dump prints it once, at its own
+/// seq, first.
+#[test]
+fn dump_prints_a_relocated_record_once_at_its_own_seq() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    let (dead, late) = {
+        let outbox = Outbox::open(&dir, Options::default().segment_bytes(1 << 20)).expect("open");
+        for i in 0..3_000u32 {
+            let mut payload = vec![b'r'; 1024];
+            payload[..4].copy_from_slice(&i.to_le_bytes());
+            outbox.append(&payload).expect("append");
+        }
+        let records = outbox.claim(3_000).expect("claim");
+        outbox
+            .dead_letter(records[0].seq(), "poison")
+            .expect("dead letter");
+        let rest: Vec<segwal::Seq> = records[1..].iter().map(|r| r.seq()).collect();
+        outbox.ack_many(&rest).expect("ack");
+        let mut late = Vec::new();
+        for i in 3_000..3_010u32 {
+            let mut payload = vec![b'r'; 1024];
+            payload[..4].copy_from_slice(&i.to_le_bytes());
+            late.push(outbox.append(&payload).expect("append").get());
+        }
+        let stats = outbox.stats();
+        outbox.close().expect("close");
+        assert!(stats.relocated >= 1, "{stats:?}");
+        (records[0].seq().get(), late)
+    };
+    let inspected = json(&segwal(&["inspect", "--json", d]));
+    let states = &inspected["states"];
+    assert_eq!(states["dead"], 1, "{states}");
+    assert_eq!(states["pending"], 10, "{states}");
+    let oldest = inspected["segments"][0]["first_seq"]
+        .as_u64()
+        .expect("first seq");
+    assert!(dead < oldest, "its segment is gone: {dead} {oldest}");
+
+    let out = segwal(&["dump", d, "--format", "json", "--state"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let records = lines(&out);
+    assert_eq!(records.len() as u64, states["records"], "{states}");
+    let first = &records[0];
+    assert_eq!(first["seq"], dead);
+    assert_eq!(first["relocated"], true);
+    assert_eq!(first["state"], "dead");
+    assert_eq!(first["dead_reason"], "poison");
+    let seqs = seqs_of(&records);
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "each once, in order");
+    assert_eq!(seqs.iter().filter(|&&s| s == dead).count(), 1);
+    assert!(late.iter().all(|s| seqs.contains(s)), "{seqs:?}");
+    // The index each payload starts with follows the seqs: the copy holds
+    // the record's own payload.
+    let index = |r: &serde_json::Value| {
+        let payload = r["payload"].as_str().expect("payload");
+        let bytes: Vec<u8> = match r["payload_format"].as_str() {
+            Some("hex") => (0..4)
+                .map(|k| u8::from_str_radix(&payload[2 * k..2 * k + 2], 16).expect("hex"))
+                .collect(),
+            _ => payload.as_bytes()[..4].to_vec(),
+        };
+        u32::from_le_bytes(bytes.try_into().expect("four bytes"))
+    };
+    let indexes: Vec<u32> = records.iter().map(index).collect();
+    assert_eq!(indexes[0], 0);
+    assert!(indexes.windows(2).all(|w| w[0] < w[1]), "{indexes:?}");
+    assert_eq!(*indexes.last().expect("a record"), 3_009);
+    // Without --state, the same records; from a seq above the copy, not it.
+    let plain = lines(&segwal(&["dump", d, "--format", "json"]));
+    assert_eq!(seqs_of(&plain), seqs);
+    let from = segwal(&[
+        "dump",
+        d,
+        "--format",
+        "json",
+        "--from",
+        &(dead + 1).to_string(),
+    ]);
+    assert_eq!(seqs_of(&lines(&from)), seqs[1..].to_vec());
+}
