@@ -596,58 +596,44 @@ fn now_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// The last second RFC 3339 can write (9999-12-31T23:59:59Z), in seconds
+/// since the Unix epoch.
+const RFC3339_LAST_SECOND: u64 = 253_402_300_799;
+
 /// `us` microseconds since the Unix epoch as an RFC 3339 time in UTC, to the
-/// microsecond: `2025-06-01T12:00:00.123456Z`.
+/// microsecond: `2025-06-01T12:00:00.123456Z`. A time past the year 9999
+/// (a frame can hold one) is printed as `unix_us:N`.
 fn rfc3339(us: u64) -> String {
-    let secs = us / 1_000_000;
-    let (days, day_secs) = (secs / 86_400, secs % 86_400);
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        day_secs / 3_600,
-        day_secs / 60 % 60,
-        day_secs % 60,
-        us % 1_000_000
-    )
-}
-
-/// The proleptic Gregorian date (year, month 1 to 12, day 1 to 31) `days`
-/// days after 1970-01-01: Howard Hinnant's `civil_from_days`, for days on
-/// or after the epoch. Eras of 400 years (146,097 days) repeat exactly; a
-/// year is counted from March, so that the leap day ends it.
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    // Days since 0000-03-01.
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097; // day of the era, 0 to 146,096
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365; // 0 to 399
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // day of the year from March, 0 to 365
-    let mp = (5 * doy + 2) / 153; // month from March, 0 to 11
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
-}
-
-/// A duration in µs for a person: `3d 4h`, `2h 05m`, `4m 09s`, `12s`.
-fn age(us: u64) -> String {
-    let s = us / 1_000_000;
-    match s {
-        0..60 => format!("{s}s"),
-        60..3_600 => format!("{}m {:02}s", s / 60, s % 60),
-        3_600..86_400 => format!("{}h {:02}m", s / 3_600, s / 60 % 60),
-        _ => format!("{}d {}h", s / 86_400, s / 3_600 % 24),
+    if us / 1_000_000 > RFC3339_LAST_SECOND {
+        return format!("unix_us:{us}");
     }
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_micros(us);
+    humantime::format_rfc3339_micros(at).to_string()
+}
+
+/// A duration in µs for a person, to the second: `3days 4h 5m 6s`, `12s`.
+fn age(us: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_secs(us / 1_000_000)).to_string()
+}
+
+/// Lowercase hexadecimal digits, by value.
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// `b` as two lowercase hexadecimal digits.
+fn hex_byte(b: u8) -> [u8; 2] {
+    [
+        HEX_DIGITS[usize::from(b >> 4)],
+        HEX_DIGITS[usize::from(b & 0xf)],
+    ]
 }
 
 /// `bytes` as lowercase hexadecimal digits.
 fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(2 * bytes.len());
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
+    bytes
+        .iter()
+        .flat_map(|&b| hex_byte(b))
+        .map(char::from)
+        .collect()
 }
 
 /// Whether `bytes` are one JSON value.
@@ -672,10 +658,26 @@ fn one_line(json: &[u8]) -> std::borrow::Cow<'_, [u8]> {
 /// Bytes for a line of text: UTF-8 escaped as Rust escapes a string
 /// (`\n`, `\"`, `\u{7f}`), other bytes as `\xNN`, in quotes.
 fn quoted(bytes: &[u8]) -> String {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => format!("\"{}\"", text.escape_debug()),
-        Err(_) => format!("\"{}\"", bytes.escape_ascii()),
+    let mut out = Vec::with_capacity(bytes.len() + 2);
+    quote_into(bytes, &mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// [`quoted`], appended to `out`. Printable ASCII that needs no escape (the
+/// common payload) is copied as it is, without going through the formatter
+/// a character at a time.
+fn quote_into(bytes: &[u8], out: &mut Vec<u8>) {
+    let plain = |b: &u8| (b' '..=b'~').contains(b) && !matches!(b, b'"' | b'\\' | b'\'');
+    out.push(b'"');
+    if bytes.iter().all(plain) {
+        out.extend_from_slice(bytes);
+    } else {
+        let _ = match std::str::from_utf8(bytes) {
+            Ok(text) => write!(out, "{}", text.escape_debug()),
+            Err(_) => write!(out, "{}", bytes.escape_ascii()),
+        };
     }
+    out.push(b'"');
 }
 
 /// Bytes for JSON: a string when UTF-8, else `{"hex": "..."}`.
@@ -739,7 +741,7 @@ fn text_line(r: &DumpedRecord, out: &mut Vec<u8>) {
     if is_json(&r.payload) {
         out.extend_from_slice(&one_line(&r.payload));
     } else {
-        out.extend_from_slice(quoted(&r.payload).as_bytes());
+        quote_into(&r.payload, out);
     }
     out.push(b'\n');
 }
@@ -801,11 +803,21 @@ fn hex_dump(r: &DumpedRecord, out: &mut Vec<u8>) {
     let head = head.trim_end().trim_end_matches(" payload=\"\"");
     let _ = writeln!(out, "{head} payload_bytes={}", r.payload.len());
     for (k, chunk) in r.payload.chunks(16).enumerate() {
-        let _ = write!(out, "  {:08x} ", k * 16);
+        // The offset, eight hexadecimal digits (more for a payload past 4 GiB).
+        let offset = (k as u64) * 16;
+        let digits = (16 - offset.leading_zeros() as usize / 4).max(8);
+        out.extend_from_slice(b"  ");
+        out.extend(
+            (0..digits)
+                .rev()
+                .map(|d| HEX_DIGITS[(offset >> (4 * d)) as usize & 0xf]),
+        );
+        out.push(b' ');
         for i in 0..16 {
             match chunk.get(i) {
-                Some(b) => {
-                    let _ = write!(out, " {b:02x}");
+                Some(&b) => {
+                    out.push(b' ');
+                    out.extend_from_slice(&hex_byte(b));
                 }
                 None => out.extend_from_slice(b"   "),
             }
@@ -904,35 +916,13 @@ mod tests {
             rfc3339(253_402_300_799_000_001),
             "9999-12-31T23:59:59.000001Z"
         );
-    }
-
-    /// Day by day over 1,000 years from 1970, the date moves on by the
-    /// calendar's rules (a leap year every 4, not every 100, every 400).
-    #[test]
-    fn every_day_follows_the_one_before() {
-        let leap =
-            |y: u64| (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400);
-        let days_in = |y: u64, m: u64| match m {
-            2 if leap(y) => 29,
-            2 => 28,
-            4 | 6 | 9 | 11 => 30,
-            _ => 31,
-        };
-        let mut date = (1970, 1, 1);
-        for days in 0..365_243 {
-            assert_eq!(civil_from_days(days), date, "day {days}");
-            let (y, m, d) = date;
-            date = if d < days_in(y, m) {
-                (y, m, d + 1)
-            } else if m < 12 {
-                (y, m + 1, 1)
-            } else {
-                (y + 1, 1, 1)
-            };
-        }
-        assert_eq!(date, (2970, 1, 1));
-        // The largest time a frame can hold.
-        assert!(rfc3339(u64::MAX).ends_with("Z"));
+        // Past what RFC 3339 can write, and the largest time a frame holds:
+        // printed, never a panic.
+        assert_eq!(
+            rfc3339(253_402_300_800_000_000),
+            "unix_us:253402300800000000"
+        );
+        assert_eq!(rfc3339(u64::MAX), format!("unix_us:{}", u64::MAX));
     }
 
     #[test]
@@ -945,7 +935,20 @@ mod tests {
         assert!(!is_json(b"order created"));
         assert_eq!(quoted(b"a\"b\n"), r#""a\"b\n""#);
         assert_eq!(quoted(&[0x66, 0xff]), r#""f\xff""#);
+        // The fast path and the escaping one agree on what needs escaping.
+        assert_eq!(quoted(b"plain text, 42 ~"), r#""plain text, 42 ~""#);
+        assert_eq!(quoted(b"it's"), r#""it\'s""#);
+        assert_eq!(quoted(b"a\\b"), r#""a\\b""#);
+        assert_eq!(quoted("caf\u{e9}\t".as_bytes()), "\"caf\u{e9}\\t\"");
+        for b in 0..=u8::MAX {
+            let slow = match std::str::from_utf8(&[b]) {
+                Ok(text) => format!("\"{}\"", text.escape_debug()),
+                Err(_) => format!("\"{}\"", [b].escape_ascii()),
+            };
+            assert_eq!(quoted(&[b]), slow, "byte {b:#04x}");
+        }
         assert_eq!(age(0), "0s");
-        assert_eq!(age(3_725_000_000), "1h 02m");
+        assert_eq!(age(3_725_000_000), "1h 2m 5s");
+        assert_eq!(age(90_061_500_000), "1day 1h 1m 1s");
     }
 }
