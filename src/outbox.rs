@@ -219,6 +219,27 @@ impl Outbox {
     /// with [`Error::Locked`] if another outbox has the directory open, in this
     /// process or another, and with [`Error::Corrupt`] if recovery finds damage it
     /// may not repair.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// use std::time::Duration;
+    /// use segwal::{Durability, Options, Outbox};
+    ///
+    /// let options = Options::default()
+    ///     .lease(Duration::from_secs(60))
+    ///     .max_attempts(5)
+    ///     .ack_durability(Durability::Buffered);
+    /// let outbox = Outbox::open(dir.path(), options)?;
+    /// // A second open of the same directory is refused while this one lives.
+    /// assert!(matches!(
+    ///     Outbox::open(dir.path(), Options::default()),
+    ///     Err(segwal::Error::Locked { .. })
+    /// ));
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Outbox> {
         Outbox::open_on(dir.as_ref(), options, Arc::new(StdStorage::new()))
     }
@@ -356,6 +377,19 @@ impl Outbox {
     /// not be delivered after a reopen (it is *in doubt*), except for
     /// [`Error::RecordTooLarge`] and [`Error::Closed`] raised before the record
     /// reached the writer. Zero-length payloads are valid records.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// // Durable once it returns: the record survives a crash or a power cut.
+    /// let first = outbox.append(b"order 7781 created")?;
+    /// let second = outbox.append(b"order 7782 created")?;
+    /// assert!(second > first);
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn append(&self, payload: &[u8]) -> Result<Seq> {
         self.check_record(payload)?;
         let bytes = frame_len(payload.len()) as u64;
@@ -374,6 +408,18 @@ impl Outbox {
     /// Appends many records with one wait. They get contiguous sequence numbers,
     /// are written in one write batch and become durable together: after a crash
     /// either all of them are recovered or none. An empty batch returns at once.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// let seqs = outbox.append_batch(&[&b"first"[..], b"second", b"third"])?;
+    /// assert_eq!(seqs.len(), 3);
+    /// assert_eq!(seqs[1].get(), seqs[0].get() + 1);
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn append_batch<P: AsRef<[u8]>>(&self, payloads: &[P]) -> Result<Vec<Seq>> {
         self.handle.shared.check_usable()?;
         if payloads.is_empty() {
@@ -398,6 +444,22 @@ impl Outbox {
     /// Makes every record appended so far, and every acknowledgement made so
     /// far, durable. Under the default durabilities appends already are; an
     /// acknowledgement is once this returns.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// let seq = outbox.append(b"order 7781 created")?;
+    /// let records = outbox.claim(1)?;
+    /// outbox.ack(records[0].seq())?;
+    /// // Under the default Durability::Buffered the ack is durable within
+    /// // Options::buffered_sync_interval; `sync` makes it durable now.
+    /// outbox.sync()?;
+    /// assert_eq!(records[0].seq(), seq);
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn sync(&self) -> Result<()> {
         self.handle.shared.check_usable()?;
         let (completion, done) = Completion::new();
@@ -476,6 +538,25 @@ impl Outbox {
     /// and one duplicate answer. A backlog quota or the free-disk floor
     /// refuses the append with [`Error::QuotaExceeded`] (a duplicate is never
     /// refused: it writes nothing).
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// use segwal::Message;
+    ///
+    /// let message = Message::new(br#"{"order": 7781}"#)
+    ///     .key(b"account-42")
+    ///     .dedup_id(b"order-7781/created");
+    /// let first = outbox.append_message(&message)?;
+    /// // The same id and the same payload again: nothing written, the first seq.
+    /// let again = outbox.append_message(&message)?;
+    /// assert!(!first.duplicate && again.duplicate);
+    /// assert_eq!(again.seq, first.seq);
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn append_message(&self, message: &Message<'_>) -> Result<Appended> {
         let bytes = self.check_messages(std::slice::from_ref(message))?;
         let hasher = self.handle.shared.hasher;
@@ -554,15 +635,33 @@ impl Outbox {
     /// Claims up to `max_records` of the oldest pending records and returns them.
     ///
     /// Records come oldest first (by sequence number), records released back
-    /// before newer ones. A claimed record stays claimed until it is acknowledged
-    /// or released, or the outbox is closed; after a reopen every record not
-    /// acknowledged is pending again. Never waits for an fsync in progress; returns
+    /// before newer ones. A claimed record stays claimed until it is acknowledged,
+    /// released or dead-lettered, or its lease ([`Options::lease`](crate::Options::lease))
+    /// runs out; after a reopen every record not acknowledged is pending again
+    /// (or delayed, or dead, as the log recorded). Never waits for an fsync in progress; returns
     /// an empty vector when nothing is pending.
     ///
     /// If a record's frame fails its checksum, the claim fails with
     /// [`Error::Corrupt`] naming the file, offset and seq; that record is set aside
     /// (counted in [`Stats::corrupt_records`], never handed out) and the others
     /// are released, so the next claim moves on.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// outbox.append_batch(&[&b"a"[..], b"b", b"c"])?;
+    /// let records = outbox.claim(2)?;
+    /// assert_eq!(records.len(), 2);
+    /// assert_eq!(records[0].payload(), b"a");
+    /// assert_eq!(records[0].attempt(), 1);
+    /// // Nothing pending is not an error: an empty vector.
+    /// outbox.claim(256)?; // "c"
+    /// assert!(outbox.claim(256)?.is_empty());
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn claim(&self, max_records: usize) -> Result<Vec<Record>> {
         self.claim_bytes(max_records, u64::MAX)
     }
@@ -619,6 +718,26 @@ impl Outbox {
     /// Renews the lease of the claimed record `seq` for `lease` from now (the
     /// relay is still working on it). Fails with [`Error::NotClaimed`] if it is
     /// not claimed, or its lease already ran out and it went back to pending.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// use std::time::Duration;
+    ///
+    /// outbox.append(b"a slow delivery")?;
+    /// let record = outbox.claim(1)?.remove(0);
+    /// // Still working on it: hold it five more minutes.
+    /// outbox.extend(record.seq(), Duration::from_secs(300))?;
+    /// outbox.ack(record.seq())?;
+    /// assert!(matches!(
+    ///     outbox.extend(record.seq(), Duration::from_secs(300)),
+    ///     Err(segwal::Error::NotClaimed { .. })
+    /// ));
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn extend(&self, seq: Seq, lease: Duration) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
@@ -631,6 +750,23 @@ impl Outbox {
     /// Like [`claim`](Outbox::claim), but waits up to `timeout` for a record to
     /// become claimable; the writer wakes it as soon as one is durable. Returns an
     /// empty vector on timeout.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// use std::time::Duration;
+    ///
+    /// let producer = outbox.clone();
+    /// let thread = std::thread::spawn(move || producer.append(b"from another thread"));
+    /// // Wakes as soon as the record is durable.
+    /// let records = outbox.claim_wait(256, Duration::from_secs(10))?;
+    /// assert_eq!(records[0].payload(), b"from another thread");
+    /// thread.join().expect("producer").map(|_| ())?;
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn claim_wait(&self, max_records: usize, timeout: Duration) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
         // A timeout too long to represent waits without one.
@@ -738,8 +874,28 @@ impl Outbox {
     /// Acknowledging a record already acknowledged (or deleted) is Ok, so a relay
     /// may retry. A record that is pending (never claimed, or released) fails
     /// with [`Error::NotClaimed`]; a number never assigned with
-    /// [`Error::UnknownSeq`]. Acknowledgements live in memory: after a restart,
-    /// records not yet in a deleted segment are handed out again.
+    /// [`Error::UnknownSeq`]. The acknowledgement is written to the log: durable
+    /// at once under [`Durability::Sync`](crate::Durability::Sync), else with
+    /// the next write batch or within
+    /// [`Options::buffered_sync_interval`](crate::Options::buffered_sync_interval)
+    /// (or at [`sync`](Outbox::sync)); once durable, the record is never handed
+    /// out again, across restarts. An ack that arrives after the lease ran out
+    /// and the record was claimed again is accepted: it was delivered.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// outbox.append(b"webhook body")?;
+    /// for record in outbox.claim(256)? {
+    ///     // deliver(record.payload())?;
+    ///     outbox.ack(record.seq())?;
+    /// }
+    /// assert_eq!(outbox.stats().pending, 0);
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn ack(&self, seq: Seq) -> Result<()> {
         self.ack_many(&[seq])
     }
@@ -761,6 +917,20 @@ impl Outbox {
     /// returns how many there were; records not claimed (pending, or already
     /// acknowledged) are left as they are. A relay that publishes in order
     /// acknowledges a whole batch with one call.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// outbox.append_batch(&[&b"a"[..], b"b", b"c"])?;
+    /// let records = outbox.claim(256)?;
+    /// // Published in order: one call acknowledges the whole batch.
+    /// let last = records.last().expect("three records").seq();
+    /// assert_eq!(outbox.ack_through(last)?, 3);
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn ack_through(&self, seq: Seq) -> Result<u64> {
         let shared = &self.handle.shared;
         shared.check_open()?;
@@ -798,6 +968,22 @@ impl Outbox {
 
     /// Returns a claimed record to pending: it is handed out again before any
     /// newer record. Fails with [`Error::NotClaimed`] if it is not claimed.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// outbox.append_batch(&[&b"a"[..], b"b"])?;
+    /// let a = outbox.claim(1)?.remove(0);
+    /// outbox.release(a.seq())?;
+    /// // Handed out again before the newer record, as a new attempt.
+    /// let again = outbox.claim(1)?.remove(0);
+    /// assert_eq!(again.seq(), a.seq());
+    /// assert_eq!(again.attempt(), 2);
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn release(&self, seq: Seq) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
@@ -815,6 +1001,23 @@ impl Outbox {
     /// restart the record is still delayed until the same wall-clock time, and
     /// carries the same reason. [`Error::NotClaimed`] if `seq` is not held by a
     /// claim.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// use std::time::Duration;
+    ///
+    /// outbox.append(b"webhook body")?;
+    /// let record = outbox.claim(1)?.remove(0);
+    /// outbox.release_after(record.seq(), Duration::ZERO, "HTTP 503 from the endpoint")?;
+    /// let again = outbox.claim(1)?.remove(0);
+    /// assert_eq!(again.last_error(), Some("HTTP 503 from the endpoint"));
+    /// assert_eq!(again.attempt(), 2);
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn release_after(&self, seq: Seq, delay: Duration, reason: &str) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
@@ -840,6 +1043,22 @@ impl Outbox {
     /// [`REASON_BYTES_MAX`](crate::REASON_BYTES_MAX) bytes) and its attempts.
     /// Durable like an acknowledgement. A dead letter keeps its segment on
     /// disk. [`Error::NotClaimed`] if `seq` is not held by a claim.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// outbox.append(b"a body the endpoint refuses")?;
+    /// let record = outbox.claim(1)?.remove(0);
+    /// outbox.dead_letter(record.seq(), "HTTP 410 Gone")?;
+    /// assert!(outbox.claim(256)?.is_empty());
+    /// let dead = outbox.dead_letters(10)?;
+    /// assert_eq!(dead[0].reason(), "HTTP 410 Gone");
+    /// assert_eq!(outbox.stats().dead_letters, 1);
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn dead_letter(&self, seq: Seq, reason: &str) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
@@ -855,6 +1074,24 @@ impl Outbox {
 
     /// The dead letters, oldest first, at most `max`, with their payloads
     /// (checked against their checksums, like claimed records).
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// outbox.append(b"refused")?;
+    /// let record = outbox.claim(1)?.remove(0);
+    /// outbox.dead_letter(record.seq(), "schema rejected")?;
+    /// for dead in outbox.dead_letters(100)? {
+    ///     println!("seq {} after {} attempts: {}", dead.seq(), dead.attempts(), dead.reason());
+    ///     // A person decides: deliver it again, or drop it.
+    ///     outbox.requeue(dead.seq())?;
+    /// }
+    /// assert_eq!(outbox.claim(1)?[0].seq(), record.seq());
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn dead_letters(&self, max: usize) -> Result<Vec<DeadLetter>> {
         let shared = &self.handle.shared;
         shared.check_open()?;
@@ -879,6 +1116,21 @@ impl Outbox {
     /// Makes the dead letter `seq` pending again, its attempts counted from
     /// zero. Durable like an acknowledgement. [`Error::NotClaimed`] if it is
     /// not a dead letter.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// outbox.append(b"refused, then fixed on the far side")?;
+    /// let record = outbox.claim(1)?.remove(0);
+    /// outbox.dead_letter(record.seq(), "schema rejected")?;
+    /// outbox.requeue(record.seq())?;
+    /// let again = outbox.claim(1)?.remove(0);
+    /// assert_eq!(again.seq(), record.seq());
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn requeue(&self, seq: Seq) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
@@ -894,6 +1146,20 @@ impl Outbox {
 
     /// Acknowledges the dead letter `seq`: done for good, as if delivered.
     /// [`Error::NotClaimed`] if it is not a dead letter.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// outbox.append(b"refused for good")?;
+    /// let record = outbox.claim(1)?.remove(0);
+    /// outbox.dead_letter(record.seq(), "account deleted")?;
+    /// outbox.discard(record.seq())?;
+    /// assert!(outbox.dead_letters(10)?.is_empty());
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn discard(&self, seq: Seq) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
@@ -914,6 +1180,20 @@ impl Outbox {
     }
 
     /// A snapshot of the outbox's figures. Works on a closed outbox too.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// outbox.append_batch(&[&b"a"[..], b"b"])?;
+    /// let _claimed = outbox.claim(1)?;
+    /// let stats = outbox.stats();
+    /// assert_eq!((stats.pending, stats.claimed), (1, 1));
+    /// println!("{} appended, {} fsyncs", stats.records_appended, stats.fsyncs);
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stats(&self) -> Stats {
         let shared = &self.handle.shared;
         let t = {
@@ -985,6 +1265,21 @@ impl Outbox {
     /// Returns the outcome of the final fsync (or the poisoning error). Afterwards
     /// every call on any handle fails with [`Error::Closed`], including `close`.
     /// Records claimed and not acknowledged are pending again at the next open.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// outbox.append(b"kept")?;
+    /// outbox.close()?;
+    /// assert!(matches!(outbox.append(b"late"), Err(segwal::Error::Closed)));
+    /// // The next open finds the record.
+    /// let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// assert_eq!(outbox.claim(1)?[0].payload(), b"kept");
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn close(&self) -> Result<()> {
         self.handle.close()
     }

@@ -190,6 +190,22 @@ struct Cursor {
 /// not grow with the log. An error is returned only when the directory
 /// cannot be read (or, with states, when an open would refuse the log);
 /// damage met on the way ends the iterator with an [`Error::Corrupt`].
+///
+/// ```
+/// # fn main() -> segwal::Result<()> {
+/// # let dir = tempfile::tempdir().expect("temporary directory");
+/// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+/// # outbox.append_batch(&[&b"a"[..], b"b", b"c"])?;
+/// // While the owner runs, from another thread or process:
+/// let from = segwal::Seq::from(2);
+/// for record in segwal::dump(dir.path(), segwal::DumpOptions::new().from(from))? {
+///     let record = record?; // damage ends the dump with Error::Corrupt
+///     println!("{} {} bytes", record.seq, record.payload.len());
+/// }
+/// # outbox.close()?;
+/// # Ok(())
+/// # }
+/// ```
 pub fn dump(dir: impl AsRef<Path>, options: DumpOptions) -> Result<Dump> {
     let dir = dir.as_ref();
     let meta = std::fs::metadata(dir).map_err(|e| Error::io("stat directory", dir, e))?;

@@ -221,6 +221,21 @@ fn problem(error: Error) -> std::result::Result<Problem, Error> {
 /// read; a tail being written can read as torn). Damage is listed in
 /// [`Verification::problems`] with file, offset, seq and kind; an error is
 /// returned only when the directory cannot be read at all.
+///
+/// ```
+/// # fn main() -> segwal::Result<()> {
+/// # let dir = tempfile::tempdir().expect("temporary directory");
+/// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+/// # outbox.append(b"a")?;
+/// let report = segwal::verify(dir.path())?;
+/// for problem in &report.problems {
+///     eprintln!("{}: offset {}: {}", problem.path.display(), problem.offset, problem.kind);
+/// }
+/// assert!(report.is_clean());
+/// # outbox.close()?;
+/// # Ok(())
+/// # }
+/// ```
 pub fn verify(dir: impl AsRef<Path>) -> Result<Verification> {
     verify_with_progress(dir, |_, _| {})
 }
