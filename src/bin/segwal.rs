@@ -75,6 +75,9 @@ enum Command {
         /// each payload.
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
+        /// The same as --format json.
+        #[arg(long, conflicts_with = "format")]
+        json: bool,
         /// Each record's state (pending, held back by its key, delayed, dead,
         /// acknowledged) and attempts, from the state table an open would
         /// rebuild: a few bytes of memory per record, read before the first
@@ -104,6 +107,9 @@ enum Command {
         /// Repair: without it, nothing is changed.
         #[arg(long)]
         yes: bool,
+        /// Print JSON (the schema is in docs/OPERATIONS.md).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -129,12 +135,18 @@ enum DeadLetterAction {
         /// Sequence numbers of dead letters.
         #[arg(required = true)]
         seqs: Vec<u64>,
+        /// Print JSON: {"done": [seq...], "failed": [{seq, error}]}.
+        #[arg(long)]
+        json: bool,
     },
     /// Acknowledges these dead letters without delivering them.
     Discard {
         /// Sequence numbers of dead letters.
         #[arg(required = true)]
         seqs: Vec<u64>,
+        /// Print JSON: {"done": [seq...], "failed": [{seq, error}]}.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -370,22 +382,31 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
                 failed = true;
             }
         },
-        DeadLetterAction::Requeue { seqs } | DeadLetterAction::Discard { seqs } => {
+        DeadLetterAction::Requeue { seqs, json } | DeadLetterAction::Discard { seqs, json } => {
             let requeue = matches!(action, DeadLetterAction::Requeue { .. });
+            let (mut done, mut refused) = (Vec::new(), Vec::new());
             for &seq in seqs {
                 let seq = segwal::Seq::from(seq);
-                let done = if requeue {
+                let outcome = if requeue {
                     outbox.requeue(seq)
                 } else {
                     outbox.discard(seq)
                 };
-                match done {
+                match outcome {
+                    Ok(()) if *json => done.push(seq.get()),
                     Ok(()) => println!("{} {seq}", if requeue { "requeued" } else { "discarded" }),
                     Err(e) => {
-                        eprintln!("segwal: seq {seq}: {e}");
+                        if *json {
+                            refused.push(json!({ "seq": seq.get(), "error": e.to_string() }));
+                        } else {
+                            eprintln!("segwal: seq {seq}: {e}");
+                        }
                         failed = true;
                     }
                 }
+            }
+            if *json {
+                println!("{}", json!({ "done": done, "failed": refused }));
             }
         }
     }
@@ -400,7 +421,36 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
     }
 }
 
-fn repair(dir: &std::path::Path, yes: bool) -> ExitCode {
+/// What `repair` found and did, printed as it goes (text) or as one JSON
+/// object at the end (`--json`).
+struct RepairReport {
+    json: bool,
+    fields: serde_json::Map<String, Value>,
+}
+
+impl RepairReport {
+    /// A line of text (not printed under `--json`).
+    fn say(&self, line: impl std::fmt::Display) {
+        if !self.json {
+            println!("{line}");
+        }
+    }
+
+    /// A field of the JSON object.
+    fn set(&mut self, key: &str, value: Value) {
+        self.fields.insert(key.to_owned(), value);
+    }
+
+    /// Prints the JSON object (under `--json`) and returns `code`.
+    fn finish(self, code: u8) -> ExitCode {
+        if self.json {
+            println!("{}", Value::Object(self.fields));
+        }
+        ExitCode::from(code)
+    }
+}
+
+fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
     let found = match segwal::verify(dir) {
         Ok(v) => v,
         Err(e) => {
@@ -408,31 +458,75 @@ fn repair(dir: &std::path::Path, yes: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if found.is_clean() {
-        println!("{}: clean, nothing to repair", found.dir.display());
-        return ExitCode::SUCCESS;
+    let mut out = RepairReport {
+        json,
+        fields: serde_json::Map::new(),
+    };
+    out.set("dir", found.dir.display().to_string().into());
+    out.set("clean", found.is_clean().into());
+    out.set(
+        "problems",
+        found
+            .problems
+            .iter()
+            .map(problem_json)
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    for key in [
+        "would_drop",
+        "copied",
+        "dropped",
+        "quarantined",
+        "records_kept",
+    ] {
+        out.set(key, Value::Null);
     }
-    println!("damage found:");
-    for p in &found.problems {
-        print_problem(p);
+    out.set("repaired", false.into());
+    if found.is_clean() {
+        out.say(format_args!(
+            "{}: clean, nothing to repair",
+            found.dir.display()
+        ));
+        return out.finish(0);
+    }
+    out.say("damage found:");
+    if !json {
+        for p in &found.problems {
+            print_problem(p);
+        }
     }
     let Some(plan) = &found.repair else {
         eprintln!("segwal: a lossy recovery cannot repair this directory (see the damage above)");
-        return ExitCode::from(1);
+        return out.finish(1);
     };
     let last = plan
         .last
         .map_or_else(|| "none after it".to_owned(), |l| l.to_string());
-    println!(
+    out.say(format_args!(
         "a repair drops seqs {} to {last} (from {} at offset {}), and {} later segment files",
         plan.first,
         plan.path.display(),
         plan.offset,
         plan.segments_set_aside.len()
+    ));
+    out.set(
+        "would_drop",
+        json!({
+            "first_seq": plan.first.get(),
+            "last_seq": plan.last.map(|l| l.get()),
+            "file": plan.path.display().to_string(),
+            "offset": plan.offset,
+            "later_segments": plan
+                .segments_set_aside
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>(),
+        }),
     );
     if !yes {
-        println!("nothing changed: run again with --yes to repair");
-        return ExitCode::from(1);
+        out.say("nothing changed: run again with --yes to repair");
+        return out.finish(1);
     }
     // Every damaged file copied aside first: the repair truncates them.
     let aside = found.dir.join(segwal::QUARANTINE_DIR);
@@ -444,29 +538,40 @@ fn repair(dir: &std::path::Path, yes: bool) -> ExitCode {
     files.push(&plan.path);
     files.sort();
     files.dedup();
+    let mut copied = Vec::new();
     for file in files {
         let Some(name) = file.file_name() else {
             continue;
         };
         let to = aside.join(format!("{}.damaged-{stamp}", name.to_string_lossy()));
-        let copied = std::fs::create_dir_all(&aside).and_then(|()| std::fs::copy(file, &to));
-        match copied {
-            Ok(_) => println!("copied {} to {}", file.display(), to.display()),
+        match std::fs::create_dir_all(&aside).and_then(|()| std::fs::copy(file, &to)) {
+            Ok(_) => {
+                out.say(format_args!(
+                    "copied {} to {}",
+                    file.display(),
+                    to.display()
+                ));
+                copied.push(
+                    json!({ "from": file.display().to_string(), "to": to.display().to_string() }),
+                );
+            }
             Err(e) => {
                 eprintln!(
                     "segwal: copying {} aside: {e}; nothing repaired",
                     file.display()
                 );
-                return ExitCode::from(2);
+                out.set("copied", copied.into());
+                return out.finish(2);
             }
         }
     }
+    out.set("copied", copied.into());
     let options = segwal::Options::default().recovery(segwal::RecoveryMode::Lossy);
     let outbox = match segwal::Outbox::open(&found.dir, options) {
         Ok(outbox) => outbox,
         Err(e) => {
             eprintln!("segwal: {e}");
-            return ExitCode::from(2);
+            return out.finish(2);
         }
     };
     let report = outbox.recovery_report().clone();
@@ -474,17 +579,35 @@ fn repair(dir: &std::path::Path, yes: bool) -> ExitCode {
         let last = dropped
             .last
             .map_or_else(|| "none after it".to_owned(), |l| l.to_string());
-        println!("repaired: dropped seqs {} to {last}", dropped.first);
+        out.say(format_args!(
+            "repaired: dropped seqs {} to {last}",
+            dropped.first
+        ));
+        out.set(
+            "dropped",
+            json!({ "first_seq": dropped.first.get(), "last_seq": dropped.last.map(|l| l.get()) }),
+        );
     }
+    let mut quarantined = Vec::new();
     for q in &report.quarantined {
-        println!("set aside {} as {}", q.from.display(), q.to.display());
+        out.say(format_args!(
+            "set aside {} as {}",
+            q.from.display(),
+            q.to.display()
+        ));
+        quarantined.push(
+            json!({ "from": q.from.display().to_string(), "to": q.to.display().to_string() }),
+        );
     }
-    println!("{} records kept", report.records_recovered);
+    out.set("quarantined", quarantined.into());
+    out.say(format_args!("{} records kept", report.records_recovered));
+    out.set("records_kept", report.records_recovered.into());
     if let Err(e) = outbox.close() {
         eprintln!("segwal: close: {e}");
-        return ExitCode::from(2);
+        return out.finish(2);
     }
-    ExitCode::SUCCESS
+    out.set("repaired", true.into());
+    out.finish(0)
 }
 
 fn main() -> ExitCode {
@@ -496,10 +619,14 @@ fn main() -> ExitCode {
             from,
             limit,
             format,
+            json,
             state,
-        } => return dump(dir, *from, *limit, *format, *state),
+        } => {
+            let format = if *json { Format::Json } else { *format };
+            return dump(dir, *from, *limit, format, *state);
+        }
         Command::DeadLetters { dir, action } => return dead_letters(dir, action),
-        Command::Repair { dir, yes } => return repair(dir, *yes),
+        Command::Repair { dir, yes, json } => return repair(dir, *yes, *json),
     };
     let verification = match verify_showing_progress(dir) {
         Ok(v) => v,

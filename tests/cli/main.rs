@@ -262,10 +262,25 @@ fn dead_letters_listed_requeued_and_discarded_and_refused_while_the_owner_runs()
 
     let out = segwal(&["dead-letters", d, "requeue", &seqs[0].to_string()]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let out = segwal(&["dead-letters", d, "discard", &seqs[1].to_string()]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let out = segwal(&["dead-letters", d, "discard", "999999"]);
+    // One dead letter discarded, one seq that is none: the first is done,
+    // the second an error, and both are said in the JSON.
+    let out = segwal(&[
+        "dead-letters",
+        d,
+        "discard",
+        &seqs[1].to_string(),
+        "999999",
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(1), "an unknown seq is an error");
+    let said = json(&out);
+    assert_eq!(said["done"], serde_json::json!([seqs[1]]));
+    assert_eq!(said["failed"][0]["seq"], 999999);
+    assert!(
+        said["failed"][0]["error"]
+            .as_str()
+            .is_some_and(|e| !e.is_empty())
+    );
 
     let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
     let stats = outbox.stats();
@@ -286,21 +301,7 @@ fn repair_says_what_it_drops_then_keeps_the_damaged_file_aside() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("outbox");
     let d = dir.to_str().expect("utf-8");
-    written(&dir);
-    // A record in the middle of a sealed segment (the newest is the next
-    // one): a repair drops from there on.
-    let segs = segments(&dir);
-    assert!(segs.len() >= 2, "{segs:?}");
-    let sealed = segs[segs.len() - 2].clone();
-    let mut bytes = std::fs::read(&sealed).expect("read");
-    // 100 bytes into the frame that starts the block in the middle of the
-    // file: a block boundary before the seal is never padding, whereas the
-    // middle byte itself can be (a record alone in its sync group leaves
-    // the rest of its block as padding, where a flipped bit is no damage).
-    let at = bytes.len() / 2 / 4096 * 4096 + 100;
-    bytes[at] ^= 0x40;
-    std::fs::write(&sealed, &bytes).expect("write");
-    let damaged = bytes;
+    let damaged = damage_a_sealed_segment(&dir);
     let before = snapshot(&dir);
 
     let out = segwal(&["repair", d]);
@@ -336,6 +337,61 @@ fn repair_says_what_it_drops_then_keeps_the_damaged_file_aside() {
     let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
     assert!(outbox.stats().pending > 0);
     outbox.close().expect("close");
+}
+
+/// A closed outbox of several segments (`written`) with one bit flipped in
+/// the middle of a sealed segment: a repair drops from there on. Returns the
+/// damaged segment's bytes.
+fn damage_a_sealed_segment(dir: &Path) -> Vec<u8> {
+    written(dir);
+    // The newest segment is the next one.
+    let segs = segments(dir);
+    assert!(segs.len() >= 2, "{segs:?}");
+    let sealed = segs[segs.len() - 2].clone();
+    let mut bytes = std::fs::read(&sealed).expect("read");
+    // 100 bytes into the frame that starts the block in the middle of the
+    // file: a block boundary before the seal is never padding, whereas the
+    // middle byte itself can be (a record alone in its sync group leaves
+    // the rest of its block as padding, where a flipped bit is no damage).
+    let at = bytes.len() / 2 / 4096 * 4096 + 100;
+    bytes[at] ^= 0x40;
+    std::fs::write(&sealed, &bytes).expect("write");
+    bytes
+}
+
+#[test]
+fn repair_json_says_what_it_would_drop_then_what_it_dropped() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    damage_a_sealed_segment(&dir);
+    let before = snapshot(&dir);
+
+    let out = segwal(&["repair", d, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let preview = json(&out);
+    assert_eq!(preview["clean"], false);
+    assert_eq!(preview["repaired"], false);
+    assert!(!preview["problems"].as_array().expect("problems").is_empty());
+    let first = preview["would_drop"]["first_seq"]
+        .as_u64()
+        .expect("first seq");
+    assert_eq!(snapshot(&dir), before, "without --yes nothing changes");
+
+    let out = segwal(&["repair", d, "--yes", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let done = json(&out);
+    assert_eq!(done["repaired"], true);
+    assert_eq!(
+        done["dropped"]["first_seq"], first,
+        "it drops what it said it would"
+    );
+    assert!(!done["copied"].as_array().expect("copied").is_empty());
+    assert!(done["records_kept"].as_u64().expect("kept") > 0);
+
+    let out = segwal(&["repair", d, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(json(&out)["clean"], true);
 }
 
 fn lines(out: &Output) -> Vec<serde_json::Value> {
@@ -394,6 +450,8 @@ fn dump_prints_every_record_in_seq_order_from_a_seq_and_up_to_a_limit() {
 
     let out = segwal(&["dump", d, "--format", "json"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // `--json` is the same as `--format json`, as for the other commands.
+    assert_eq!(segwal(&["dump", d, "--json"]).stdout, out.stdout);
     let records = lines(&out);
     assert_eq!(seqs_of(&records), seqs, "every record once, in seq order");
     // A JSON payload is printed as JSON (on one line, its keys in their
