@@ -63,7 +63,8 @@ struct Handle {
 /// [`Outbox::stats`].
 ///
 /// Serialisable (feature `json`, on by default), so that a metrics endpoint
-/// prints what `segwal inspect --json` prints: durations as whole
+/// prints what `segwal inspect --json` prints under `stats` (there, what only
+/// the running owner knows is null): durations as whole
 /// microseconds under names ending in `_us`, sequence numbers as numbers,
 /// `None` as `null` (`examples/prometheus.rs` turns it into Prometheus text).
 #[derive(Debug, Clone, PartialEq)]

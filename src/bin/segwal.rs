@@ -160,6 +160,52 @@ fn problem_json(p: &Problem) -> Value {
     })
 }
 
+/// The running owner's `Outbox::stats()` as JSON (the same names, types and
+/// units), filled from the log: what only the owner knows (its claims, its
+/// counters since open, fsync latencies, its queue) is null. Null when the
+/// log is too damaged for an open to plan it.
+fn stats_json(v: &Verification, now: u64) -> Value {
+    let Some(c) = &v.states else {
+        return Value::Null;
+    };
+    let age = |at: Option<(segwal::Seq, u64)>| at.map(|(_, at)| now.saturating_sub(at));
+    json!({
+        "pending": c.pending,
+        "claimed": Value::Null,
+        "delayed": c.delayed,
+        "blocked_keys": c.blocked_keys,
+        "held_by_key": c.held_by_key,
+        "dedup_ids": Value::Null,
+        "duplicates": Value::Null,
+        "dead_letters": c.dead,
+        "claimed_expired": Value::Null,
+        "backlog_bytes": c.backlog_bytes,
+        "segments": v.segments.len(),
+        "disk_bytes": v.bytes,
+        "allocated_bytes": Value::Null,
+        "state_bytes": Value::Null,
+        "first_seq": c.oldest_unacked.map(|(seq, _)| seq.get()),
+        "last_seq": c.last_seq.map(|seq| seq.get()),
+        "oldest_pending_age_us": age(c.oldest_pending),
+        "oldest_unacked_age_us": age(c.oldest_unacked),
+        "records_appended": Value::Null,
+        "batches": Value::Null,
+        "fsyncs": Value::Null,
+        "records_per_batch": Value::Null,
+        "records_per_fsync": Value::Null,
+        "segments_deleted": Value::Null,
+        "held_segments": c.held_segments,
+        "held_by_records": c.held_by_records,
+        "relocated": Value::Null,
+        "corrupt_records": Value::Null,
+        "poisoned": Value::Null,
+        "queued_bytes": Value::Null,
+        "fsync_p50_us": Value::Null,
+        "fsync_p99_us": Value::Null,
+        "fsync_max_us": Value::Null,
+    })
+}
+
 fn report_json(v: &Verification) -> Value {
     let segments: Vec<Value> = v
         .segments
@@ -208,6 +254,7 @@ fn report_json(v: &Verification) -> Value {
         "bytes": v.bytes,
         "segments": segments,
         "states": states,
+        "stats": stats_json(v, now),
         "torn_tail": v.torn_tail.as_ref().map(problem_json),
         "problems": v.problems.iter().map(problem_json).collect::<Vec<_>>(),
         "clean": v.is_clean(),

@@ -648,7 +648,7 @@ fn inspect_counts_the_records_in_each_state() {
     let dir = tmp.path().join("outbox");
     let d = dir.to_str().expect("utf-8");
     let mut seqs = Vec::new();
-    {
+    let owner = {
         let outbox = Outbox::open(&dir, Options::default().segment_bytes(1 << 20)).expect("open");
         for i in 0..3_000u32 {
             let mut payload = vec![b'r'; 1024];
@@ -663,11 +663,35 @@ fn inspect_counts_the_records_in_each_state() {
         outbox
             .release_after(two[1].seq(), Duration::from_secs(600), "later")
             .expect("release");
+        outbox.sync().expect("sync");
+        let owner = serde_json::to_value(outbox.stats()).expect("stats as JSON");
         outbox.close().expect("close");
-    }
+        owner
+    };
     let out = segwal(&["inspect", "--json", d]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let v = json(&out);
+    // `stats` is the owner's `Outbox::stats()` as JSON, field for field:
+    // the same names, and the same values where the log knows them (what
+    // only the owner knows is null).
+    let stats = v["stats"].as_object().expect("stats");
+    let names = |o: &serde_json::Map<String, serde_json::Value>| {
+        o.keys().cloned().collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(names(stats), names(owner.as_object().expect("object")));
+    for field in [
+        "pending",
+        "delayed",
+        "dead_letters",
+        "blocked_keys",
+        "held_by_key",
+        "backlog_bytes",
+        "first_seq",
+    ] {
+        assert_eq!(stats[field], owner[field], "{field}");
+    }
+    assert_eq!(stats["claimed"], serde_json::Value::Null);
+    assert!(stats["oldest_pending_age_us"].as_u64().is_some());
     let states = &v["states"];
     assert_eq!(states["pending"], 1_498, "{states}");
     assert_eq!(states["dead"], 1);

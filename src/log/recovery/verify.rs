@@ -128,6 +128,16 @@ pub struct StateCounts {
     pub held_segments: usize,
     /// The live records in those [`held_segments`](StateCounts::held_segments).
     pub held_by_records: u64,
+    /// Ordering keys with a record held back behind an earlier one of the key.
+    pub blocked_keys: u64,
+    /// Payload bytes of the records not acknowledged.
+    pub backlog_bytes: u64,
+    /// The oldest record not acknowledged (pending, held back, delayed or
+    /// dead): its seq and its frame's timestamp, as for
+    /// [`oldest_pending`](StateCounts::oldest_pending).
+    pub oldest_unacked: Option<(Seq, u64)>,
+    /// The newest seq the log holds (a record's or an internal frame's).
+    pub last_seq: Option<Seq>,
 }
 
 /// A problem [`verify`](crate::verify) found: what an open would refuse.
@@ -475,11 +485,14 @@ fn count_states(
     // Nothing is claimed in a rebuilt table: its claimed records are
     // delayed, dead letters, or held back by their key.
     let live = t.pending + t.claimed;
-    let oldest_pending = t.first_pending.and_then(|slot| {
+    let stamp = |slot: Option<crate::state::table::SlotRef>| {
+        let slot = slot?;
         let file = storage.open_read(&slot.path).ok()?;
         let stamped = crate::io::reader::frame_stamp(&*file, slot.offset)?;
         Some((slot.seq, stamped))
-    });
+    };
+    let oldest_pending = stamp(t.first_pending);
+    let oldest_unacked = stamp(t.first_unacked);
     StateCounts {
         records: on_disk.max(live),
         pending: t.pending,
@@ -490,5 +503,9 @@ fn count_states(
         oldest_pending,
         held_segments: held.len(),
         held_by_records: held.iter().sum(),
+        blocked_keys: t.blocked_keys,
+        backlog_bytes: t.backlog_bytes,
+        oldest_unacked,
+        last_seq: t.last_seq,
     }
 }
