@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use segwal::sim::{Fault, FaultRule, SimDisk};
-use segwal::{Error, Options, Outbox};
+use segwal::{Error, Options, Outbox, RecoveryMode};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
@@ -97,6 +97,8 @@ fn main() {
     let events = Events(events);
     life_cycle(&events);
     poisoning(&events);
+    relocation(&events);
+    quarantine(&events);
     println!("tracing: every event seen");
 }
 
@@ -239,4 +241,64 @@ fn poisoning(events: &Events) {
         "{poisoned:?}"
     );
     let _ = outbox.close();
+}
+
+/// Relocation: one dead letter in the oldest segment, everything around it
+/// acknowledged, is carried forward so that its segment can go.
+fn relocation(events: &Events) {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let options = Options::default().segment_bytes(64 << 10);
+    let outbox = Outbox::open(tmp.path(), options).expect("open");
+    events.take("");
+    let payload = vec![b'x'; 200];
+    let mut dead = None;
+    for _ in 0..30 {
+        let batch: Vec<&[u8]> = vec![&payload[..]; 100];
+        outbox.append_batch(&batch).expect("append_batch");
+        for record in outbox.claim(100).expect("claim") {
+            if dead.is_none() {
+                dead = Some(record.seq());
+                outbox
+                    .dead_letter(record.seq(), "refused")
+                    .expect("dead letter");
+            } else {
+                outbox.ack(record.seq()).expect("ack");
+            }
+        }
+        outbox.sync().expect("sync");
+    }
+    let moved = events.wait_for("records carried forward");
+    assert_eq!(moved[0].level, tracing::Level::INFO);
+    assert!(
+        has(&moved[0], "from") && moved[0].fields.iter().any(|f| f.starts_with("records=")),
+        "{moved:?}"
+    );
+    assert!(outbox.stats().relocated >= 1);
+    outbox.close().expect("close");
+}
+
+/// Quarantine: a lossy open sets a file it cannot read as a segment aside
+/// (never deletes it), and says where it went.
+fn quarantine(events: &Events) {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let outbox = Outbox::open(tmp.path(), Options::default()).expect("open");
+    outbox.append(b"kept").expect("append");
+    outbox.close().expect("close");
+    let foreign = tmp.path().join("00000000000000100000.seg");
+    std::fs::write(&foreign, b"a file another program left here").expect("write");
+    events.take("");
+    let lossy = Options::default().recovery(RecoveryMode::Lossy);
+    let outbox = Outbox::open(tmp.path(), lossy).expect("lossy open");
+    let aside = events.take("set aside in quarantine");
+    assert_eq!(aside.len(), 1, "{:?}", outbox.recovery_report());
+    assert_eq!(aside[0].level, tracing::Level::WARN);
+    assert!(
+        aside[0]
+            .fields
+            .iter()
+            .any(|f| f.starts_with("from=") && f.contains("00000000000000100000.seg"))
+            && has(&aside[0], "to"),
+        "{aside:?}"
+    );
+    outbox.close().expect("close");
 }
