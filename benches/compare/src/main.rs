@@ -3,16 +3,18 @@
 //! okaywal, and writes a markdown table, JSON lines, SVG charts and a note on
 //! the machine. See README.md beside Cargo.toml.
 
+mod asyncs;
 mod engines;
 mod measure;
-mod asyncs;
 mod nats;
 mod report;
 mod workload;
 
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use engines::{Kind, Result};
 use measure::{FileKind, SyncProbe};
 use workload::{Sample, Stop};
@@ -135,102 +137,72 @@ pub struct Run {
     pub rounds: usize,
 }
 
+/// Runs the same durable-append and drain workloads, side by side, on segwal,
+/// the raw limit of its design, SQLite, fjall and okaywal, and writes a
+/// markdown table, JSON lines, SVG charts and a note on the machine.
+#[derive(Parser, Debug)]
+#[command(name = "compare")]
 struct Args {
+    /// tiny sizes: a smoke run that proves the harness builds and runs;
+    /// writes to a temporary directory unless --out is given
+    #[arg(long)]
     quick: bool,
+    /// where results go (default: docs/bench of this repository)
+    #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// where the engines' fresh directories go (default: the system
+    /// temporary directory); its file system is reported
+    #[arg(long, value_name = "DIR")]
     tmp: Option<PathBuf>,
-    /// Only these engines (by name), for profiling one of them.
+    /// only the engines named (comma-separated, e.g. segwal,raw limit),
+    /// skipping the drain unless an engine with a queue is named; for
+    /// profiling one engine, not for results
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = engine_name)]
     only: Vec<String>,
-    /// Only these producer counts.
+    /// only these producer counts (comma-separated)
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = producer_count)]
     producers: Vec<usize>,
-    rounds: Option<usize>,
-    /// Run the relay workload against this JetStream server, only.
+    /// run each append cell N times, the engines taking turns, and report
+    /// the median round (default 3; 1 with --quick)
+    #[arg(long, value_name = "N")]
+    rounds: Option<NonZeroUsize>,
+    /// only the relay workload: append to JetStream PubAck through segwal's
+    /// relay, against append-only and the server's own pipelined publish
+    /// rate (needs a JetStream server at URL)
+    #[arg(long, value_name = "URL")]
     nats: Option<String>,
-    /// Run the async workload, only.
+    /// only the async workload: durable appends from tasks on a tokio
+    /// runtime (append_async) against as many threads (append)
+    #[arg(long = "async")]
     asyncs: bool,
 }
 
-const USAGE: &str = "usage: compare [--quick] [--out DIR] [--tmp DIR]
-  --quick     tiny sizes: a smoke run that proves the harness builds and runs;
-              writes to a temporary directory unless --out is given
-  --out DIR   where results go (default: docs/bench of this repository)
-  --tmp DIR   where the engines' fresh directories go (default: the system
-              temporary directory); its file system is reported
-  --only LIST only the engines named (comma-separated, e.g. segwal,raw limit),
-              skipping the drain unless an engine with a queue is named; for
-              profiling one engine, not for results
-  --producers LIST  only these producer counts (comma-separated)
-  --rounds N  run each append cell N times, the engines taking turns, and
-              report the median round (default 3; 1 with --quick)
-  --nats URL  only the relay workload: append to JetStream PubAck through
-              segwal's relay, against append-only and the server's own
-              pipelined publish rate (needs a JetStream server at URL)
-  --async     only the async workload: durable appends from tasks on a tokio
-              runtime (append_async) against as many threads (append)";
-
-fn parse_args() -> std::result::Result<Args, String> {
-    let mut args = Args {
-        quick: false,
-        out: None,
-        tmp: None,
-        only: Vec::new(),
-        producers: Vec::new(),
-        rounds: None,
-        nats: None,
-        asyncs: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--quick" => args.quick = true,
-            "--out" => args.out = Some(it.next().ok_or("--out needs a directory")?.into()),
-            "--tmp" => args.tmp = Some(it.next().ok_or("--tmp needs a directory")?.into()),
-            "--only" => {
-                let list = it.next().ok_or("--only needs engine names")?;
-                for name in list.split(',').map(str::trim) {
-                    if !Kind::ALL.iter().any(|k| k.name() == name) {
-                        return Err(format!("no engine named {name:?}"));
-                    }
-                    args.only.push(name.to_string());
-                }
-            }
-            "--producers" => {
-                let list = it.next().ok_or("--producers needs counts")?;
-                for n in list.split(',') {
-                    let n: usize = n.trim().parse().map_err(|_| format!("bad count {n:?}"))?;
-                    if !PRODUCERS.contains(&n) {
-                        return Err(format!("producers must be among {PRODUCERS:?}"));
-                    }
-                    args.producers.push(n);
-                }
-            }
-            "--rounds" => {
-                let n = it.next().ok_or("--rounds needs a count")?;
-                match n.trim().parse::<usize>() {
-                    Ok(n) if n > 0 => args.rounds = Some(n),
-                    _ => return Err(format!("bad round count {n:?}")),
-                }
-            }
-            "--async" => args.asyncs = true,
-            "--nats" => args.nats = Some(it.next().ok_or("--nats needs a server URL")?),
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
+/// One name of `--only`: an engine's name as the tables write it.
+fn engine_name(name: &str) -> std::result::Result<String, String> {
+    let name = name.trim();
+    match Kind::ALL.iter().find(|k| k.name() == name) {
+        Some(kind) => Ok(kind.name().to_string()),
+        None => {
+            let names: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+            Err(format!(
+                "no engine named {name:?}; the engines: {}",
+                names.join(", ")
+            ))
         }
     }
-    Ok(args)
+}
+
+/// One count of `--producers`: one of [`PRODUCERS`].
+fn producer_count(n: &str) -> std::result::Result<usize, String> {
+    match n.trim().parse::<usize>() {
+        Ok(n) if PRODUCERS.contains(&n) => Ok(n),
+        _ => Err(format!("producers must be among {PRODUCERS:?}")),
+    }
 }
 
 fn main() {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("compare: {e}");
-            }
-            eprintln!("{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    // A bad argument prints clap's message and exits with status 2.
+    let args = Args::parse();
     if let Err(e) = run(args) {
         eprintln!("compare: {e}");
         std::process::exit(1);
@@ -239,12 +211,16 @@ fn main() {
 
 fn run(args: Args) -> Result<()> {
     if let Some(url) = &args.nats {
-        let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
+        let rounds = args
+            .rounds
+            .map_or(if args.quick { 1 } else { 3 }, NonZeroUsize::get);
         let tmp = args.tmp.clone().unwrap_or_else(std::env::temp_dir);
         return nats::run(url, args.quick, rounds, &tmp, args.out.as_deref());
     }
     if args.asyncs {
-        let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
+        let rounds = args
+            .rounds
+            .map_or(if args.quick { 1 } else { 3 }, NonZeroUsize::get);
         let tmp = args.tmp.clone().unwrap_or_else(std::env::temp_dir);
         return asyncs::run(args.quick, rounds, &tmp, args.out.as_deref());
     }
@@ -261,7 +237,7 @@ fn run(args: Args) -> Result<()> {
         plan.producers.retain(|p| args.producers.contains(p));
     }
     if let Some(rounds) = args.rounds {
-        plan.rounds = rounds;
+        plan.rounds = rounds.get();
     }
     let out = match args.out {
         Some(out) => out,

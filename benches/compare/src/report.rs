@@ -4,12 +4,14 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use serde::Serialize;
+
 use crate::engines::{Kind, Result};
 use crate::{Cell, DRAIN_BATCH, PRODUCERS, RECORD_BYTES, Run, Workload};
 
 pub fn write_all(run: &Run, out: &Path) -> Result<()> {
     std::fs::write(out.join("results.md"), results_md(run))?;
-    std::fs::write(out.join("results.jsonl"), results_jsonl(run))?;
+    std::fs::write(out.join("results.jsonl"), results_jsonl(run)?)?;
     for &size in &RECORD_BYTES {
         let name = format!("throughput-{}.svg", size_label(size).replace(' ', ""));
         std::fs::write(out.join(name), chart_svg(run, size))?;
@@ -56,24 +58,12 @@ fn engine_label(kind: Kind) -> String {
     }
 }
 
+/// `unix` seconds as `YYYY-MM-DD HH:MM UTC`.
 fn date_utc(unix: u64) -> String {
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let days = (unix / 86_400) as i64;
-    let secs = unix % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        secs / 3600,
-        secs / 60 % 60
-    )
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix);
+    // RFC 3339 in seconds: `YYYY-MM-DDTHH:MM:SSZ`.
+    let rfc3339 = humantime::format_rfc3339_seconds(time).to_string();
+    format!("{} {} UTC", &rfc3339[..10], &rfc3339[11..16])
 }
 
 fn table_row(out: &mut String, cell: &Cell) {
@@ -257,90 +247,92 @@ fn results_md(run: &Run) -> String {
     out
 }
 
-fn json_str(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// A figure rounded to 3 decimals, or `None` (JSON `null`) when it is not
+/// finite.
+fn rounded(x: f64) -> Option<f64> {
+    x.is_finite().then(|| (x * 1000.0).round() / 1000.0)
 }
 
-fn json_num(x: f64) -> String {
-    if x.is_finite() {
-        format!("{x:.3}")
-    } else {
-        "null".into()
-    }
+/// One line of results.jsonl: a cell. The keys are written in the order of
+/// the fields.
+#[derive(Serialize)]
+struct JsonLine {
+    workload: &'static str,
+    engine: &'static str,
+    durable: bool,
+    producers: usize,
+    record_bytes: usize,
+    records: u64,
+    wall_s: Option<f64>,
+    records_per_s: Option<f64>,
+    mb_per_s: Option<f64>,
+    /// What a latency is of: one `append`, or one drain `batch`.
+    latency_of: &'static str,
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+    p999_us: Option<f64>,
+    mean_us: Option<f64>,
+    cpu_us_per_record: Option<f64>,
+    ratio_to_raw: Option<f64>,
+    records_per_batch: Option<f64>,
+    records_per_fsync: Option<f64>,
+    rounds_records_per_s: Vec<Option<f64>>,
+    relayed_per_s: Option<f64>,
+    ratio_to_append_only: Option<f64>,
+    quick: bool,
 }
 
-fn json_opt(x: Option<f64>) -> String {
-    x.map(json_num).unwrap_or_else(|| "null".into())
-}
-
-fn results_jsonl(run: &Run) -> String {
-    let mut out = String::new();
-    for cell in &run.cells {
+impl JsonLine {
+    fn of(cell: &Cell, quick: bool) -> JsonLine {
         let s = &cell.sample;
         let per = |f: fn(&crate::engines::Counters) -> u64| {
             s.counters
                 .filter(|c| f(c) > 0)
-                .map(|c| c.records as f64 / f(&c) as f64)
+                .and_then(|c| rounded(c.records as f64 / f(&c) as f64))
         };
-        let _ = writeln!(
-            out,
-            "{{\"workload\":{},\"engine\":{},\"durable\":{},\"producers\":{},\"record_bytes\":{},\
-             \"records\":{},\"wall_s\":{},\"records_per_s\":{},\"mb_per_s\":{},\
-             \"latency_of\":{},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"mean_us\":{},\
-             \"cpu_us_per_record\":{},\"ratio_to_raw\":{},\"records_per_batch\":{},\
-             \"records_per_fsync\":{},\"rounds_records_per_s\":[{}],\"relayed_per_s\":{},\
-             \"ratio_to_append_only\":{},\"quick\":{}}}",
-            json_str(match cell.workload {
+        JsonLine {
+            workload: match cell.workload {
                 Workload::Append => "append",
                 Workload::Drain => "drain",
                 Workload::AppendWithRelay => "append_with_relay",
-            }),
-            json_str(cell.engine.name()),
-            cell.engine.durable(),
-            cell.producers,
-            cell.record_bytes,
-            s.records,
-            json_num(s.wall.as_secs_f64()),
-            json_num(s.records_per_s()),
-            json_num(s.mb_per_s()),
-            json_str(match cell.workload {
+            },
+            engine: cell.engine.name(),
+            durable: cell.engine.durable(),
+            producers: cell.producers,
+            record_bytes: cell.record_bytes,
+            records: s.records,
+            wall_s: rounded(s.wall.as_secs_f64()),
+            records_per_s: rounded(s.records_per_s()),
+            mb_per_s: rounded(s.mb_per_s()),
+            latency_of: match cell.workload {
                 Workload::Append | Workload::AppendWithRelay => "append",
                 Workload::Drain => "batch",
-            }),
-            json_num(s.latency.p50_us),
-            json_num(s.latency.p99_us),
-            json_num(s.latency.p999_us),
-            json_num(s.latency.mean_us),
-            json_num(s.cpu_us_per_record()),
-            json_opt(cell.ratio_to_raw()),
-            json_opt(per(|c| c.batches)),
-            json_opt(per(|c| c.fsyncs)),
-            cell.rounds
-                .iter()
-                .map(|&r| json_num(r))
-                .collect::<Vec<_>>()
-                .join(","),
-            json_opt(s.relayed_per_s()),
-            json_opt(
-                cell.append_only_per_s
-                    .map(|alone| s.records_per_s() / alone)
-            ),
-            run.quick,
-        );
+            },
+            p50_us: rounded(s.latency.p50_us),
+            p99_us: rounded(s.latency.p99_us),
+            p999_us: rounded(s.latency.p999_us),
+            mean_us: rounded(s.latency.mean_us),
+            cpu_us_per_record: rounded(s.cpu_us_per_record()),
+            ratio_to_raw: cell.ratio_to_raw().and_then(rounded),
+            records_per_batch: per(|c| c.batches),
+            records_per_fsync: per(|c| c.fsyncs),
+            rounds_records_per_s: cell.rounds.iter().map(|&r| rounded(r)).collect(),
+            relayed_per_s: s.relayed_per_s().and_then(rounded),
+            ratio_to_append_only: cell
+                .append_only_per_s
+                .and_then(|alone| rounded(s.records_per_s() / alone)),
+            quick,
+        }
     }
-    out
+}
+
+fn results_jsonl(run: &Run) -> Result<String> {
+    let mut out = String::new();
+    for cell in &run.cells {
+        out.push_str(&serde_json::to_string(&JsonLine::of(cell, run.quick))?);
+        out.push('\n');
+    }
+    Ok(out)
 }
 
 /// Colour and dash pattern of each engine's line.
