@@ -244,6 +244,12 @@ pub fn dump(dir: impl AsRef<Path>, options: DumpOptions) -> Result<Dump> {
     Ok(out)
 }
 
+/// Whether `e` is a file found missing: on a log being written, a segment
+/// deleted by its owner since the directory was listed.
+fn gone(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
 impl Dump {
     /// The segment files of the directory, in log order.
     fn list(&self) -> Result<Vec<SegmentId>> {
@@ -297,7 +303,11 @@ impl Dump {
             });
             let (plan, recorded) = match planned {
                 Ok(found) => found,
-                Err(e) if attempt < PASSES_MAX && matches!(e, Error::Corrupt { .. }) => {
+                // A segment the owner deleted between the listing and the
+                // read (every record of it acknowledged) is gone, too.
+                Err(e)
+                    if attempt < PASSES_MAX && (matches!(e, Error::Corrupt { .. }) || gone(&e)) =>
+                {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                     continue;
                 }
