@@ -496,7 +496,7 @@ impl Outbox {
             done,
         };
         self.send(request)?;
-        completion.wait()
+        completion.wait_spinning(self.handle.shared.spin_for_answer())
     }
 
     /// Appends `value` serialised as JSON (feature `json`, on by default),
@@ -619,7 +619,7 @@ impl Outbox {
             ticket,
             done,
         })?;
-        let outcome = completion.wait();
+        let outcome = completion.wait_spinning(self.handle.shared.spin_for_answer());
         Ok((outcome, completion.take_verdicts()))
     }
 

@@ -507,6 +507,10 @@ impl Writer {
             }
         }
         self.batch = batch;
+        if requests > 0 {
+            let appends = &self.shared.counters.last_batch_appends;
+            appends.store(requests, std::sync::atomic::Ordering::Relaxed);
+        }
         self.shared.budget.release(freed, requests);
         self.answer(answers);
         if answer_first && written.is_ok() {
@@ -1046,7 +1050,17 @@ impl Writer {
         if let Err(e) = self.active.seg.file.sync_data() {
             return Err(self.poison("fsync", &self.active.seg.path.clone(), e));
         }
-        self.shared.counters.fsync_latency.record(started.elapsed());
+        let took = started.elapsed();
+        self.shared.counters.fsync_latency.record(took);
+        let took_ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let recent = &self.shared.counters.fsync_recent_ns;
+        let before = recent.load(std::sync::atomic::Ordering::Relaxed);
+        let average = if before == 0 {
+            took_ns
+        } else {
+            before - before / 8 + took_ns / 8
+        };
+        recent.store(average, std::sync::atomic::Ordering::Relaxed);
         Counters::add(&self.shared.counters.fsyncs, 1);
         self.active.tail.clear();
         // The negative control goes on in the middle of the block instead.
