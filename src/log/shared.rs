@@ -47,33 +47,74 @@ pub(crate) struct Shared {
 }
 
 /// A producer alone in the queue spins for its answer only while batch
-/// fsyncs take at most this long ([`Shared::spin_for_answer`]).
+/// fsyncs take at most this long on average ([`spin_budget`]).
 pub(crate) const SPIN_FSYNC_MAX: Duration = Duration::from_micros(400);
+
+/// What [`spin_budget`] decides on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpinView {
+    /// Requests holding room in the queue, the asking producer's included
+    /// (and those of the batch the writer is writing or syncing).
+    pub requests: usize,
+    /// Appends in the writer's last batch.
+    pub last_batch_appends: usize,
+    /// The moving average of the batch fsyncs (each new one weighs an
+    /// eighth), 0 before the first.
+    pub fsync_recent_ns: u64,
+    /// `Options::linger`.
+    pub linger: Duration,
+    /// The CPUs this process may use.
+    pub cores: usize,
+}
+
+/// How long a producer may spin for its answer. Only a producer appending
+/// alone spins: its request the only one holding queue room, and the
+/// writer's last batch one append. Then the writer has another core, and the
+/// wake-up a sleeping producer needs is a cost paid on every append. With
+/// other producers, group commit shares the wake-ups and a spinner would
+/// take a core the writer and the others need (measured: 4 producers on 2
+/// cores lost a third of their rate when the first one back after each
+/// batch spun). It spins for twice the recent batch fsync; not at all before
+/// the first fsync, when fsyncs average more than [`SPIN_FSYNC_MAX`] (a slow
+/// disk: the wake-up is a small part of the wait), with a `linger` (the
+/// writer waits that long before it writes, so a spin would only burn the
+/// CPU), or on a single CPU (the spinner would hold off the writer it waits
+/// for).
+pub(crate) fn spin_budget(view: SpinView) -> Duration {
+    let alone = view.requests <= 1 && view.last_batch_appends <= 1;
+    let fast = view.fsync_recent_ns > 0 && view.fsync_recent_ns <= SPIN_FSYNC_MAX.as_nanos() as u64;
+    if !alone || !fast || !view.linger.is_zero() || view.cores < 2 {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(2 * view.fsync_recent_ns)
+}
+
+/// The CPUs this process may use (its affinity and, where the system says,
+/// its CPU quota), asked once; 1 when the system cannot tell.
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
 
 impl Shared {
     /// How long a producer that has just queued its request may watch for
-    /// the answer on the CPU before it sleeps ([`Completion::wait_spinning`]).
-    ///
-    /// Only a producer appending alone spins (alone in the queue, and the
-    /// writer's last batch held one append): then the writer has the other
-    /// cores, and the wake-up a sleeping producer needs is a cost paid on
-    /// every append. With other producers, group commit amortises the
-    /// wake-ups and a spinner would take a core the writer and the others
-    /// need (measured: 4 producers on 2 cores lost a third of their rate
-    /// when the first one back after each batch spun). It spins for twice the recent batch fsync, and not at
-    /// all when that is longer than [`SPIN_FSYNC_MAX`] (a slow disk: the
-    /// wake-up is a small part of the wait).
+    /// the answer on the CPU before it sleeps ([`Completion::wait_spinning`]):
+    /// [`spin_budget`] of what the queue and the writer show now.
     pub(crate) fn spin_for_answer(&self) -> Duration {
-        if self.budget.requests() > 1
-            || self.counters.last_batch_appends.load(Ordering::Relaxed) > 1
-        {
-            return Duration::ZERO;
-        }
-        let recent = self.counters.fsync_recent_ns.load(Ordering::Relaxed);
-        if recent == 0 || recent > SPIN_FSYNC_MAX.as_nanos() as u64 {
-            return Duration::ZERO;
-        }
-        Duration::from_nanos(2 * recent)
+        // The producer took its room in the queue under the budget's lock,
+        // after or before the writer gave back the last batch's (under the
+        // same lock, having stored that batch's size first): either way these
+        // loads see that size or a newer one. A heuristic only: a stale view
+        // costs one spin or one sleep, never an answer.
+        let requests = self.budget.requests();
+        let last_batch_appends = self.counters.last_batch_appends.load(Ordering::Relaxed);
+        spin_budget(SpinView {
+            requests,
+            last_batch_appends,
+            fsync_recent_ns: self.counters.fsync_recent_ns.load(Ordering::Relaxed),
+            linger: self.options.linger,
+            cores: cores(),
+        })
     }
 
     /// Fails if the outbox is closed or poisoned: the check before an append.
@@ -251,9 +292,70 @@ impl Latencies {
 
 #[cfg(test)]
 mod tests {
-    use super::{Completion, Latencies};
+    use super::{Completion, Latencies, SPIN_FSYNC_MAX, SpinView, spin_budget};
     use crate::format::seq::Seq;
     use std::time::Duration;
+
+    /// A producer spins only when it appends alone, on a fast disk, without
+    /// a linger, with a second CPU; for twice the recent fsync.
+    #[test]
+    fn only_a_lone_producer_on_a_fast_disk_with_a_spare_cpu_spins() {
+        let alone = SpinView {
+            requests: 1,
+            last_batch_appends: 1,
+            fsync_recent_ns: 100_000,
+            linger: Duration::ZERO,
+            cores: 2,
+        };
+        assert_eq!(spin_budget(alone), Duration::from_micros(200));
+        let no = |view: SpinView, why: &str| assert_eq!(spin_budget(view), Duration::ZERO, "{why}");
+        no(
+            SpinView {
+                requests: 2,
+                ..alone
+            },
+            "another request in the queue",
+        );
+        no(
+            SpinView {
+                last_batch_appends: 3,
+                ..alone
+            },
+            "the last batch was shared",
+        );
+        no(
+            SpinView {
+                fsync_recent_ns: 0,
+                ..alone
+            },
+            "no fsync yet",
+        );
+        let slow = SPIN_FSYNC_MAX.as_nanos() as u64 + 1;
+        no(
+            SpinView {
+                fsync_recent_ns: slow,
+                ..alone
+            },
+            "a slow disk",
+        );
+        no(
+            SpinView {
+                linger: Duration::from_micros(50),
+                ..alone
+            },
+            "a linger",
+        );
+        no(SpinView { cores: 1, ..alone }, "one CPU");
+        // A first append (nothing written yet, no batch) spins once fsyncs
+        // are known.
+        assert!(
+            !spin_budget(SpinView {
+                last_batch_appends: 0,
+                ..alone
+            })
+            .is_zero()
+        );
+    }
 
     /// A spinning waiter gets its outcome whether it arrives while it spins,
     /// after it gave up spinning and sleeps, or before it started; and a
