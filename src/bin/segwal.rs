@@ -181,7 +181,7 @@ fn stats_json(v: &Verification, now: u64) -> Value {
         "claimed_expired": Value::Null,
         "backlog_bytes": c.backlog_bytes,
         "segments": v.segments.len(),
-        "disk_bytes": v.bytes,
+        "disk_bytes": c.disk_bytes,
         "allocated_bytes": Value::Null,
         "state_bytes": Value::Null,
         "first_seq": c.oldest_unacked.map(|(seq, _)| seq.get()),

@@ -691,6 +691,13 @@ fn inspect_counts_the_records_in_each_state() {
         assert_eq!(stats[field], owner[field], "{field}");
     }
     assert_eq!(stats["claimed"], serde_json::Value::Null);
+    // Headers and frames, as the owner counts them: not the files' lengths,
+    // which a running owner's reserved space would inflate.
+    let disk = stats["disk_bytes"].as_u64().expect("disk bytes");
+    assert!(
+        disk > 0 && disk <= v["bytes"].as_u64().expect("bytes"),
+        "{v}"
+    );
     assert!(stats["oldest_pending_age_us"].as_u64().is_some());
     let states = &v["states"];
     assert_eq!(states["pending"], 1_498, "{states}");

@@ -138,6 +138,10 @@ pub struct StateCounts {
     pub oldest_unacked: Option<(Seq, u64)>,
     /// The newest seq the log holds (a record's or an internal frame's).
     pub last_seq: Option<Seq>,
+    /// Bytes of headers and frames in the segment files (their lengths less
+    /// the space reserved or zeroed past the last frame), as
+    /// [`Stats::disk_bytes`](crate::Stats::disk_bytes) counts them.
+    pub disk_bytes: u64,
 }
 
 /// A problem [`verify`](crate::verify) found: what an open would refuse.
@@ -507,5 +511,6 @@ fn count_states(
         backlog_bytes: t.backlog_bytes,
         oldest_unacked,
         last_seq: t.last_seq,
+        disk_bytes: t.disk_bytes,
     }
 }
