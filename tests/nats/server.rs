@@ -63,8 +63,8 @@ fn binary() -> PathBuf {
         }
     }
     panic!(
-        "nats-server not found: these tests run a real server (install it with \
-         `apt-get install nats-server`)"
+        "nats-server not found: these tests run a real server, 2.10 or later \
+         (`apt-get install nats-server` on Debian 13; docs/RELAY.md)"
     );
 }
 
@@ -186,6 +186,17 @@ impl Server {
         let mut answer = String::new();
         let _ = conn.read_to_string(&mut answer);
         answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200")
+    }
+
+    /// Prints the warnings and errors of its log (for a failed test).
+    pub fn print_warnings(&self) {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        for line in log
+            .lines()
+            .filter(|l| l.contains("[WRN]") || l.contains("[ERR]"))
+        {
+            println!("  {}: {line}", self.name);
+        }
     }
 
     /// SIGKILL, and waits for the process to be gone.
