@@ -13,8 +13,8 @@ use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind, FrameSpan};
 use crate::format::seal;
 use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader};
 use crate::format::seq::{SEQ_MAX, SegmentId, Seq};
-use crate::io::Storage;
 use crate::io::segment_file::SegmentFile;
+use crate::io::{Storage, StorageFile};
 use crate::options::OpenCheck;
 
 /// A segment's seal frame: the last frame of a sealed segment.
@@ -392,7 +392,6 @@ pub(crate) fn scan_file(
     // Zeros until read: the allocation is lazy, and unread space reads as the
     // zeros a hole or preallocated space holds.
     let mut buf = vec![0u8; size];
-    let regions = |at| file.next_data(at);
     if check == OpenCheck::SealIndex {
         read(&mut buf, 0, FRAMES_AT as u64)?;
         read(&mut buf, len.saturating_sub(4), len)?;
@@ -403,6 +402,10 @@ pub(crate) fn scan_file(
             return Ok((scan, opened(id, path)));
         }
     }
+    // Asked once, before a byte past the header and seal is read (see
+    // `DataMap`); a sealed segment read through its index never asks.
+    let map = DataMap::of(&*file, len);
+    let regions = |at| Ok(map.next(at));
     // Frame by frame through one reused buffer; only a file that is not whole
     // is read into memory whole.
     let read_at = |part: &mut [u8], at: u64| crate::io::read_exact_at(&*file, part, at);
@@ -420,6 +423,58 @@ pub(crate) fn scan_file(
         scan = self::scan(id, path.clone(), &buf, OpenCheck::EveryFrame, &regions);
     }
     Ok((scan, opened(id, path)))
+}
+
+/// Where a file's data may lie, asked of the file system once, before the
+/// file is read, and answered from then on without asking again.
+///
+/// Asking as the scan goes would ask a file system that the scan itself has
+/// misled: a read of space preallocated and never written (the window reads
+/// a mebibyte at a time, and the kernel reads ahead of it) leaves pages of
+/// zeros in the page cache, which a later `SEEK_DATA` reports as data. Each
+/// answer then led the scan of a crashed newest segment further into its
+/// preallocation, until it had read all of it: 68 MB for 36 MB of frames
+/// (docs/BENCHMARKS.md, "Cold open"). Space written with zeros ahead of the
+/// frames is data in the map, and is read as before.
+struct DataMap {
+    /// The regions, in order; past the last one the file holds no data.
+    regions: Vec<Range<u64>>,
+}
+
+/// More regions than this (a file fragmented beyond anything segwal writes)
+/// and the rest of the file counts as data.
+const MAP_REGIONS_MAX: usize = 4096;
+
+impl DataMap {
+    /// The map of `file`, `len` bytes long. A query that fails, or makes no
+    /// progress, makes the rest of the file count as data.
+    fn of(file: &dyn StorageFile, len: u64) -> DataMap {
+        let mut regions: Vec<Range<u64>> = Vec::new();
+        let mut at = 0;
+        while at < len {
+            match file.next_data(at) {
+                Ok(None) => break,
+                Ok(Some(r))
+                    if r.end > r.start && r.start >= at && regions.len() < MAP_REGIONS_MAX =>
+                {
+                    at = r.end;
+                    regions.push(r);
+                }
+                _ => {
+                    regions.push(at..len);
+                    break;
+                }
+            }
+        }
+        DataMap { regions }
+    }
+
+    /// The next region that may hold data from `at` on (`None`: the rest
+    /// reads as zeros).
+    fn next(&self, at: u64) -> Option<Range<u64>> {
+        let i = self.regions.partition_point(|r| r.end <= at);
+        self.regions.get(i).map(|r| r.start.max(at)..r.end)
+    }
 }
 
 /// Whether the file at `path`, a segment whose creation was interrupted
@@ -967,4 +1022,98 @@ fn all_zero(buf: &[u8]) -> bool {
         .fold(0, |acc, w| acc | w)
         == 0
         && tail.iter().all(|&b| b == 0)
+}
+
+#[cfg(test)]
+mod data_map_tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A file whose data ends at `data_end`, and whose file system, like
+    /// ext4's `SEEK_DATA` over preallocated space, reports as data whatever
+    /// was read since (pages of zeros left in the page cache), or fails.
+    #[derive(Debug)]
+    struct Misled {
+        len: u64,
+        data_end: u64,
+        read_to: AtomicU64,
+        fails: bool,
+    }
+
+    impl StorageFile for Misled {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+            buf.fill(0);
+            self.read_to
+                .fetch_max(offset + buf.len() as u64, Ordering::Relaxed);
+            Ok(buf.len())
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> io::Result<usize> {
+            Err(io::Error::other("read-only"))
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn set_len(&self, _: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn allocate(&self, _: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn next_data(&self, offset: u64) -> io::Result<Option<Range<u64>>> {
+            if self.fails {
+                return Err(io::Error::other("no SEEK_DATA"));
+            }
+            let end = self.data_end.max(self.read_to.load(Ordering::Relaxed));
+            Ok((offset < end).then_some(offset..end))
+        }
+        fn len(&self) -> io::Result<u64> {
+            Ok(self.len)
+        }
+    }
+
+    fn misled(fails: bool) -> Misled {
+        Misled {
+            len: 64 << 20,
+            data_end: 36 << 20,
+            read_to: AtomicU64::new(0),
+            fails,
+        }
+    }
+
+    #[test]
+    fn reads_after_the_map_was_made_do_not_extend_it() {
+        let file = misled(false);
+        let map = DataMap::of(&file, file.len);
+        // The scan reads past the frames (the window, the kernel's read-ahead).
+        let mut buf = vec![0u8; 8 << 20];
+        file.read_at(&mut buf, 36 << 20).expect("read");
+        assert_eq!(
+            file.next_data(40 << 20).expect("asked"),
+            Some((40 << 20)..(44 << 20))
+        );
+        assert_eq!(map.next(0), Some(0..(36 << 20)));
+        assert_eq!(map.next(10 << 20), Some((10 << 20)..(36 << 20)));
+        assert_eq!(map.next(36 << 20), None);
+        assert_eq!(map.next(40 << 20), None);
+    }
+
+    #[test]
+    fn a_failed_query_makes_the_rest_data() {
+        let file = misled(true);
+        let map = DataMap::of(&file, file.len);
+        assert_eq!(map.next(5), Some(5..file.len));
+        assert_eq!(map.next(file.len), None);
+    }
+
+    #[test]
+    fn the_map_answers_between_and_inside_regions() {
+        let map = DataMap {
+            regions: vec![0..10, 20..30],
+        };
+        assert_eq!(map.next(5), Some(5..10));
+        assert_eq!(map.next(10), Some(20..30));
+        assert_eq!(map.next(12), Some(20..30));
+        assert_eq!(map.next(25), Some(25..30));
+        assert_eq!(map.next(30), None);
+    }
 }
