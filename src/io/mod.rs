@@ -94,6 +94,12 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// The outbox is closed: let go of anything held for it (a descriptor on
     /// its directory). Nothing is asked of the storage afterwards.
     fn close(&self) {}
+    /// Whether reads of different files may run on two threads at once (an
+    /// open scans the newest segment beside the others). A simulated disk
+    /// says no, so that a run stays reproducible from its seed.
+    fn parallel_reads(&self) -> bool {
+        false
+    }
     /// Takes an exclusive lock on `dir`, held until the guard is dropped. Must fail
     /// with [`LockError::Held`] while another guard for `dir` is alive, in this
     /// process or any other.

@@ -185,6 +185,10 @@ impl Storage for StdStorage {
         self.home.lock().take();
     }
 
+    fn parallel_reads(&self) -> bool {
+        true
+    }
+
     fn lock(&self, dir: &Path) -> Result<LockGuard, LockError> {
         let dir = &*self.at(dir);
         // Within one process, the directory itself is the key: `flock` on a

@@ -765,3 +765,32 @@ fn a_file_longer_than_any_segment_is_refused_by_its_length() {
     }
     assert_eq!(len(&huge), 5 << 30, "a refused open changed the file");
 }
+
+/// The newest segment is scanned on a thread of its own beside the older
+/// ones; the error an open reports is still the first in log order, and the
+/// outcome of a clean open the same as ever.
+#[test]
+fn with_the_newest_segment_scanned_beside_the_others_the_first_error_in_log_order_wins() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    let seqs = fill(&outbox, 60, 100);
+    outbox.close().expect("close");
+    let reopened = Outbox::open(&dir, small_segments()).expect("a clean reopen");
+    assert_eq!(recovered_seqs(&reopened), seqs);
+    reopened.close().expect("close");
+    let files = segment_files(&dir);
+    assert!(files.len() >= 4, "{files:?}");
+    let (older, newest) = (&files[1], files.last().expect("a segment"));
+    for file in [older, newest] {
+        let f = OpenOptions::new().write(true).open(file).expect("open");
+        f.set_len(5 << 30).expect("a sparse 5 GiB file");
+    }
+    match Outbox::open(&dir, small_segments()) {
+        Err(Error::Corrupt {
+            path,
+            kind: Corruption::LengthOutOfRange { .. },
+            ..
+        }) => assert_eq!(&path, older),
+        other => panic!("expected LengthOutOfRange naming {older:?}, got {other:?}"),
+    }
+}

@@ -102,22 +102,7 @@ pub(crate) fn recover(
         RecoveryMode::Lossy => OpenCheck::EveryFrame,
         _ => options.open_check,
     };
-    let mut scans = Vec::with_capacity(ids.len());
-    let mut opened = Vec::with_capacity(ids.len());
-    for (k, &id) in ids.iter().enumerate() {
-        let newest = k + 1 == ids.len();
-        let check = if newest { OpenCheck::EveryFrame } else { check };
-        // The two newest files are the only ones a writer of this process may
-        // have left with bytes not yet synced (its active segment, and the one
-        // it was sealing), if a write, a cut or a seal failed: make what is
-        // about to be read durable first, so that a reopen in the same process
-        // never builds on bytes a power cut would take back. (Bytes a failed
-        // fsync dropped are the writer's to cut back when it is poisoned.)
-        let sync = k + 2 >= ids.len();
-        let (scan, file) = scan::scan_file(storage, dir, id, check, sync)?;
-        scans.push(scan);
-        opened.push(file);
-    }
+    let (scans, opened) = scan_all(storage, dir, &ids, check)?;
     let mut plan = plan::plan(&scans, mode)?;
     if silent_cut {
         plan.dropped = None;
@@ -156,6 +141,63 @@ pub(crate) fn recover(
     )?;
     recovered.state = recorded;
     Ok(recovered)
+}
+
+/// Scans every segment of `ids` (in log order), the newest read whole and the
+/// others as `check` says. Where the storage allows it, the newest segment
+/// (after a crash, tens of megabytes to read and check frame by frame) is
+/// scanned on a second thread while this one reads the others (their seal
+/// indexes): the scans are pure functions of each file's bytes, so the
+/// outcome, and the first error in log order, are those of one thread.
+fn scan_all(
+    storage: &dyn Storage,
+    dir: &Path,
+    ids: &[SegmentId],
+    check: OpenCheck,
+) -> Result<(Vec<scan::SegmentScan>, Vec<scan::Opened>)> {
+    // The two newest files are the only ones a writer of this process may
+    // have left with bytes not yet synced (its active segment, and the one
+    // it was sealing), if a write, a cut or a seal failed: make what is
+    // about to be read durable first, so that a reopen in the same process
+    // never builds on bytes a power cut would take back. (Bytes a failed
+    // fsync dropped are the writer's to cut back when it is poisoned.)
+    let one = |k: usize, id: SegmentId| {
+        let newest = k + 1 == ids.len();
+        let check = if newest { OpenCheck::EveryFrame } else { check };
+        scan::scan_file(storage, dir, id, check, k + 2 >= ids.len())
+    };
+    let mut scans = Vec::with_capacity(ids.len());
+    let mut opened = Vec::with_capacity(ids.len());
+    let Some((&newest_id, older)) = ids.split_last() else {
+        return Ok((scans, opened));
+    };
+    let newest_k = older.len();
+    let newest = std::thread::scope(|s| {
+        let beside = (storage.parallel_reads() && !older.is_empty())
+            .then(|| {
+                std::thread::Builder::new()
+                    .name("segwal-open".into())
+                    .spawn_scoped(s, || one(newest_k, newest_id))
+                    .ok()
+            })
+            .flatten();
+        for (k, &id) in older.iter().enumerate() {
+            let (scan, file) = one(k, id)?;
+            scans.push(scan);
+            opened.push(file);
+        }
+        match beside {
+            Some(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // No second thread (a simulated disk, one segment, or the system
+            // refused one): the newest is read here, after the others.
+            None => one(newest_k, newest_id),
+        }
+    })?;
+    scans.push(newest.0);
+    opened.push(newest.1);
+    Ok((scans, opened))
 }
 
 /// The segment files of `dir`, in log order, and the files of segments whose
