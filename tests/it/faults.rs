@@ -114,6 +114,9 @@ impl Storage for FaultyStorage {
     fn lock(&self, dir: &Path) -> Result<LockGuard, LockError> {
         self.inner.lock(dir)
     }
+    fn parallel_reads(&self) -> bool {
+        self.inner.parallel_reads()
+    }
 }
 
 impl StorageFile for FaultyFile {

@@ -181,19 +181,23 @@ fn scan_all(
                     .ok()
             })
             .flatten();
-        for (k, &id) in older.iter().enumerate() {
+        let older_scanned = older.iter().enumerate().try_for_each(|(k, &id)| {
             let (scan, file) = one(k, id)?;
             scans.push(scan);
             opened.push(file);
-        }
-        match beside {
-            Some(thread) => thread
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            // No second thread (a simulated disk, one segment, or the system
-            // refused one): the newest is read here, after the others.
-            None => one(newest_k, newest_id),
-        }
+            Ok::<(), Error>(())
+        });
+        let newest = match beside.map(|thread| thread.join()) {
+            Some(Ok(newest)) => Some(newest),
+            Some(Err(panic)) if older_scanned.is_ok() => std::panic::resume_unwind(panic),
+            // An older file's error stands, as it did when the newest was
+            // read after the others.
+            Some(Err(_)) | None => None,
+        };
+        older_scanned?;
+        // No second thread (a simulated disk, one segment, or the system
+        // refused one): the newest is read here, after the others.
+        newest.unwrap_or_else(|| one(newest_k, newest_id))
     })?;
     scans.push(newest.0);
     opened.push(newest.1);

@@ -150,7 +150,8 @@ impl SegmentScan {
 
 /// A segment file recovery read: what `apply` needs to open it again. No file
 /// stays open between the scan and `apply`, so that a backlog of thousands of
-/// segments needs no more descriptors than one.
+/// segments needs no more descriptors than two (the newest, scanned beside
+/// the others, and the one being read).
 pub(crate) struct Opened {
     pub id: SegmentId,
     pub path: std::sync::Arc<Path>,
@@ -412,6 +413,11 @@ pub(crate) fn scan_file(
     if let Some(scan) = scan_window(id, path.clone(), &mut Window::new(&read_at, size), &regions) {
         return Ok((scan, opened(id, path)));
     }
+    // Asked again: the walk found the file not whole, and another process
+    // (a `verify` or `dump` beside a running owner) may have written past
+    // what the first map knew.
+    let map = DataMap::of(&*file, len);
+    let regions = |at| Ok(map.next(at));
     let mut at = 0;
     while let Some((start, end)) = data_region(&regions, size, at) {
         read(&mut buf, start as u64, (end + PAGE) as u64)?;
