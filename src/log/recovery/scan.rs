@@ -179,6 +179,13 @@ pub(crate) trait Bytes {
     fn len(&self) -> usize;
     /// Up to `n` bytes from `at`: fewer only where the file ends.
     fn get(&mut self, at: usize, n: usize) -> &[u8];
+    /// The bytes from `at` on that were read from the file already and are
+    /// still in memory (none by default): checked where the file system
+    /// says a hole lies, at no cost in reads.
+    fn held_from(&self, at: usize) -> &[u8] {
+        let _ = at;
+        &[]
+    }
 }
 
 /// A whole file's bytes in memory.
@@ -192,6 +199,11 @@ impl Bytes for Whole<'_> {
     fn get(&mut self, at: usize, n: usize) -> &[u8] {
         let end = at.saturating_add(n).min(self.0.len());
         self.0.get(at..end).unwrap_or_default()
+    }
+
+    /// All of it: what was not read reads as the zeros it was allocated with.
+    fn held_from(&self, at: usize) -> &[u8] {
+        self.0.get(at..).unwrap_or_default()
     }
 }
 
@@ -245,6 +257,16 @@ impl<'a> Window<'a> {
 impl Bytes for Window<'_> {
     fn len(&self) -> usize {
         self.len
+    }
+
+    fn held_from(&self, at: usize) -> &[u8] {
+        let end = self.base + self.filled;
+        if at < self.base || at >= end {
+            return &[];
+        }
+        self.buf
+            .get(at - self.base..self.filled)
+            .unwrap_or_default()
     }
 
     fn get(&mut self, at: usize, n: usize) -> &[u8] {
@@ -992,11 +1014,16 @@ fn data_region(regions: DataRegions<'_>, len: usize, at: usize) -> Option<(usize
 /// preallocated and never written (most of a new segment's file) is not read;
 /// but at least the next 4 KiB (to a page boundary) are read first, so that a
 /// file system that wrongly reports a hole cannot overrule the bytes that just
-/// failed to decode.
+/// failed to decode, and so are all the bytes read already ([`Bytes::held_from`]).
 fn zeros_to_end(regions: DataRegions<'_>, src: &mut dyn Bytes, from: usize) -> bool {
     let len = src.len();
     let page = from.saturating_add(PAGE).next_multiple_of(PAGE).min(len);
     if !all_zero(src.get(from, page.saturating_sub(from))) {
+        return false;
+    }
+    // What was read past the page already (the rest of the window) is
+    // checked too, whatever the file system says of it.
+    if !all_zero(src.held_from(page)) {
         return false;
     }
     let mut at = page;
@@ -1109,6 +1136,28 @@ mod data_map_tests {
         let map = DataMap::of(&file, file.len);
         assert_eq!(map.next(5), Some(5..file.len));
         assert_eq!(map.next(file.len), None);
+    }
+
+    /// Bytes that were read are checked even where the file system says a
+    /// hole lies: a wrong report cannot make them zeros.
+    #[test]
+    fn bytes_already_read_count_whatever_the_map_says() {
+        let mut bytes = vec![0u8; 64 << 10];
+        bytes[20_000] = 7;
+        let no_data_past_8k = |at: u64| Ok((at < 8192).then_some(at..8192));
+        assert!(!zeros_to_end(&no_data_past_8k, &mut Whole(&bytes), 4096));
+        let read = |part: &mut [u8], at: u64| -> io::Result<()> {
+            let at = at as usize;
+            part.copy_from_slice(&bytes[at..at + part.len()]);
+            Ok(())
+        };
+        let mut window = Window::new(&read, bytes.len());
+        assert!(!zeros_to_end(&no_data_past_8k, &mut window, 4096));
+        // Past what was read, the map is trusted.
+        let mut window = Window::with_chunk(&read, bytes.len(), 4096);
+        assert!(zeros_to_end(&no_data_past_8k, &mut window, 4096));
+        let clean = vec![0u8; 64 << 10];
+        assert!(zeros_to_end(&no_data_past_8k, &mut Whole(&clean), 4096));
     }
 
     #[test]
