@@ -134,6 +134,7 @@ pub struct Options {
     pub(crate) max_backlog_bytes: Option<u64>,
     pub(crate) max_backlog_records: Option<u64>,
     pub(crate) min_free_disk_bytes: u64,
+    pub(crate) recycle_segments: bool,
     #[cfg(feature = "testing")]
     pub(crate) bugs: Vec<crate::sim::Bug>,
 }
@@ -160,6 +161,7 @@ impl Default for Options {
             max_backlog_bytes: None,
             max_backlog_records: None,
             min_free_disk_bytes: MIN_FREE_DISK_BYTES_DEFAULT,
+            recycle_segments: true,
             #[cfg(feature = "testing")]
             bugs: Vec::new(),
         }
@@ -373,6 +375,28 @@ impl Options {
     /// at most every 10 ms.
     pub fn min_free_disk_bytes(mut self, bytes: u64) -> Options {
         self.min_free_disk_bytes = bytes;
+        self
+    }
+
+    /// Whether a fully acknowledged segment's file is kept and written again
+    /// as the next segment instead of being deleted. Default on.
+    ///
+    /// A new file's blocks are unwritten: a batch written there costs its
+    /// `fdatasync` a metadata update, which is why the writer writes zeros
+    /// ahead of its frames in a new segment, so that every byte reaches the
+    /// disk twice. A recycled file's blocks were written already: the
+    /// frames overwrite them once, and no zeros go ahead (docs/BENCHMARKS.md,
+    /// "Recycled segments"). At most one file waits to be recycled, named
+    /// `<segment>.seg.free`, so the outbox holds at most one segment more on
+    /// disk than its live records need. What the old segment held stays in
+    /// the file past the new segment's frames until they overwrite it: after
+    /// a crash, recovery reads that remainder to prove it holds no frame of
+    /// the new segment (docs/FORMAT.md, "Recycled segments"), so an open after
+    /// a crash can read up to one segment more. Turn it off on a
+    /// copy-on-write file system (btrfs, ZFS), where an overwrite allocates
+    /// new blocks anyway.
+    pub fn recycle_segments(mut self, recycle: bool) -> Options {
+        self.recycle_segments = recycle;
         self
     }
 

@@ -147,8 +147,12 @@ pub struct Stats {
     pub records_per_batch: f64,
     /// Records appended per `fdatasync` since open, all fsyncs counted.
     pub records_per_fsync: f64,
-    /// Segment files deleted since open.
+    /// Segments deleted since open (fully acknowledged; a recycled one
+    /// counts too: it left the log).
     pub segments_deleted: u64,
+    /// Segments written into the file of a deleted one since open, instead
+    /// of a new file ([`Options::recycle_segments`](crate::Options::recycle_segments)).
+    pub segments_recycled: u64,
     /// Sealed segments still on disk because some of their records are not
     /// acknowledged: those a relay has yet to read, and those kept by a few
     /// records nobody acknowledges (dead letters, long delays, claims a stuck
@@ -327,6 +331,7 @@ impl Outbox {
             recovered.active,
             recovered.log_start,
             dedup,
+            recovered.spare,
         )?;
         let thread = std::thread::Builder::new()
             .name("segwal-writer".into())
@@ -807,7 +812,9 @@ impl Outbox {
     /// Reads and checks the frames of `runs` into `out`. A run whose segment
     /// was deleted since it was claimed (its records carried forward by
     /// relocation meanwhile) is looked up again in the table and read where
-    /// its records lie now.
+    /// its records lie now; so is one whose bytes fail their check if its
+    /// records moved meanwhile (the deleted segment's file may have been
+    /// recycled under the read).
     fn read_runs(
         &self,
         runs: &[crate::state::table::ClaimRun],
@@ -824,9 +831,20 @@ impl Outbox {
                 found.clear();
                 match reader::read_runs(&runs, &shared.files, &mut found, skip_crc) {
                     Ok(()) => break,
-                    Err(failure) if failure.gone && tries_left > 0 => {
+                    Err(failure) if (failure.gone || failure.corrupt) && tries_left > 0 => {
                         let frames: Vec<_> = runs.iter().flat_map(|r| r.frames.clone()).collect();
-                        runs = shared.table.lock().runs_of(&frames);
+                        let now = shared.table.lock().runs_of(&frames);
+                        // Bytes that fail their check where the records no
+                        // longer lie are not damage: their segment was
+                        // deleted, and its file recycled, after the read
+                        // found it (the frames were carried forward). Where
+                        // they still lie, the damage stands.
+                        let moved = now.len() != runs.len()
+                            || now.iter().zip(&runs).any(|(a, b)| a.path != b.path);
+                        if failure.corrupt && !moved {
+                            return Err(failure);
+                        }
+                        runs = now;
                     }
                     Err(failure) => return Err(failure),
                 }
@@ -1241,6 +1259,7 @@ impl Outbox {
             records_per_batch: ratio(records, batches),
             records_per_fsync: ratio(records, load(&c.fsyncs)),
             segments_deleted: load(&c.segments_deleted),
+            segments_recycled: load(&c.segments_recycled),
             held_segments: t.held_segments,
             held_by_records: t.held_by_records,
             relocated: t.relocated,

@@ -194,6 +194,7 @@ fn stats_json(v: &Verification, now: u64) -> Value {
         "records_per_batch": Value::Null,
         "records_per_fsync": Value::Null,
         "segments_deleted": Value::Null,
+        "segments_recycled": Value::Null,
         "held_segments": c.held_segments,
         "held_by_records": c.held_by_records,
         "relocated": Value::Null,

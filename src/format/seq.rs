@@ -80,6 +80,19 @@ impl SegmentId {
         SegmentId::parse(name.strip_suffix(CREATING_SUFFIX)?)
     }
 
+    /// The name a fully acknowledged segment's file takes while it waits to
+    /// be written again as a new segment (docs/FORMAT.md, "Recycled
+    /// segments"): not a segment's name, so no recovery reads it as one.
+    pub(crate) fn free_name(self) -> String {
+        format!("{}{}", self.file_name(), FREE_SUFFIX)
+    }
+
+    /// Parses the name of a file kept for recycling; `None` for any other
+    /// name.
+    pub(crate) fn parse_free(name: &str) -> Option<SegmentId> {
+        SegmentId::parse(name.strip_suffix(FREE_SUFFIX)?)
+    }
+
     /// Parses a segment file name; `None` for any other name.
     pub(crate) fn parse(name: &str) -> Option<SegmentId> {
         let digits = name.strip_suffix(SEGMENT_SUFFIX)?;
@@ -102,6 +115,10 @@ pub(crate) const SEGMENT_SUFFIX: &str = ".seg";
 /// Added to a segment's name while it is being created (docs/FORMAT.md,
 /// "Creating a segment").
 pub(crate) const CREATING_SUFFIX: &str = ".creating";
+
+/// Added to a fully acknowledged segment's name while its file waits to be
+/// recycled as a new segment (docs/FORMAT.md, "Recycled segments").
+pub(crate) const FREE_SUFFIX: &str = ".free";
 
 /// The folder inside an outbox directory where recovery moves files it must get
 /// past but cannot prove it wrote, and what a lossy repair drops.

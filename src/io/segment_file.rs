@@ -66,6 +66,10 @@ pub(crate) struct FreshSegment {
     pub nonce: u64,
     /// The outbox's identity, repeated in every segment.
     pub outbox_id: u128,
+    /// How far the file's bytes were written already: past the header's block
+    /// for a recycled file (the segment it held before), where the writer
+    /// needs no zeros ahead of its frames; [`FreshSegment::len`] otherwise.
+    pub written_to: u64,
 }
 
 impl FreshSegment {
@@ -73,6 +77,19 @@ impl FreshSegment {
     pub(crate) fn salt(&self) -> u32 {
         frame::salt(self.segment.id, self.nonce)
     }
+}
+
+/// What names a segment about to be made: its header's fields but the nonce
+/// and the clock.
+pub(crate) struct Successor {
+    /// The seq of its first frame, which names it.
+    pub first: Seq,
+    /// The seq of the seal of the segment before it.
+    pub prev_seq: Seq,
+    /// The log start when it is made.
+    pub log_start: Seq,
+    /// The outbox's identity.
+    pub outbox_id: u128,
 }
 
 /// A seal still to be written into a segment recovery kept (it lacked one): the
@@ -163,6 +180,84 @@ impl SegmentFile {
             len: FRAMES_AT as u64,
             nonce: header.nonce,
             outbox_id,
+            written_to: FRAMES_AT as u64,
+        })
+    }
+
+    /// Makes the file `spare` (a fully acknowledged segment of this outbox,
+    /// renamed `<name>.seg.free` durably when it was let go) the segment whose
+    /// first frame will be `first`, and makes it durable: its header's block
+    /// is written and fsynced while the file still bears the spare's name,
+    /// and only then is it renamed to the segment's name and the directory
+    /// fsynced, so that a file bearing a segment's name always has a durable
+    /// header, as in [`SegmentFile::create`]. The bytes past the header's
+    /// block are the old segment's until frames overwrite them: they fail
+    /// the new segment's checksums, whose salt comes from a new nonce
+    /// (docs/FORMAT.md, "Recycled segments").
+    ///
+    /// On failure the spare is removed (best effort: recovery settles one
+    /// that is left) and the caller creates a new file instead. (`sync_header`
+    /// is false only under the negative control `RecycleHeaderUnsynced`.)
+    pub(crate) fn recycle(
+        storage: &dyn Storage,
+        dir: &Path,
+        spare: &Path,
+        next: Successor,
+        sync_header: bool,
+    ) -> Result<FreshSegment, Failed> {
+        let Successor {
+            first,
+            prev_seq,
+            log_start,
+            outbox_id,
+        } = next;
+        let id = SegmentId(first.get());
+        let path: Arc<Path> = SegmentFile::path_of(dir, id).into();
+        let header = SegmentHeader {
+            first_seq: first,
+            prev_seq,
+            log_start,
+            created_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            nonce: storage.random_u64(),
+            outbox_id,
+        };
+        let made = storage
+            .open(spare)
+            .map_err(|e| Failed::new("open segment to recycle", spare, e))
+            .and_then(|file| {
+                let len = file
+                    .len()
+                    .map_err(|e| Failed::new("stat segment to recycle", spare, e))?;
+                write_all_at(&*file, &header.encode_block(), 0)
+                    .map_err(|e| Failed::new("write segment header", spare, e))?;
+                if sync_header {
+                    file.sync_data()
+                        .map_err(|e| Failed::new("sync segment header", spare, e))?;
+                }
+                storage
+                    .rename(spare, &path)
+                    .map_err(|e| Failed::new("rename recycled segment", spare, e))?;
+                Ok((file, len))
+            });
+        let (file, len) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                let _ = storage.remove(spare);
+                return Err(e);
+            }
+        };
+        let segment = SegmentFile { id, path, file };
+        storage
+            .sync_dir(dir)
+            .map_err(|e| Failed::new("sync directory", dir, e))?;
+        Ok(FreshSegment {
+            segment,
+            len: FRAMES_AT as u64,
+            nonce: header.nonce,
+            outbox_id,
+            written_to: len.max(FRAMES_AT as u64),
         })
     }
 

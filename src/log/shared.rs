@@ -190,6 +190,7 @@ pub(crate) struct Counters {
     pub records_appended: AtomicU64,
     pub bytes_appended: AtomicU64,
     pub segments_deleted: AtomicU64,
+    pub segments_recycled: AtomicU64,
     pub corrupt_records: AtomicU64,
     /// Deduplication ids remembered (set by the writer).
     pub dedup_ids: AtomicU64,

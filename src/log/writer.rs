@@ -11,7 +11,7 @@
 //! retries.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,9 +22,9 @@ use crate::format::fields::{DedupDigest, Described};
 use crate::format::frame::{self, FrameHeader, FrameKind, FrameSpan};
 use crate::format::seal::IndexBuilder;
 use crate::format::segment::{BLOCK, FRAMES_AT, align_up};
-use crate::format::seq::Seq;
+use crate::format::seq::{SegmentId, Seq};
 use crate::io;
-use crate::io::segment_file::{FreshSegment, SegmentFile, now_us};
+use crate::io::segment_file::{FreshSegment, SegmentFile, Successor, now_us};
 use crate::log::shared::{
     Answers, Completer, Counters, Notifier, Shared, Ticket, Verdict, Verdicts,
 };
@@ -175,6 +175,11 @@ struct Active {
     /// Bytes from the start of the file written at least once, frames or zeros
     /// written ahead of them: a write below this overwrites allocated blocks.
     zeroed: u64,
+    /// Bytes of a recycled file written before it became this segment (the
+    /// old segment's, past the header's block): a write that ends inside a
+    /// block below this fills the block with zeros, so that the kernel never
+    /// reads the old block in to merge it. 0 for a new file.
+    stale_to: u64,
     /// The space reserved for it (`fallocate`), which zeros may be written
     /// into (never past it: the file does not grow for them). Starts at the
     /// file's length when it became active; grows, doubling, as frames near it.
@@ -212,12 +217,15 @@ impl Active {
         // Its preallocated space, which zeros may be written into.
         let room = fresh.segment.file.len().unwrap_or(fresh.len);
         let salt = fresh.salt();
+        let recycled = fresh.written_to > fresh.len;
         Active {
             seg: fresh.segment,
             len: fresh.len,
             synced_len: fresh.len,
-            // What lies past the header is not known to be written.
-            zeroed: fresh.len,
+            // What lies past the header is not known to be written, unless
+            // the file is recycled: then its old segment's blocks are.
+            zeroed: fresh.written_to,
+            stale_to: if recycled { fresh.written_to } else { 0 },
             room,
             growable: true,
             created: Instant::now(),
@@ -285,6 +293,10 @@ pub(crate) struct Writer {
     planned: HashMap<u64, (u64, Seq)>,
     local: Vec<(DedupDigest, Seq)>,
     inserted: Vec<(DedupDigest, Seq)>,
+    /// A fully acknowledged segment's file, renamed `<name>.seg.free`
+    /// durably, to be written again as the next segment (see
+    /// [`Options::recycle_segments`](crate::Options::recycle_segments)).
+    spare: Option<PathBuf>,
 }
 
 impl Writer {
@@ -296,6 +308,7 @@ impl Writer {
         active: FreshSegment,
         log_start: Seq,
         dedup: Dedup,
+        spare: Option<PathBuf>,
     ) -> Result<Writer> {
         let outbox_id = active.outbox_id;
         // What recovery remembered shows in `Stats` before the first append.
@@ -329,6 +342,7 @@ impl Writer {
             planned: HashMap::new(),
             local: Vec::new(),
             inserted: Vec::new(),
+            spare,
         })
     }
 
@@ -924,7 +938,21 @@ impl Writer {
     /// it reached space not written before (see [`ZERO_AHEAD_MIN`]).
     fn write_buf(&mut self) -> Result<()> {
         let start = self.active.len - self.active.tail.len() as u64;
-        if let Err(e) = io::write_all_at(&*self.active.seg.file, &self.buf, start) {
+        let frames_end = start + self.buf.len() as u64;
+        // In a recycled file's old blocks, the write is filled to its block's
+        // end with zeros: a write of part of a block that is not in the page
+        // cache would make the kernel read it from the disk first. (A new
+        // file's blocks past the frames are zeros written ahead, or unwritten.)
+        let fill = if frames_end < self.active.stale_to {
+            (frames_end.next_multiple_of(BLOCK as u64) - frames_end) as usize
+        } else {
+            0
+        };
+        let frames_len = self.buf.len();
+        self.buf.resize(frames_len + fill, 0);
+        let written = io::write_all_at(&*self.active.seg.file, &self.buf, start);
+        self.buf.truncate(frames_len);
+        if let Err(e) = written {
             self.staged.clear();
             return Err(self.write_failed(e));
         }
@@ -1132,16 +1160,7 @@ impl Writer {
         self.sync()?;
         let seal_seq = self.next_seq;
         let first = seal_seq.next();
-        let shared = &self.shared;
-        let next = SegmentFile::create(
-            &*shared.storage,
-            &shared.dir,
-            first,
-            seal_seq,
-            self.log_start,
-            self.outbox_id,
-            crate::io::segment_file::first_allocation(shared.options.segment_bytes),
-        );
+        let next = self.next_segment(first, seal_seq);
         let next = match next {
             Ok(next) => next,
             Err(f) => return Err(self.poison(f.op, &f.path, f.source)),
@@ -1176,6 +1195,62 @@ impl Writer {
         push_active(&self.shared, &next);
         self.active = next;
         Ok(())
+    }
+
+    /// Makes the segment whose first frame is `first`, after the seal
+    /// `seal_seq`, durable: from the file kept for recycling if there is one
+    /// (a failure there only costs the file: a new one is created instead),
+    /// otherwise a new file.
+    fn next_segment(
+        &mut self,
+        first: Seq,
+        seal_seq: Seq,
+    ) -> std::result::Result<FreshSegment, crate::io::segment_file::Failed> {
+        let shared = &self.shared;
+        if let Some(spare) = self.spare.take() {
+            let recycled = SegmentFile::recycle(
+                &*shared.storage,
+                &shared.dir,
+                &spare,
+                Successor {
+                    first,
+                    prev_seq: seal_seq,
+                    log_start: self.log_start,
+                    outbox_id: self.outbox_id,
+                },
+                !crate::injected!(shared.options, RecycleHeaderUnsynced),
+            );
+            match recycled {
+                Ok(fresh) => {
+                    crate::event!(
+                        debug,
+                        from = %spare.display(),
+                        to = %fresh.segment.path.display(),
+                        "acknowledged segment recycled as the next one"
+                    );
+                    Counters::add(&shared.counters.segments_recycled, 1);
+                    return Ok(fresh);
+                }
+                Err(_failed) => {
+                    crate::event!(
+                        warn,
+                        path = %_failed.path.display(),
+                        op = _failed.op,
+                        error = %_failed.source,
+                        "recycling a segment failed; a new file is created instead"
+                    );
+                }
+            }
+        }
+        SegmentFile::create(
+            &*shared.storage,
+            &shared.dir,
+            first,
+            seal_seq,
+            self.log_start,
+            self.outbox_id,
+            crate::io::segment_file::first_allocation(shared.options.segment_bytes),
+        )
     }
 
     /// Deletes the oldest segments that are sealed and fully acknowledged, and
@@ -1365,10 +1440,18 @@ impl Writer {
         }
         self.log_start = new_start;
         let paths = self.shared.table.lock().front_paths(count);
-        for path in &paths {
+        for (k, path) in paths.iter().enumerate() {
             // A file that cannot be removed now is below the durable log start:
             // the next recovery removes it.
             self.shared.files.forget(path);
+            // The newest of them is kept, renamed, to be written again as the
+            // next segment, if none is kept yet. Renamed, not written: its
+            // bytes change only once the directory fsync below made the new
+            // name durable (a crash before leaves it under its own name,
+            // below the log start: a leftover recovery removes).
+            if k + 1 == paths.len() && self.keep_spare(path) {
+                continue;
+            }
             let _removed = self.shared.storage.remove(path);
             crate::event!(
                 info,
@@ -1384,6 +1467,28 @@ impl Writer {
         }
         self.shared.table.lock().remove_front(count);
         Counters::add(&self.shared.counters.segments_deleted, count as u64);
+    }
+
+    /// Renames the deleted segment file `path` to its spare's name and keeps
+    /// it for the next rotation, if recycling is on and no file is kept yet;
+    /// returns whether it did. (The directory fsync that follows every
+    /// deletion makes the name durable.)
+    fn keep_spare(&mut self, path: &Path) -> bool {
+        if !self.shared.options.recycle_segments || self.spare.is_some() {
+            return false;
+        }
+        let Some(id) = path
+            .file_name()
+            .and_then(|n| SegmentId::parse(&n.to_string_lossy()))
+        else {
+            return false;
+        };
+        let to = self.shared.dir.join(id.free_name());
+        if self.shared.storage.rename(path, &to).is_err() {
+            return false;
+        }
+        self.spare = Some(to);
+        true
     }
 
     /// Writes a `LogStart` frame recording `new_start` as a batch of its own, and

@@ -62,6 +62,10 @@ pub enum Bug {
     ForgetTombstones,
     /// Write an append a quota refused, and answer it refused all the same.
     QuotaWritesAnyway,
+    /// Rename a recycled segment's file to the new segment's name without
+    /// first making its new header durable: a crash can leave the name over
+    /// the old header, or over a garbled one.
+    RecycleHeaderUnsynced,
 }
 
 impl Options {

@@ -355,6 +355,9 @@ pub struct Figures {
     /// Records relocated (carried forward out of an old segment) while the
     /// workloads ran.
     pub relocated: u64,
+    /// Segments written into the file of a deleted one (recycled) while the
+    /// workloads ran.
+    pub recycled: u64,
     /// Leases that ran out ([`Step::LeaseRunsOut`]) and whose record was
     /// handed out again in the run, as a later attempt.
     pub leases_expired: u64,
@@ -373,6 +376,7 @@ impl Figures {
         self.age_rotations += o.age_rotations;
         self.shared_batches += o.shared_batches;
         self.relocated += o.relocated;
+        self.recycled += o.recycled;
         self.leases_expired += o.leases_expired;
     }
 }
@@ -482,6 +486,8 @@ struct Model {
     attempts: BTreeMap<Seq, Vec<(u32, u64)>>,
     /// Records relocated while the workload ran.
     relocated: u64,
+    /// Segments recycled while the workload ran.
+    recycled: u64,
     /// The ordering key of every keyed payload handed to an append (by
     /// payload id), in doubt or not.
     key_of: BTreeMap<u64, u8>,
@@ -550,6 +556,7 @@ impl Model {
                 })
                 .collect(),
             relocated: self.relocated,
+            recycled: self.recycled,
             key_of: self.key_of.clone(),
             dedup_of: self.dedup_of.clone(),
             dedup_payload: self.dedup_payload.clone(),
@@ -650,6 +657,7 @@ fn execute_rotting(
         }
     }
     run.model.relocated += run.outbox.stats().relocated;
+    run.model.recycled += run.outbox.stats().segments_recycled;
     let _ = run.outbox.close();
     disk.rot_reads(0);
     disk.fail_reads(0);
@@ -1052,6 +1060,7 @@ impl Run<'_> {
     /// whether both succeeded.
     fn reopen(&mut self) -> bool {
         self.model.relocated += self.outbox.stats().relocated;
+        self.model.recycled += self.outbox.stats().segments_recycled;
         let closed = self.outbox.close();
         self.claimed.clear();
         // Leases and attempts live in memory (without `max_attempts`).
@@ -1106,13 +1115,16 @@ fn verify_with(
     if let Some(d) = &report.dropped {
         return Err(("I4", format!("recovery dropped records: {d:?}")));
     }
-    // A strict open sets aside only files of interrupted creations, which never
-    // held a record (the records are checked below all the same).
-    if let Some(q) = report
-        .quarantined
-        .iter()
-        .find(|q| q.reason != crate::QuarantineReason::UnfinishedCreation)
-    {
+    // A strict open sets aside only files of interrupted creations and
+    // recyclings (a header's block the crash garbled), which held no live
+    // record (the records are checked below all the same).
+    if let Some(q) = report.quarantined.iter().find(|q| {
+        !matches!(
+            q.reason,
+            crate::QuarantineReason::UnfinishedCreation
+                | crate::QuarantineReason::UnfinishedRecycling
+        )
+    }) {
         return Err(("I4", format!("strict recovery set aside {q:?}")));
     }
     let (records, attempts) =
@@ -1550,6 +1562,7 @@ pub fn crash_every_step(
     figures.age_rotations = model.age_rotations;
     figures.shared_batches = model.shared_batches;
     figures.relocated = model.relocated;
+    figures.recycled = model.recycled;
     figures.leases_expired = model.leases_expired;
     for (point, snapshot) in disk.take_snapshots().into_iter().enumerate() {
         let point = point as u64;

@@ -77,8 +77,8 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
     println!(
         "crash harness: seeds {first}..{}, {} crash points x {draws} draws = {} simulated crashes \
          ({} also crashed inside recovery), {} torn tails cut, {} unfinished creations \
-         set aside, {} records checked, {} rotations by age, {} batches shared by \
-         concurrent producers, {:.1} s",
+         or recyclings set aside, {} records checked, {} rotations by age, {} batches shared by \
+         concurrent producers, {} segments recycled, {:.1} s",
         first + seeds,
         total.crash_points,
         total.recoveries,
@@ -88,6 +88,7 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
         total.records_checked,
         total.age_rotations,
         total.shared_batches,
+        total.recycled,
         started.elapsed().as_secs_f64()
     );
     if seeds >= 10 {
@@ -105,6 +106,10 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
         "no crash tore a tail: the harness is not crashing mid-write"
     );
     assert!(total.crashes_in_recovery > 0, "no recovery was crashed");
+    assert!(
+        total.recycled > 0,
+        "no workload recycled a segment: the harness does not test recycling"
+    );
     if seeds >= 100 {
         assert!(
             total.quarantined > 0,
@@ -219,6 +224,10 @@ fn negative_controls_every_known_bug_is_caught() {
             crash(Bug::ForgetFieldsAtRecovery),
         ),
         (Bug::ForgetTombstones, crash(Bug::ForgetTombstones)),
+        (
+            Bug::RecycleHeaderUnsynced,
+            crash(Bug::RecycleHeaderUnsynced),
+        ),
         (
             Bug::QuotaWritesAnyway,
             caught(|seed| {

@@ -39,22 +39,27 @@ pub(crate) struct Found {
     pub opened: Vec<Opened>,
     /// Files of segments whose creation a crash interrupted.
     pub creating: Vec<PathBuf>,
+    /// Files of fully acknowledged segments kept for recycling.
+    pub free: Vec<PathBuf>,
 }
 
 /// Applies `plan`, decided from what was `found` in `dir`; new segments are
-/// preallocated to `preallocate` bytes.
+/// preallocated to `preallocate` bytes; one file kept for recycling is handed
+/// on if `keep_spare`.
 pub(crate) fn apply(
     storage: &dyn Storage,
     dir: &Path,
     found: Found,
     plan: Plan,
     preallocate: u64,
+    keep_spare: bool,
     effects: &mut Effects,
 ) -> Result<Recovered> {
     let Found {
         scans,
         opened,
         creating,
+        free,
     } = found;
     let mut report = RecoveryReport {
         segments_found: scans.len(),
@@ -75,6 +80,26 @@ pub(crate) fn apply(
                 dir,
                 file,
                 QuarantineReason::UnfinishedCreation,
+            )?);
+        }
+    }
+    // Files kept for recycling held only acknowledged records: one whose
+    // header proves it this outbox's is kept for the writer (or removed);
+    // any other is set aside.
+    let mut spare = None;
+    for file in free {
+        if scan::spare_is_ours(storage, &file, plan.outbox_id)? {
+            if keep_spare && spare.is_none() {
+                spare = Some(file);
+            } else {
+                unfinished.push(file);
+            }
+        } else {
+            effects.quarantined.push(aside(
+                storage,
+                dir,
+                file,
+                QuarantineReason::UnfinishedRecycling,
             )?);
         }
     }
@@ -142,6 +167,7 @@ pub(crate) fn apply(
         active,
         state: Vec::new(),
         seal,
+        spare,
         report,
     })
 }
@@ -215,6 +241,7 @@ fn reuse(
         len: FRAMES_AT as u64,
         nonce: scan.header.map_or(0, |h| h.nonce),
         outbox_id: scan.header.map_or(0, |h| h.outbox_id),
+        written_to: FRAMES_AT as u64,
     })
 }
 

@@ -71,6 +71,9 @@ pub(crate) struct Recovered {
     /// The seal the newest segment lacks, written by the open before the
     /// writer starts.
     pub seal: Option<PendingSeal>,
+    /// A fully acknowledged segment's file of this outbox, kept to be
+    /// recycled as the writer's next segment (`<name>.seg.free`).
+    pub spare: Option<PathBuf>,
     pub report: RecoveryReport,
 }
 
@@ -92,7 +95,7 @@ pub(crate) fn recover(
     } else {
         options.recovery
     };
-    let (ids, creating) = segment_ids(storage, dir)?;
+    let (ids, creating, free) = segment_ids(storage, dir)?;
     // A lossy repair, run by an operator after a strict open failed, reads
     // everything: it must see damage wherever it lies. The newest file is read
     // whole in any case: it is where a crash leaves its marks, and a file that
@@ -134,9 +137,11 @@ pub(crate) fn recover(
             scans,
             opened,
             creating,
+            free,
         },
         plan,
         preallocate,
+        options.recycle_segments,
         effects,
     )?;
     recovered.state = recorded;
@@ -204,18 +209,24 @@ fn scan_all(
     Ok((scans, opened))
 }
 
-/// The segment files of `dir`, in log order, and the files of segments whose
-/// creation was interrupted (`<name>.creating`). A file with the segment suffix
-/// but not a segment's name is refused: it is not ours to judge or to skip.
-fn segment_ids(storage: &dyn Storage, dir: &Path) -> Result<(Vec<SegmentId>, Vec<PathBuf>)> {
+/// The segment files of `dir`, in log order, the files of segments whose
+/// creation was interrupted (`<name>.creating`), and the files kept for
+/// recycling (`<name>.free`). A file with the segment suffix but not a
+/// segment's name is refused: it is not ours to judge or to skip.
+fn segment_ids(storage: &dyn Storage, dir: &Path) -> Result<SegmentFiles> {
     let names = storage
         .list(dir)
         .map_err(|e| Error::io("list directory", dir, e))?;
     let mut ids = Vec::new();
     let mut creating = Vec::new();
+    let mut free = Vec::new();
     for name in &names {
         if SegmentId::parse_creating(name).is_some() {
             creating.push(dir.join(name));
+            continue;
+        }
+        if SegmentId::parse_free(name).is_some() {
+            free.push(dir.join(name));
             continue;
         }
         match SegmentId::parse(name) {
@@ -234,5 +245,9 @@ fn segment_ids(storage: &dyn Storage, dir: &Path) -> Result<(Vec<SegmentId>, Vec
     }
     ids.sort();
     creating.sort();
-    Ok((ids, creating))
+    free.sort();
+    Ok((ids, creating, free))
 }
+
+/// What [`segment_ids`] lists: segments, unfinished creations, spares.
+type SegmentFiles = (Vec<SegmentId>, Vec<PathBuf>, Vec<PathBuf>);

@@ -98,6 +98,11 @@ pub enum QuarantineReason {
     /// holding bytes that are neither all zero nor a whole header and zeros: a
     /// power cut garbled its header's block. It never held a record.
     UnfinishedCreation,
+    /// A fully acknowledged segment's file kept for recycling
+    /// (`<name>.seg.free`) whose header does not prove it this outbox's: a
+    /// power cut garbled the new header being written into it, or it came
+    /// from elsewhere. It held no live record.
+    UnfinishedRecycling,
     /// A segment file a lossy repair dropped whole (it was moved).
     DroppedByRepair,
     /// A segment a lossy repair cut: a copy of the whole file as it was before
@@ -110,6 +115,7 @@ impl QuarantineReason {
     pub fn as_str(self) -> &'static str {
         match self {
             QuarantineReason::UnfinishedCreation => "unfinished-creation",
+            QuarantineReason::UnfinishedRecycling => "unfinished-recycling",
             QuarantineReason::DroppedByRepair => "dropped-by-repair",
             QuarantineReason::CutByRepair => "before-repair-cut",
         }

@@ -551,6 +551,31 @@ pub(crate) fn creation_holds_nothing(storage: &dyn Storage, path: &Path) -> Resu
     Ok(true)
 }
 
+/// Whether the file at `path`, kept for recycling (`<name>.seg.free`), proves
+/// itself a segment file of the outbox `outbox_id`: its header decodes and
+/// names that outbox. Such a file held only acknowledged records (it was
+/// renamed only after the `LogStart` frame past it was durable), or, after a
+/// crash in the middle of its recycling, a new header and nothing of the new
+/// segment yet (a frame is written only once the file bears the segment's
+/// name). Reads the header's block alone.
+pub(crate) fn spare_is_ours(
+    storage: &dyn Storage,
+    path: &Path,
+    outbox_id: Option<u128>,
+) -> Result<bool> {
+    let Some(outbox_id) = outbox_id else {
+        return Ok(false);
+    };
+    let file = storage
+        .open_read(path)
+        .map_err(|e| Error::io("open segment", path, e))?;
+    let len = file.len().map_err(|e| Error::io("stat segment", path, e))?;
+    let mut block = vec![0u8; FRAMES_AT.min(len as usize)];
+    crate::io::read_exact_at(&*file, &mut block, 0)
+        .map_err(|e| Error::io("read segment", path, e))?;
+    Ok(SegmentHeader::decode(&block).is_ok_and(|h| h.outbox_id == outbox_id))
+}
+
 fn opened(id: SegmentId, path: PathBuf) -> Opened {
     Opened {
         id,
@@ -855,6 +880,26 @@ fn scan_frames(
         walk.prev = Some((h.group, !h.batch_end));
         if h.batch_end {
             walk.batch_start = walk.offset;
+        }
+        if h.kind == FrameKind::Seal {
+            // Nothing is written after a seal, which the file's end follows
+            // unless the cut after it was lost: then preallocated zeros follow,
+            // or, in a recycled file, what its old segment left there (which
+            // fails this segment's checksums). A frame of this segment right
+            // after it, or on the next block, is still damage.
+            let next_block = walk.offset.next_multiple_of(BLOCK);
+            if let Some(at) = [walk.offset, next_block]
+                .into_iter()
+                .find(|&at| at < src.len() && frame_at(src, at, salt).is_ok())
+            {
+                return Some(Damage::structural(
+                    at,
+                    walk.expected,
+                    walk.batch_start,
+                    Corruption::FrameAfterSeal,
+                ));
+            }
+            break;
         }
     }
     if walk.prev.is_some_and(|p| p.1) {

@@ -405,6 +405,87 @@ fn a_preallocated_tail() {
     assert_eq!(kept(&plan), vec![(0, 3, Some(end))]);
 }
 
+/// `seg`'s bytes laid over those of `old` (a deleted segment whose file was
+/// recycled): the new segment's header and frames, then what the old
+/// segment left past them.
+fn recycled(seg: Seg, old: &Seg) -> Seg {
+    let mut seg = seg;
+    if old.bytes.len() > seg.bytes.len() {
+        let from = seg.bytes.len();
+        seg.bytes.extend_from_slice(&old.bytes[from..]);
+    }
+    seg
+}
+
+/// The old segment of the recycled-file cases: many batches of records, keyed
+/// by another nonce and named below the new segment, sealed.
+fn stale() -> Seg {
+    let mut old = Seg::keyed(1, 0, 1, 0xdead_beef);
+    for _ in 0..40 {
+        old = old.batch(9);
+    }
+    old.seal()
+}
+
+#[test]
+fn a_recycled_file() {
+    let old = stale();
+    let first = old.next + 1;
+    // The clean end: a batch, filled with zeros to its block's end, then the
+    // old segment's frames, which fail the new salt. Damage with nothing of
+    // a later group after it: cut on the block after the batch, no frame lost.
+    let seg = Seg::new(first, first - 1, first).batch(3).align();
+    let end = seg.bytes.len() as u64;
+    let file = recycled(seg, &old);
+    let plan = decide(&[file.file()]).expect("a recycled file's old bytes are not damage");
+    assert_eq!(kept(&plan), vec![(0, 3, Some(end))]);
+    // None of the old frames' numbers is believed, so none is reused below
+    // them... but none of the new one's either.
+    assert!(create(&plan).0 > Seq::from(first + 3));
+
+    // A crash while the second batch was written: its first sector landed,
+    // the rest is the old segment's. That batch is cut.
+    let seg = Seg::new(first, first - 1, first).batch(3).batch(40);
+    let second = seg.offset_of(first + 3);
+    let file = recycled(seg.cut(second + 512), &old);
+    let plan = decide(&[file.file()]).expect("torn");
+    assert_eq!(kept(&plan), vec![(0, 3, Some(second as u64))]);
+
+    // Bit rot in a fsynced batch followed by a later one is still corruption
+    // with old bytes after them.
+    let seg = Seg::new(first, first - 1, first).batch(2).batch(2).align();
+    let at = seg.offset_of(first);
+    let file = recycled(seg.flip(at + PAYLOAD + 3, 0), &old);
+    assert!(matches!(
+        corruption(decide(&[file.file()])),
+        Corruption::DamageBeforeValidFrame { .. }
+    ));
+
+    // A sealed recycled segment whose cut after the seal was lost: the old
+    // bytes after its seal are not read as frames, and it is whole, read
+    // through its index or frame by frame.
+    let sealed = recycled(
+        Seg::new(first, first - 1, first).batch(3).seal().align(),
+        &old,
+    );
+    let next = first + 4;
+    let files = [sealed.file(), Seg::new(next, next - 1, first).file()];
+    for plan in [decide(&files), plan_every_frame(&files)] {
+        let plan = plan.expect("sealed");
+        assert_eq!(kept(&plan), vec![(0, 4, None)]);
+        assert_eq!(plan.active, ActivePlan::Reuse { scan: 1 });
+    }
+    // A frame of the segment itself after its seal is still damage.
+    let mut sealed = Seg::new(first, first - 1, first).batch(3).seal();
+    let after = sealed.next;
+    sealed.frame(FrameKind::Record, &[1; 20], after, true);
+    let files = [sealed.file(), Seg::new(after + 1, after, first).file()];
+    assert_eq!(
+        corruption(plan_every_frame(&files)),
+        Corruption::FrameAfterSeal
+    );
+}
+
 #[test]
 fn crash_between_writing_a_seal_and_its_fdatasync() {
     // The successor is durable and empty; the seal is torn.
