@@ -25,7 +25,7 @@ const PRODUCERS: [usize; 4] = [1, 4, 16, 64];
 const RECORD_BYTES: [usize; 2] = [256, 4096];
 /// Records per claim and acknowledgement in the drain.
 const DRAIN_BATCH: usize = 256;
-/// Record size of the end-to-end workload.
+/// Record size of the end-to-end workload, unless `--relay-bytes` says.
 const RELAY_BYTES: usize = 256;
 
 /// How big the run is.
@@ -48,6 +48,8 @@ struct Plan {
     engines: Vec<Kind>,
     /// The producer counts to run.
     producers: Vec<usize>,
+    /// Record size of the end-to-end workload.
+    relay_bytes: usize,
     /// Times each append cell is run, the engines taking turns; the median
     /// round is reported.
     rounds: usize,
@@ -63,8 +65,9 @@ impl Plan {
             drain_probe_bytes: 8 << 20,
             drain_max_bytes: 256 << 20,
             fsync_iterations: 500,
-            engines: Kind::ALL.to_vec(),
+            engines: Kind::DEFAULT.to_vec(),
             producers: PRODUCERS.to_vec(),
+            relay_bytes: RELAY_BYTES,
             rounds: 3,
         }
     }
@@ -79,8 +82,9 @@ impl Plan {
             drain_probe_bytes: 256 << 10,
             drain_max_bytes: 1 << 20,
             fsync_iterations: 20,
-            engines: Kind::ALL.to_vec(),
+            engines: Kind::DEFAULT.to_vec(),
             producers: PRODUCERS.to_vec(),
+            relay_bytes: RELAY_BYTES,
             rounds: 1,
         }
     }
@@ -166,6 +170,10 @@ struct Args {
     /// the median round (default 3; 1 with --quick)
     #[arg(long, value_name = "N")]
     rounds: Option<NonZeroUsize>,
+    /// record size of the end-to-end workload (appends while a relay
+    /// drains): 256 (the default) or 4096
+    #[arg(long, value_name = "BYTES", value_parser = relay_size)]
+    relay_bytes: Option<usize>,
     /// only the relay workload: append to JetStream PubAck through segwal's
     /// relay, against append-only and the server's own pipelined publish
     /// rate (needs a JetStream server at URL)
@@ -189,6 +197,15 @@ fn engine_name(name: &str) -> std::result::Result<String, String> {
                 names.join(", ")
             ))
         }
+    }
+}
+
+/// The size of `--relay-bytes`: one of [`RECORD_BYTES`], whose append-only
+/// cell the run measures too.
+fn relay_size(n: &str) -> std::result::Result<usize, String> {
+    match n.trim().parse::<usize>() {
+        Ok(n) if RECORD_BYTES.contains(&n) => Ok(n),
+        _ => Err(format!("record sizes are among {RECORD_BYTES:?}")),
     }
 }
 
@@ -230,14 +247,19 @@ fn run(args: Args) -> Result<()> {
         Plan::full()
     };
     if !args.only.is_empty() {
-        plan.engines
-            .retain(|k| args.only.iter().any(|name| name == k.name()));
+        plan.engines = Kind::ALL
+            .into_iter()
+            .filter(|k| args.only.iter().any(|name| name == k.name()))
+            .collect();
     }
     if !args.producers.is_empty() {
         plan.producers.retain(|p| args.producers.contains(p));
     }
     if let Some(rounds) = args.rounds {
         plan.rounds = rounds.get();
+    }
+    if let Some(bytes) = args.relay_bytes {
+        plan.relay_bytes = bytes;
     }
     let out = match args.out {
         Some(out) => out,
@@ -317,14 +339,22 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
             }
         }
     }
-    // The end-to-end workload: 256 B, each engine with a queue, appends while
+    // The end-to-end workload (256 B unless `--relay-bytes` says), each engine with a queue, appends while
     // one relay drains, against the same engine's append-only cell above.
     for &producers in &plan.producers {
         for &kind in plan.engines.iter().filter(|k| k.has_queue()) {
             let mut samples = Vec::new();
             for round in 0..plan.rounds {
-                let sample = append_cell(plan, tmp, kind, producers, RELAY_BYTES, round, true)?;
-                progress_round(kind, producers, RELAY_BYTES, round, plan.rounds, &sample);
+                let sample =
+                    append_cell(plan, tmp, kind, producers, plan.relay_bytes, round, true)?;
+                progress_round(
+                    kind,
+                    producers,
+                    plan.relay_bytes,
+                    round,
+                    plan.rounds,
+                    &sample,
+                );
                 samples.push(sample);
             }
             let rounds: Vec<f64> = samples.iter().map(Sample::records_per_s).collect();
@@ -334,14 +364,14 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
                     c.workload == Workload::Append
                         && c.engine == kind
                         && c.producers == producers
-                        && c.record_bytes == RELAY_BYTES
+                        && c.record_bytes == plan.relay_bytes
                 })
                 .map(|c| c.sample.records_per_s());
             let cell = Cell {
                 workload: Workload::AppendWithRelay,
                 engine: kind,
                 producers,
-                record_bytes: RELAY_BYTES,
+                record_bytes: plan.relay_bytes,
                 sample: median_round(samples),
                 raw_records_per_s: None,
                 rounds,
@@ -451,7 +481,11 @@ fn append_cell(
     let probe = run(Stop::After(plan.probe))?;
     let total = (probe.records_per_s() * plan.target.as_secs_f64()).max(plan.min_records as f64);
     let per_producer = (total / producers as f64).ceil() as u64;
-    let sample = run(Stop::PerProducer(per_producer))?;
+    let device = measure::mount_of(&dir).map(|m| m.device);
+    let written = || device.as_deref().and_then(measure::device_written_bytes);
+    let before = written();
+    let mut sample = run(Stop::PerProducer(per_producer))?;
+    sample.device_bytes = before.zip(written()).map(|(a, b)| b.saturating_sub(a));
     engine.close()?;
     std::fs::remove_dir_all(&dir)?;
     Ok(sample)
@@ -488,7 +522,7 @@ fn progress(cell: &Cell) {
         })
         .unwrap_or_default();
     eprintln!(
-        "{:?} {:>13} {:>2}p {:>4} B: {:>9.0} records/s in {:.2} s, p50 {:.0} µs, p99 {:.0} µs, {:.1} CPU µs/record{}{}{}",
+        "{:?} {:>13} {:>2}p {:>4} B: {:>9.0} records/s in {:.2} s, p50 {:.0} µs, p99 {:.0} µs, {:.1} CPU µs/record{}{}{}{}",
         cell.workload,
         cell.engine.name(),
         cell.producers,
@@ -510,5 +544,8 @@ fn progress(cell: &Cell) {
             _ => String::new(),
         },
         per_fsync,
+        s.device_bytes_per_record()
+            .map(|b| format!(", {:.2} device KiB/record", b / 1024.0))
+            .unwrap_or_default(),
     );
 }

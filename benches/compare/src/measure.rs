@@ -177,3 +177,16 @@ pub fn probe_fdatasync(
         fdatasync: Percentiles::of(&mut samples),
     })
 }
+
+/// Bytes written to the block device `device` (as /proc/mounts names it,
+/// `/dev/vda`) since boot, from its statistics in sysfs (sectors of 512
+/// bytes, whatever the device's own sector size); `None` where the device has
+/// none (tmpfs, overlay).
+pub fn device_written_bytes(device: &str) -> Option<u64> {
+    let name = Path::new(device).file_name()?.to_str()?;
+    let stat = std::fs::read_to_string(format!("/sys/class/block/{name}/stat")).ok()?;
+    // Fields: reads, read merges, sectors read, read ticks, writes, write
+    // merges, sectors written, ...
+    let sectors: u64 = stat.split_whitespace().nth(6)?.parse().ok()?;
+    Some(sectors * 512)
+}

@@ -279,6 +279,9 @@ struct JsonLine {
     rounds_records_per_s: Vec<Option<f64>>,
     relayed_per_s: Option<f64>,
     ratio_to_append_only: Option<f64>,
+    /// Bytes the device wrote per record during the cell (the whole
+    /// device's), where it tells.
+    device_bytes_per_record: Option<f64>,
     quick: bool,
 }
 
@@ -321,6 +324,7 @@ impl JsonLine {
             ratio_to_append_only: cell
                 .append_only_per_s
                 .and_then(|alone| rounded(s.records_per_s() / alone)),
+            device_bytes_per_record: s.device_bytes_per_record().and_then(rounded),
             quick,
         }
     }
@@ -342,6 +346,7 @@ fn style(kind: Kind) -> (&'static str, &'static str, f64) {
         Kind::RawGrowing => ("#999999", "6 4", 2.0),
         Kind::RawOverwrite => ("#c0392b", "6 4", 2.0),
         Kind::Segwal => ("#1f5fbf", "", 3.0),
+        Kind::SegwalNewFiles => ("#1f5fbf", "8 2", 2.0),
         Kind::SegwalDedup => ("#1f5fbf", "3 3", 2.0),
         Kind::SqliteFull => ("#d9730d", "", 2.0),
         Kind::SqliteNormal => ("#d9730d", "2 4", 2.0),

@@ -23,6 +23,9 @@ pub struct Sample {
     /// Records a relay claimed and acknowledged during the run (the
     /// end-to-end workload only).
     pub relayed: Option<u64>,
+    /// Bytes the device holding the engine's directory wrote during the run
+    /// (the whole device's: the machine should be quiet), where it tells.
+    pub device_bytes: Option<u64>,
 }
 
 impl Sample {
@@ -36,6 +39,12 @@ impl Sample {
 
     pub fn cpu_us_per_record(&self) -> f64 {
         self.cpu.as_secs_f64() * 1e6 / self.records as f64
+    }
+
+    /// Device bytes written per record, where the device tells.
+    pub fn device_bytes_per_record(&self) -> Option<f64> {
+        self.device_bytes
+            .map(|b| b as f64 / self.records.max(1) as f64)
     }
 
     /// Acknowledgements per second of the relay, in the end-to-end workload.
@@ -174,6 +183,7 @@ pub fn append(
         latency: Percentiles::of(&mut latencies),
         counters,
         relayed,
+        device_bytes: None,
     })
 }
 
@@ -207,5 +217,6 @@ pub fn drain(queue: &dyn Queue, count: u64, size: usize, batch: usize) -> Result
         latency: Percentiles::of(&mut latencies),
         counters: None,
         relayed: None,
+        device_bytes: None,
     })
 }

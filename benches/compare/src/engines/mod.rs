@@ -78,6 +78,10 @@ pub enum Kind {
     RawOverwrite,
     /// segwal with default options (`Durability::Sync`).
     Segwal,
+    /// segwal with segment recycling off (`Options::recycle_segments(false)`):
+    /// every segment a new file, zeros written ahead of its frames. Run only
+    /// when named (`--only`), to measure what recycling changes.
+    SegwalNewFiles,
     /// segwal, each record appended as a message with a deduplication id of
     /// its own: what remembering ids costs an append.
     SegwalDedup,
@@ -94,7 +98,21 @@ pub enum Kind {
 
 impl Kind {
     /// Every engine, in running order.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
+        Kind::Raw,
+        Kind::RawGrowing,
+        Kind::RawOverwrite,
+        Kind::Segwal,
+        Kind::SegwalNewFiles,
+        Kind::SegwalDedup,
+        Kind::SqliteFull,
+        Kind::SqliteNormal,
+        Kind::Fjall,
+        Kind::Okaywal,
+    ];
+
+    /// The engines a run takes unless `--only` names others.
+    pub const DEFAULT: [Kind; 9] = [
         Kind::Raw,
         Kind::RawGrowing,
         Kind::RawOverwrite,
@@ -113,6 +131,7 @@ impl Kind {
             Kind::RawGrowing => "raw (growing file)",
             Kind::RawOverwrite => "raw (overwrite)",
             Kind::Segwal => "segwal",
+            Kind::SegwalNewFiles => "segwal new files",
             Kind::SegwalDedup => "segwal dedup ids",
             Kind::SqliteFull => "sqlite FULL",
             Kind::SqliteNormal => "sqlite NORMAL",
@@ -128,7 +147,10 @@ impl Kind {
 
     /// Whether the engine has a queue (claim and acknowledge), so runs the drain.
     pub fn has_queue(self) -> bool {
-        matches!(self, Kind::Segwal | Kind::SqliteFull | Kind::SqliteNormal)
+        matches!(
+            self,
+            Kind::Segwal | Kind::SegwalNewFiles | Kind::SqliteFull | Kind::SqliteNormal
+        )
     }
 
     /// Opens the engine on `dir`, an empty directory.
@@ -138,6 +160,7 @@ impl Kind {
             Kind::RawGrowing => Box::new(raw::Raw::open(dir, raw::Layout::Growing)?),
             Kind::RawOverwrite => Box::new(raw::Raw::open(dir, raw::Layout::Overwrite)?),
             Kind::Segwal => Box::new(segwal::Segwal::open(dir)?),
+            Kind::SegwalNewFiles => Box::new(segwal::Segwal::open_new_files(dir)?),
             Kind::SegwalDedup => Box::new(segwal::Segwal::open_dedup(dir)?),
             Kind::SqliteFull => Box::new(sqlite::Sqlite::open(dir, sqlite::Sync::Full)?),
             Kind::SqliteNormal => Box::new(sqlite::Sqlite::open(dir, sqlite::Sync::Normal)?),

@@ -22,6 +22,14 @@ impl Segwal {
         })
     }
 
+    /// With segment recycling off: every segment a new file.
+    pub fn open_new_files(dir: &Path) -> Result<Segwal> {
+        Ok(Segwal {
+            outbox: Outbox::open(dir, Options::default().recycle_segments(false))?,
+            dedup: None,
+        })
+    }
+
     pub fn open_dedup(dir: &Path) -> Result<Segwal> {
         Ok(Segwal {
             outbox: Outbox::open(dir, Options::default())?,
