@@ -142,6 +142,12 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
         let len = self.len()?;
         Ok((offset < len).then_some(offset..len))
     }
+    /// Says that the bytes `offset..offset + len` will be read soon, so that
+    /// the file system can start reading them now, many at once
+    /// (`posix_fadvise(2)` with `POSIX_FADV_WILLNEED`). Only a hint: the
+    /// default does nothing, and an implementation ignores its own failure (a
+    /// read error shows at the read itself).
+    fn will_need(&self, _offset: u64, _len: u64) {}
     /// The file's current length in bytes.
     fn len(&self) -> io::Result<u64>;
     /// The bytes of storage the file takes (blocks written or reserved), which

@@ -355,6 +355,28 @@ impl StorageFile for StdFile {
         Ok(Some(start..end))
     }
 
+    fn will_need(&self, offset: u64, len: u64) {
+        let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len))
+        else {
+            return;
+        };
+        // SAFETY: `posix_fadvise` on a file descriptor this `File` owns and
+        // keeps open for the duration of the call, with plain integer
+        // arguments; no memory of ours is handed over. It only starts reads
+        // into the page cache: a read that fails there leaves those pages not
+        // up to date, and the later positioned read reports the error (the
+        // files are never mapped, so no fault can reach the process).
+        #[expect(unsafe_code, reason = "posix_fadvise(2) has no safe wrapper in std")]
+        let _ = unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                offset,
+                len,
+                libc::POSIX_FADV_WILLNEED,
+            )
+        };
+    }
+
     fn allocated(&self) -> io::Result<u64> {
         // `st_blocks` counts 512-byte units, whatever the file system's block.
         Ok(self.file.metadata()?.blocks() * 512)

@@ -175,6 +175,16 @@ fn life_cycle(events: &Events) {
     let deleted = events.wait_for("acknowledged segment deleted");
     assert!(!deleted.is_empty());
     assert!(has(&deleted[0], "path") && has(&deleted[0], "log_start"));
+    // Recycling: the next rotation writes into a deleted segment's file.
+    for i in 0..40u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    let recycled = events.wait_for("acknowledged segment recycled");
+    assert_eq!(recycled[0].level, tracing::Level::DEBUG);
+    assert!(
+        has(&recycled[0], "from") && has(&recycled[0], "to"),
+        "{recycled:?}"
+    );
     outbox.close().expect("close");
     truncation(events, &tmp.path().join("fresh"));
 }

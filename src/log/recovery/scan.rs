@@ -428,6 +428,11 @@ pub(crate) fn scan_file(
     // Asked once, before a byte past the header and seal is read (see
     // `DataMap`); a sealed segment read through its index never asks.
     let map = DataMap::of(&*file, len);
+    // Where the data lies, the file system is told at once, so that it reads
+    // it with many requests in flight rather than a window at a time.
+    for region in &map.regions {
+        file.will_need(region.start, region.end.saturating_sub(region.start));
+    }
     let regions = |at| Ok(map.next(at));
     // Frame by frame through one reused buffer; only a file that is not whole
     // is read into memory whole.
@@ -441,12 +446,19 @@ pub(crate) fn scan_file(
     let map = DataMap::of(&*file, len);
     let regions = |at| Ok(map.next(at));
     let mut at = 0;
+    // How far every byte from the start was read: where the data regions
+    // leave no gap (a recycled file's old bytes are data to its end), the
+    // file is in memory whole already.
+    let mut read_to = 0;
     while let Some((start, end)) = data_region(&regions, size, at) {
         read(&mut buf, start as u64, (end + PAGE) as u64)?;
+        if start <= read_to {
+            read_to = read_to.max(end + PAGE);
+        }
         at = end;
     }
     let mut scan = scan(id, path.clone(), &buf, OpenCheck::EveryFrame, &regions);
-    if scan.damage.is_some() {
+    if scan.damage.is_some() && read_to < size {
         read(&mut buf, 0, len)?;
         scan = self::scan(id, path.clone(), &buf, OpenCheck::EveryFrame, &regions);
     }

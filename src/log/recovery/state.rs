@@ -94,6 +94,14 @@ pub(crate) fn recorded_state<'a>(
             .open(path)
             .map_err(|e| Error::io("open segment", path, e))?;
         let last = seg.frames.last().map(|f| f.offset);
+        // Read one at a time, the frames would cost a round trip to the disk
+        // each from a cold page cache (thousands of acks frames after a long
+        // run): the file system is told of all of them first, and reads them
+        // at once (docs/BENCHMARKS.md, "Cold open: the state frames asked for
+        // at once").
+        for span in seg.frames.iter().filter(|f| !f.is_record) {
+            file.will_need(u64::from(span.offset), u64::from(span.len));
+        }
         let mut header = [0u8; FRAME_HEADER_LEN];
         let mut whole = Vec::new();
         for span in internal {
