@@ -284,8 +284,11 @@ impl Outbox {
         let first = recover_and_seal(&*storage, &dir, &options, preallocate, &mut effects);
         let (recovered, sealed) = match first {
             Err(e) if e.is_no_space() && reserve::release(&*storage, &dir).unwrap_or(false) => {
+                // A file kept for recycling goes too: its space is this
+                // outbox's, and the open needs it more.
+                let tight = options.clone().recycle_segments(false);
                 let (mut again, sealed) =
-                    recover_and_seal(&*storage, &dir, &options, 0, &mut effects)?;
+                    recover_and_seal(&*storage, &dir, &tight, 0, &mut effects)?;
                 again.report.reserve_released = true;
                 (again, sealed)
             }

@@ -79,6 +79,15 @@ impl FreshSegment {
     }
 }
 
+/// A recycling that failed: before the file took the segment's name (the
+/// writer creates a new file instead), or after (the writer fails, as when a
+/// creation fails).
+#[derive(Debug)]
+pub(crate) enum Recycling {
+    Before(Failed),
+    After(Failed),
+}
+
 /// What names a segment about to be made: its header's fields but the nonce
 /// and the clock.
 pub(crate) struct Successor {
@@ -195,16 +204,18 @@ impl SegmentFile {
     /// the new segment's checksums, whose salt comes from a new nonce
     /// (docs/FORMAT.md, "Recycled segments").
     ///
-    /// On failure the spare is removed (best effort: recovery settles one
-    /// that is left) and the caller creates a new file instead. (`sync_header`
-    /// is false only under the negative control `RecycleHeaderUnsynced`.)
+    /// On a failure before the rename the spare is removed (best effort:
+    /// recovery settles one that is left) and the caller creates a new file
+    /// instead; after it, the failure is the caller's, as a failed creation
+    /// would be. (`sync_header` is false only under the negative control
+    /// `RecycleHeaderUnsynced`.)
     pub(crate) fn recycle(
         storage: &dyn Storage,
         dir: &Path,
         spare: &Path,
         next: Successor,
         sync_header: bool,
-    ) -> Result<FreshSegment, Failed> {
+    ) -> Result<FreshSegment, Recycling> {
         let Successor {
             first,
             prev_seq,
@@ -223,6 +234,7 @@ impl SegmentFile {
             nonce: storage.random_u64(),
             outbox_id,
         };
+        let mut header = header;
         let made = storage
             .open(spare)
             .map_err(|e| Failed::new("open segment to recycle", spare, e))
@@ -230,6 +242,18 @@ impl SegmentFile {
                 let len = file
                     .len()
                     .map_err(|e| Failed::new("stat segment to recycle", spare, e))?;
+                // The old frames fail the new checksums because the salt
+                // differs; a new nonce that happened to give the old salt
+                // (once in 2^32) is drawn again.
+                let mut old = vec![0u8; FRAMES_AT.min(len as usize)];
+                if crate::io::read_exact_at(&*file, &mut old, 0).is_ok()
+                    && let Ok(h) = SegmentHeader::decode(&old)
+                {
+                    let old_salt = frame::salt(SegmentId(h.first_seq.get()), h.nonce);
+                    while frame::salt(id, header.nonce) == old_salt {
+                        header.nonce = storage.random_u64();
+                    }
+                }
                 write_all_at(&*file, &header.encode_block(), 0)
                     .map_err(|e| Failed::new("write segment header", spare, e))?;
                 if sync_header {
@@ -245,13 +269,16 @@ impl SegmentFile {
             Ok(made) => made,
             Err(e) => {
                 let _ = storage.remove(spare);
-                return Err(e);
+                return Err(Recycling::Before(e));
             }
         };
         let segment = SegmentFile { id, path, file };
+        // Renamed, the file is the segment: a failed directory fsync now is
+        // the writer's failure, as in `create` (recovery finds the file whole
+        // under either name).
         storage
             .sync_dir(dir)
-            .map_err(|e| Failed::new("sync directory", dir, e))?;
+            .map_err(|e| Recycling::After(Failed::new("sync directory", dir, e)))?;
         Ok(FreshSegment {
             segment,
             len: FRAMES_AT as u64,

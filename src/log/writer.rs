@@ -1231,7 +1231,8 @@ impl Writer {
                     Counters::add(&shared.counters.segments_recycled, 1);
                     return Ok(fresh);
                 }
-                Err(_failed) => {
+                Err(crate::io::segment_file::Recycling::After(failed)) => return Err(failed),
+                Err(crate::io::segment_file::Recycling::Before(_failed)) => {
                     crate::event!(
                         warn,
                         path = %_failed.path.display(),

@@ -355,3 +355,42 @@ fn with_recycling_off_an_acknowledged_segment_is_deleted() {
     assert!(stats.segments_deleted >= 2, "{stats:?}");
     assert_eq!(stats.segments_recycled, 0);
 }
+
+#[test]
+fn a_kept_file_that_is_not_this_outboxs_is_set_aside_and_one_that_is_is_used() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    for k in 0..40u8 {
+        outbox.append(&[k; 200]).expect("append");
+    }
+    let all: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+    outbox.ack_many(&all).expect("ack");
+    outbox.sync().expect("barrier");
+    outbox.close().expect("close");
+    let ours = spare_files(&dir);
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    // A file named like a kept one that segwal did not write.
+    let foreign = dir.join("00000000000000000007.seg.free");
+    std::fs::write(&foreign, b"not a segment, but named like a kept one").expect("write");
+
+    let outbox =
+        Outbox::open(&dir, small_segments()).expect("a foreign kept file does not stop the open");
+    let report = outbox.recovery_report();
+    assert_eq!(report.quarantined.len(), 1, "{report:?}");
+    assert_eq!(
+        report.quarantined[0].reason,
+        segwal::QuarantineReason::UnfinishedRecycling
+    );
+    assert!(!foreign.exists());
+    assert_eq!(
+        std::fs::read(&report.quarantined[0].to).expect("kept aside"),
+        b"not a segment, but named like a kept one"
+    );
+    // Ours is written into at the next rotation.
+    for k in 0..40u8 {
+        outbox.append(&[k; 200]).expect("append");
+    }
+    assert_eq!(outbox.stats().segments_recycled, 1);
+    assert!(spare_files(&dir).is_empty());
+    outbox.close().expect("close");
+}

@@ -85,10 +85,11 @@ pub(crate) fn apply(
     }
     // Files kept for recycling held only acknowledged records: one whose
     // header proves it this outbox's is kept for the writer (or removed);
-    // any other is set aside.
+    // any other is set aside, and so is one that cannot be read (a bad
+    // block under a file the log no longer needs must not stop the open).
     let mut spare = None;
     for file in free {
-        if scan::spare_is_ours(storage, &file, plan.outbox_id)? {
+        if scan::spare_is_ours(storage, &file, plan.outbox_id).unwrap_or(false) {
             if keep_spare && spare.is_none() {
                 spare = Some(file);
             } else {

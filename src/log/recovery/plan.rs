@@ -537,7 +537,7 @@ fn finish(
             .map(|s| Keep {
                 scan: s.at,
                 frames: s.kept,
-                cut: s.cut,
+                cut: s.cut.or_else(|| past_seal(s)),
             })
             .collect(),
         active,
@@ -548,6 +548,18 @@ fn finish(
         records,
         outbox_id: None,
     }
+}
+
+/// Where a sealed segment whose file goes on past its seal is cut: at the
+/// seal's end. Nothing is written after a seal, so what lies there is
+/// preallocated zeros, or a recycled file's old bytes, that the cut after the
+/// seal never removed (a power cut before its `fdatasync`): cut now, so that
+/// the file ends with its seal's trailer again and later opens read it
+/// through its index (docs/FORMAT.md, "Recycled segments").
+fn past_seal(s: &View<'_>) -> Option<u64> {
+    s.seal?;
+    let end = s.scan.frames.get(s.kept.checked_sub(1)?)?.end();
+    (s.scan.len > end).then_some(end)
 }
 
 /// What follows a segment in the log.

@@ -462,18 +462,19 @@ fn a_recycled_file() {
     ));
 
     // A sealed recycled segment whose cut after the seal was lost: the old
-    // bytes after its seal are not read as frames, and it is whole, read
-    // through its index or frame by frame.
-    let sealed = recycled(
-        Seg::new(first, first - 1, first).batch(3).seal().align(),
-        &old,
-    );
+    // bytes after its seal are not read as frames, it is whole, read frame by
+    // frame (its last bytes are not its trailer), and cut at its seal's end
+    // again, so that later opens read it through its index.
+    let sealed = Seg::new(first, first - 1, first).batch(3).seal();
+    let end = sealed.bytes.len() as u64;
+    let sealed = recycled(sealed.align(), &old);
     let next = first + 4;
     let files = [sealed.file(), Seg::new(next, next - 1, first).file()];
     for plan in [decide(&files), plan_every_frame(&files)] {
         let plan = plan.expect("sealed");
-        assert_eq!(kept(&plan), vec![(0, 4, None)]);
+        assert_eq!(kept(&plan), vec![(0, 4, Some(end))]);
         assert_eq!(plan.active, ActivePlan::Reuse { scan: 1 });
+        assert_eq!(plan.torn, None);
     }
     // A frame of the segment itself after its seal is still damage.
     let mut sealed = Seg::new(first, first - 1, first).batch(3).seal();
@@ -508,14 +509,15 @@ fn crash_between_writing_a_seal_and_its_fdatasync() {
         })
     );
 
-    // A whole seal whose truncation was lost: zeros after it, still sealed.
-    let files = [
-        Seg::new(1, 0, 1).batch(3).seal().zeros(1 << 14).file(),
-        Seg::new(5, 4, 1).file(),
-    ];
+    // A whole seal whose truncation was lost: zeros after it, still sealed,
+    // and cut at the seal's end again.
+    let sealed = Seg::new(1, 0, 1).batch(3).seal();
+    let end = sealed.bytes.len() as u64;
+    let files = [sealed.zeros(1 << 14).file(), Seg::new(5, 4, 1).file()];
     let plan = decide(&files).expect("sealed");
-    assert_eq!(kept(&plan), vec![(0, 4, None)]);
+    assert_eq!(kept(&plan), vec![(0, 4, Some(end))]);
     assert_eq!(plan.seal, None);
+    assert_eq!(plan.torn, None);
 }
 
 #[test]
