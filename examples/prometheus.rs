@@ -23,6 +23,7 @@ const COUNTERS: &[&str] = &[
     "batches",
     "fsyncs",
     "segments_deleted",
+    "segments_recycled",
     "relocated",
     "corrupt_records",
     "claimed_expired",
