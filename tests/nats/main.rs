@@ -281,13 +281,7 @@ fn single_server() {
 
 fn cluster() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let mut nodes = Server::cluster(tmp.path());
-    for node in &mut nodes {
-        node.spawn();
-    }
-    for node in &mut nodes {
-        node.wait_ready(Duration::from_secs(60));
-    }
+    let mut nodes = Server::start_cluster(tmp.path(), Duration::from_secs(60));
     let servers: Vec<String> = nodes.iter().map(Server::url).collect();
     let work = Workload {
         dir: tmp.path().join("service"),

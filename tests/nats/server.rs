@@ -37,12 +37,43 @@ pub fn die_with_parent(command: &mut Command) {
     }
 }
 
-/// A port free on 127.0.0.1 at the time of asking.
+/// A port free on 127.0.0.1 at the time of asking, below the kernel's
+/// ephemeral range (`net.ipv4.ip_local_port_range`) and never handed out
+/// twice by this process. A port from `bind(0)` would be an ephemeral one:
+/// between our check and the server's own bind, an outgoing connection (a
+/// route from the node started just before, a client) can be given it, and
+/// the server exits with "address already in use". Ports below the range
+/// are only ever taken by a listener that asks for them by number.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (first, last) = (10_000u16, low.saturating_sub(1).max(10_001));
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    // Start somewhere that depends on the process, so that two test
+    // processes running at once do not walk the same ports in step.
+    let span = u32::from(last - first) + 1;
+    let mut seed = std::process::id().wrapping_mul(2_654_435_761)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    for _ in 0..span {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        let port = first + ((seed >> 8) % span) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    panic!("no free loopback port between {first} and {last}");
 }
 
 /// The nats-server binary: on PATH, or where Debian's package puts it.
@@ -74,9 +105,36 @@ impl Server {
         Server::configure(dir, "single", None)
     }
 
+    /// Three servers routed to one another, started and healthy. A node
+    /// that exits at start (a port taken by something outside this test
+    /// between our check and its bind) makes the whole cluster start again
+    /// on new ports and new directories, at most three times; the reasons
+    /// are printed.
+    pub fn start_cluster(dir: &Path, limit: Duration) -> Vec<Server> {
+        let mut reasons = Vec::new();
+        for attempt in 1..=3 {
+            let mut nodes = Server::cluster(&dir.join(format!("cluster-{attempt}")));
+            for node in &mut nodes {
+                node.spawn();
+            }
+            let failed: Vec<String> = nodes
+                .iter_mut()
+                .filter_map(|node| node.ready_within(limit).err())
+                .collect();
+            if failed.is_empty() {
+                return nodes;
+            }
+            for why in &failed {
+                println!("  cluster start {attempt} failed: {why}");
+            }
+            reasons.extend(failed);
+        }
+        panic!("the cluster did not start in three tries: {reasons:?}");
+    }
+
     /// Three servers routed to one another (cluster `segwal`), each storing
     /// under its own directory in `dir`.
-    pub fn cluster(dir: &Path) -> Vec<Server> {
+    fn cluster(dir: &Path) -> Vec<Server> {
         let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
         (0..3)
             .map(|n| Server::configure(dir, &format!("n{}", n + 1), Some((n, &routes))))
@@ -150,26 +208,40 @@ impl Server {
 
     /// Waits until the health endpoint answers 200 (JetStream included).
     pub fn wait_ready(&mut self, limit: Duration) {
+        if let Err(why) = self.ready_within(limit) {
+            panic!("{why}");
+        }
+    }
+
+    /// Waits until healthy; an error names what went wrong (the process
+    /// exited, with the end of its log, or it never became healthy).
+    fn ready_within(&mut self, limit: Duration) -> Result<(), String> {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(child) = &mut self.child
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!(
-                    "{} exited at start ({status}); see {}",
+                self.child = None;
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(12).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                return Err(format!(
+                    "{} exited at start ({status}); the end of {}:\n{}",
                     self.name,
-                    self.log.display()
-                );
+                    self.log.display(),
+                    tail.join("\n")
+                ));
             }
             if self.healthy() {
-                return;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "{} not healthy within {limit:?}; see {}",
-                self.name,
-                self.log.display()
-            );
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} not healthy within {limit:?}; see {}",
+                    self.name,
+                    self.log.display()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
