@@ -30,7 +30,7 @@ const FRAMES_LIST_AT: usize = NONCE_AT + 8;
 const FRAME_ENTRY_LEN: usize = 8;
 /// The trailer after the lists: the seal frame's whole length (u32), so that
 /// recovery finds the seal from the end of the file.
-const TRAILER_LEN: usize = 4;
+pub(crate) const TRAILER_LEN: usize = 4;
 /// Payload length of an index of nothing.
 const EMPTY_INDEX_LEN: usize = FRAMES_LIST_AT + TRAILER_LEN;
 

@@ -794,3 +794,41 @@ fn with_the_newest_segment_scanned_beside_the_others_the_first_error_in_log_orde
         other => panic!("expected LengthOutOfRange naming {older:?}, got {other:?}"),
     }
 }
+
+/// An open asks the file system for the headers, trailers and seal indexes
+/// of up to 16 older segments at once before it reads them; across more
+/// segments than that, every record is still read back in order, and damage
+/// in a segment of a later group of 16 is still `Corrupt` naming that file.
+#[test]
+fn an_open_of_many_sealed_segments_reads_every_index_and_names_the_damaged_one() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    let seqs = fill(&outbox, 700, 100);
+    outbox.close().expect("close");
+    let files = segment_files(&dir);
+    assert!(files.len() > 2 * 16 + 1, "{} segments", files.len());
+    let reopened = Outbox::open(&dir, small_segments()).expect("a clean reopen");
+    assert_eq!(recovered_seqs(&reopened), seqs);
+    reopened.close().expect("close");
+    // A seal index damaged in the second group of 16.
+    let damaged = &files[20];
+    let end = len(damaged) - 1;
+    flip_byte(damaged, end);
+    match Outbox::open(&dir, small_segments()) {
+        Err(Error::Corrupt { path, .. }) => assert_eq!(&path, damaged),
+        other => panic!("expected Corrupt naming {damaged:?}, got {other:?}"),
+    }
+    flip_byte(damaged, end);
+    // A segment cut shorter than its trailer in the third group.
+    let cut = &files[33];
+    OpenOptions::new()
+        .write(true)
+        .open(cut)
+        .expect("open")
+        .set_len(2)
+        .expect("cut");
+    match Outbox::open(&dir, small_segments()) {
+        Err(Error::Corrupt { path, .. }) => assert_eq!(&path, cut),
+        other => panic!("expected Corrupt naming {cut:?}, got {other:?}"),
+    }
+}

@@ -186,12 +186,21 @@ fn scan_all(
                     .ok()
             })
             .flatten();
-        let older_scanned = older.iter().enumerate().try_for_each(|(k, &id)| {
-            let (scan, file) = one(k, id)?;
-            scans.push(scan);
-            opened.push(file);
-            Ok::<(), Error>(())
-        });
+        let older_scanned =
+            older
+                .chunks(scan::PREFETCH_SEALS)
+                .enumerate()
+                .try_for_each(|(c, chunk)| {
+                    if check == OpenCheck::SealIndex && storage.parallel_reads() {
+                        scan::prefetch_seals(storage, dir, chunk);
+                    }
+                    chunk.iter().enumerate().try_for_each(|(i, &id)| {
+                        let (scan, file) = one(c * scan::PREFETCH_SEALS + i, id)?;
+                        scans.push(scan);
+                        opened.push(file);
+                        Ok::<(), Error>(())
+                    })
+                });
         let newest = match beside.map(|thread| thread.join()) {
             Some(Ok(newest)) => Some(newest),
             Some(Err(panic)) if older_scanned.is_ok() => std::panic::resume_unwind(panic),

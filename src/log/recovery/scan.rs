@@ -354,6 +354,50 @@ pub(crate) fn check_window_matches_whole(id: SegmentId, bytes: &[u8], chunk: usi
 /// rest reads as zeros ([`StorageFile::next_data`](crate::io::StorageFile::next_data)).
 pub(crate) type DataRegions<'a> = &'a dyn Fn(u64) -> io::Result<Option<Range<u64>>>;
 
+/// How many older segments [`prefetch_seals`] asks for at once: their
+/// reads in flight together, without holding a descriptor per segment of a
+/// long log.
+pub(crate) const PREFETCH_SEALS: usize = 16;
+
+/// Tells the file system of the reads a sealed segment's open makes, for
+/// every one of `ids` at once. Cold, each costs three reads that wait on one
+/// another (its header, the trailer at its end that gives the seal's length,
+/// then the seal index, about 7 bytes per record); asked one segment after
+/// another they take the device's latency three times per segment. Here the
+/// headers and trailers of all are asked for first, then every seal index,
+/// so the device serves them together and [`scan_file`] finds them cached.
+/// Only a hint: a file that cannot be opened or read is left to
+/// [`scan_file`], which reports it.
+pub(crate) fn prefetch_seals(storage: &dyn Storage, dir: &Path, ids: &[SegmentId]) {
+    let files: Vec<(std::sync::Arc<dyn StorageFile>, u64)> = ids
+        .iter()
+        .filter_map(|&id| {
+            let file = storage.open_read(&SegmentFile::path_of(dir, id)).ok()?;
+            let len = file.len().ok()?;
+            file.will_need(0, FRAMES_AT as u64);
+            file.will_need(len.saturating_sub(TRAILER_READ), TRAILER_READ);
+            Some((file, len))
+        })
+        .collect();
+    for (file, len) in &files {
+        let mut tail = [0u8; seal::TRAILER_LEN];
+        let Some(at) = len.checked_sub(seal::TRAILER_LEN as u64) else {
+            continue;
+        };
+        if crate::io::read_exact_at(&**file, &mut tail, at).is_err() {
+            continue;
+        }
+        if let Some(seal_len) = seal::trailer(&tail) {
+            let seal_len = (seal_len as u64).min(*len);
+            file.will_need(len - seal_len, seal_len);
+        }
+    }
+}
+
+/// What [`prefetch_seals`] asks for at a segment's end before it knows the
+/// seal's length: one page, the trailer's.
+const TRAILER_READ: u64 = 4096;
+
 /// Opens and scans the segment `id` of `dir`. `sync` first makes what is about
 /// to be read durable (the two newest files: see `recover`).
 ///
