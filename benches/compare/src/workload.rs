@@ -100,21 +100,24 @@ pub fn append(
         let relay_thread = relay.map(|(queue, batch)| {
             let start_line = &start_line;
             let producers_done = &producers_done;
-            scope.spawn(move || -> Result<u64> {
-                start_line.wait();
-                let mut acked = 0u64;
-                while !producers_done.load(Ordering::Relaxed) {
-                    let n = queue.drain(batch)?;
-                    acked += n as u64;
-                    if n == 0 {
-                        // Nothing pending: the relay keeps up. A short nap
-                        // instead of a spin, so it leaves the CPU to the
-                        // producers and the writer.
-                        std::thread::sleep(Duration::from_micros(100));
+            let relay = std::thread::Builder::new().name("relay".into());
+            relay
+                .spawn_scoped(scope, move || -> Result<u64> {
+                    start_line.wait();
+                    let mut acked = 0u64;
+                    while !producers_done.load(Ordering::Relaxed) {
+                        let n = queue.drain(batch)?;
+                        acked += n as u64;
+                        if n == 0 {
+                            // Nothing pending: the relay keeps up. A short nap
+                            // instead of a spin, so it leaves the CPU to the
+                            // producers and the writer.
+                            std::thread::sleep(Duration::from_micros(100));
+                        }
                     }
-                }
-                Ok(acked)
-            })
+                    Ok(acked)
+                })
+                .expect("the relay thread starts")
         });
         let threads: Vec<_> = (0..producers)
             .map(|p| {
