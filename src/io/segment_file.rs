@@ -101,6 +101,23 @@ pub(crate) struct Successor {
     pub outbox_id: u128,
 }
 
+impl Successor {
+    /// The header of the segment it describes, with a new nonce (and so a
+    /// new salt for its frames' checksums) and the time of now.
+    fn header(&self, storage: &dyn Storage) -> SegmentHeader {
+        SegmentHeader {
+            first_seq: self.first,
+            prev_seq: self.prev_seq,
+            log_start: self.log_start,
+            created_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            nonce: storage.random_u64(),
+            outbox_id: self.outbox_id,
+        }
+    }
+}
+
 /// A seal still to be written into a segment recovery kept (it lacked one): the
 /// writer writes it before anything else.
 pub(crate) struct PendingSeal {
@@ -153,16 +170,13 @@ impl SegmentFile {
         // batch. Only a speed-up: if space cannot be reserved, the file grows as
         // it is written and a full disk shows at the write.
         let _ = file.allocate(preallocate);
-        let header = SegmentHeader {
-            first_seq: first,
+        let header = Successor {
+            first,
             prev_seq,
             log_start,
-            created_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-            nonce: storage.random_u64(),
             outbox_id,
-        };
+        }
+        .header(storage);
         let made_durable = write_all_at(&*file, &header.encode_block(), 0)
             .map_err(|e| Failed::new("write segment header", &creating, e))
             .and_then(|()| {
@@ -216,25 +230,9 @@ impl SegmentFile {
         next: Successor,
         sync_header: bool,
     ) -> Result<FreshSegment, Recycling> {
-        let Successor {
-            first,
-            prev_seq,
-            log_start,
-            outbox_id,
-        } = next;
-        let id = SegmentId(first.get());
+        let id = SegmentId(next.first.get());
         let path: Arc<Path> = SegmentFile::path_of(dir, id).into();
-        let header = SegmentHeader {
-            first_seq: first,
-            prev_seq,
-            log_start,
-            created_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-            nonce: storage.random_u64(),
-            outbox_id,
-        };
-        let mut header = header;
+        let mut header = next.header(storage);
         let made = storage
             .open(spare)
             .map_err(|e| Failed::new("open segment to recycle", spare, e))
@@ -283,7 +281,7 @@ impl SegmentFile {
             segment,
             len: FRAMES_AT as u64,
             nonce: header.nonce,
-            outbox_id,
+            outbox_id: next.outbox_id,
             written_to: len.max(FRAMES_AT as u64),
         })
     }

@@ -43,6 +43,28 @@ pub(crate) struct Found {
     pub free: Vec<PathBuf>,
 }
 
+/// The leftover `files` that `ours` proves this outbox's to deal with
+/// (remove, or keep); every other one is moved to `quarantine/` for `reason`
+/// and noted in `effects`.
+fn ours_or_aside(
+    storage: &dyn Storage,
+    dir: &Path,
+    files: Vec<PathBuf>,
+    ours: impl Fn(&Path) -> Result<bool>,
+    reason: QuarantineReason,
+    effects: &mut Effects,
+) -> Result<Vec<PathBuf>> {
+    let mut kept = Vec::new();
+    for file in files {
+        if ours(&file)? {
+            kept.push(file);
+        } else {
+            effects.quarantined.push(aside(storage, dir, file, reason)?);
+        }
+    }
+    Ok(kept)
+}
+
 /// Applies `plan`, decided from what was `found` in `dir`; new segments are
 /// preallocated to `preallocate` bytes; one file kept for recycling is handed
 /// on if `keep_spare`.
@@ -70,40 +92,29 @@ pub(crate) fn apply(
     // Unfinished creations never held a record (a segment is renamed to its
     // name before its first frame): removed where their bytes prove they hold
     // nothing, set aside otherwise.
-    let mut unfinished = Vec::new();
-    for file in creating {
-        if scan::creation_holds_nothing(storage, &file)? {
-            unfinished.push(file);
-        } else {
-            effects.quarantined.push(aside(
-                storage,
-                dir,
-                file,
-                QuarantineReason::UnfinishedCreation,
-            )?);
-        }
-    }
+    let mut unfinished = ours_or_aside(
+        storage,
+        dir,
+        creating,
+        |file| scan::creation_holds_nothing(storage, file),
+        QuarantineReason::UnfinishedCreation,
+        effects,
+    )?;
     // Files kept for recycling held only acknowledged records: one whose
     // header proves it this outbox's is kept for the writer (or removed);
     // any other is set aside, and so is one that cannot be read (a bad
     // block under a file the log no longer needs must not stop the open).
-    let mut spare = None;
-    for file in free {
-        if scan::spare_is_ours(storage, &file, plan.outbox_id).unwrap_or(false) {
-            if keep_spare && spare.is_none() {
-                spare = Some(file);
-            } else {
-                unfinished.push(file);
-            }
-        } else {
-            effects.quarantined.push(aside(
-                storage,
-                dir,
-                file,
-                QuarantineReason::UnfinishedRecycling,
-            )?);
-        }
-    }
+    let mut kept = ours_or_aside(
+        storage,
+        dir,
+        free,
+        |file| Ok(scan::spare_is_ours(storage, file, plan.outbox_id).unwrap_or(false)),
+        QuarantineReason::UnfinishedRecycling,
+        effects,
+    )?
+    .into_iter();
+    let spare = if keep_spare { kept.next() } else { None };
+    unfinished.extend(kept);
     let removed: Vec<PathBuf> = unfinished
         .into_iter()
         .chain(plan.remove_empty.iter().map(|&k| path(k)))
