@@ -372,9 +372,11 @@ impl Options {
     /// off. Default [`MIN_FREE_DISK_BYTES_DEFAULT`] (128 MiB: room for two
     /// segments of the default size, the one the next rotation reserves and
     /// one for relocation's copies, and for the rest of the system to log
-    /// that the disk is filling). Recovery, claims, acknowledgements and the
-    /// relay need no free space and are never refused. Checked by the writer
-    /// at most every 10 ms.
+    /// that the disk is filling). A file kept for recycling
+    /// ([`recycle_segments`](Options::recycle_segments)) counts as free: the
+    /// next segment is written into it. Recovery, claims, acknowledgements
+    /// and the relay need no free space and are never refused. Checked by the
+    /// writer at most every 10 ms.
     pub fn min_free_disk_bytes(mut self, bytes: u64) -> Options {
         self.min_free_disk_bytes = bytes;
         self

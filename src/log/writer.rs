@@ -923,15 +923,28 @@ impl Writer {
             return free;
         }
         // A failed query does not refuse appends: the floor is a courtesy to
-        // the rest of the system, and a full disk still fails cleanly.
+        // the rest of the system, and a full disk still fails cleanly. A file
+        // kept for recycling counts as free: the next segment is written
+        // into it instead of taking new space.
         let free = self
             .shared
             .storage
             .free_bytes(&self.shared.dir)
             .ok()
-            .flatten();
+            .flatten()
+            .map(|free| free.saturating_add(self.spare_len()));
         self.free_checked = Some((Instant::now(), free));
         free
+    }
+
+    /// The length of the file kept for recycling, 0 without one (or when it
+    /// cannot be asked).
+    fn spare_len(&self) -> u64 {
+        self.spare
+            .as_deref()
+            .and_then(|spare| self.shared.storage.open_read(spare).ok())
+            .and_then(|file| file.len().ok())
+            .unwrap_or(0)
     }
 
     /// Writes `buf` at the end of the active segment, and zeros ahead of it when

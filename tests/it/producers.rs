@@ -400,6 +400,47 @@ fn backlog_quotas_refuse_an_append_at_once_and_writing_nothing() {
     outbox.close().expect("close");
 }
 
+/// A file kept for recycling is space the next segment is written into: the
+/// free-disk floor counts it as free, and refuses the same append when
+/// recycling is off and the file was deleted.
+#[test]
+fn the_free_disk_floor_counts_a_file_kept_for_recycling_as_free() {
+    for recycle in [true, false] {
+        let disk = SimDisk::new(6);
+        let options = small_segments()
+            .lease(Duration::from_secs(3600))
+            .recycle_segments(recycle)
+            .min_free_disk_bytes(32 << 10);
+        let outbox =
+            Outbox::open_with_storage("/outbox", options, Arc::new(disk.clone())).expect("open");
+        // Three segments' worth, one block each, all acknowledged: the
+        // oldest segments are deleted, the newest of them kept if recycling.
+        for i in 0..40u8 {
+            outbox.append(&[i; 1000]).expect("append");
+        }
+        let got = outbox.claim(100).expect("claim");
+        outbox.ack_many(&seqs(&got)).expect("ack");
+        outbox.sync().expect("sync: the deletions done");
+        let spares: Vec<String> = disk
+            .files(std::path::Path::new("/outbox"))
+            .into_iter()
+            .filter(|name| name.ends_with(".seg.free"))
+            .collect();
+        assert_eq!(spares.len(), usize::from(recycle), "{spares:?}");
+        disk.set_free_bytes(Some(4096));
+        // The free space is asked again at most every 10 ms.
+        std::thread::sleep(Duration::from_millis(30));
+        match (recycle, outbox.append(b"after")) {
+            (true, Ok(_)) => {}
+            (false, Err(Error::QuotaExceeded { quota, current, .. })) => {
+                assert_eq!((quota, current), ("min_free_disk_bytes", 4096))
+            }
+            (recycle, other) => panic!("recycling {recycle}: {other:?}"),
+        }
+        outbox.close().expect("close");
+    }
+}
+
 #[test]
 fn the_free_disk_floor_refuses_appends_but_not_acks_claims_or_recovery() {
     let disk = SimDisk::new(5);

@@ -52,19 +52,34 @@ fn free_port() -> u16 {
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32768);
-    let (first, last) = (10_000u16, low.saturating_sub(1).max(10_001));
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     let given = given.get_or_insert_with(HashSet::new);
-    // Start somewhere that depends on the process, so that two test
-    // processes running at once do not walk the same ports in step.
+    // A system whose ephemeral range starts low leaves too few ports below
+    // it: then a port from `bind(0)`, as good as it gets there.
+    if low < 12_000 {
+        loop {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free loopback port")
+                .port();
+            if given.insert(port) {
+                return port;
+            }
+        }
+    }
+    let (first, last) = (10_000u16, low - 1);
+    // Start somewhere that depends on the process and the time, so that two
+    // test processes running at once do not walk the same ports in step.
     let span = u32::from(last - first) + 1;
     let mut seed = std::process::id().wrapping_mul(2_654_435_761)
         ^ std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-    for _ in 0..span {
-        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-        let port = first + ((seed >> 8) % span) as u16;
+    // A random start, then every port of the range in turn.
+    seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+    let start = (seed >> 8) % span;
+    for step in 0..span {
+        let port = first + ((start + step) % span) as u16;
         if given.contains(&port) {
             continue;
         }
