@@ -1025,9 +1025,8 @@ impl Run<'_> {
 
     /// Appends one record from each of `threads` threads at once.
     fn concurrent(&mut self, threads: usize, len: usize) -> Result<bool, String> {
-        let payloads: Vec<Vec<u8>> = (0..threads)
-            .map(|_| self.model.new_payload(len).1)
-            .collect();
+        let (ids, payloads): (Vec<_>, Vec<Vec<u8>>) =
+            (0..threads).map(|_| self.model.new_payload(len)).unzip();
         let batches = self.outbox.stats().batches;
         let results: Vec<Result<Seq, Error>> = std::thread::scope(|scope| {
             let outbox = &self.outbox;
@@ -1047,9 +1046,14 @@ impl Run<'_> {
             self.model.shared_batches += 1;
         }
         let mut failed = false;
-        for (p, r) in payloads.into_iter().zip(results) {
+        for ((id, p), r) in ids.into_iter().zip(payloads).zip(results) {
             match r {
                 Ok(seq) => self.model.record(seq, p, at)?,
+                // The backlog quota refuses some of them when the others
+                // filled it: refused, written nowhere, as a single append's.
+                Err(Error::QuotaExceeded { .. }) => {
+                    self.model.refused.insert(id);
+                }
                 Err(_) => failed = true,
             }
         }

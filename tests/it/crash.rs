@@ -56,6 +56,30 @@ fn over_seeds(
     total
 }
 
+/// The workload of `seed`: one in ten also rotates segments by age, one in
+/// ten has producers appending from several threads at once.
+fn workload_of(seed: u64, steps: usize) -> Workload {
+    let workload = Workload::random(seed, steps);
+    match seed % 10 {
+        9 => workload.with_age_rotation(),
+        8 => workload.with_concurrent_producers(),
+        _ => workload,
+    }
+}
+
+/// Seeds beyond the CI range that once found a fault in a longer run, each
+/// checked as `crash_at_every_io_step_loses_no_acknowledged_record` checks
+/// its own: 300,358 (four producers at once went over the backlog quota, and
+/// the harness took the refusal of one for a failure on a healthy disk).
+#[test]
+fn crash_at_every_io_step_regression_seeds() {
+    for seed in [300_358] {
+        if let Err(v) = harness::crash_every_step(seed, &workload_of(seed, 40), 2, None) {
+            panic!("{v}");
+        }
+    }
+}
+
 #[test]
 fn crash_at_every_io_step_loses_no_acknowledged_record() {
     let seeds = env("SEGWAL_CRASH_SEEDS", 2700);
@@ -64,15 +88,7 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
     let steps = env("SEGWAL_CRASH_STEPS", 40) as usize;
     let started = Instant::now();
     let total = over_seeds(first, seeds, |seed| {
-        let workload = Workload::random(seed, steps);
-        // One workload in ten also rotates segments by age, one in ten has
-        // producers appending from several threads at once.
-        let workload = match seed % 10 {
-            9 => workload.with_age_rotation(),
-            8 => workload.with_concurrent_producers(),
-            _ => workload,
-        };
-        harness::crash_every_step(seed, &workload, draws, None)
+        harness::crash_every_step(seed, &workload_of(seed, steps), draws, None)
     });
     println!(
         "crash harness: seeds {first}..{}, {} crash points x {draws} draws = {} simulated crashes \
