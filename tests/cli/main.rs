@@ -834,6 +834,12 @@ fn dump_while_the_owner_appends_stops_at_what_was_written() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         outputs
     });
+    // A dump lists the segments, then reads them: one whose listing saw
+    // only a segment that the owner then acknowledged to the end and
+    // deleted (every 64 appends here, each segment about 250 records)
+    // finds nothing and says so, which is right; about one dump in a
+    // hundred here. Most find records.
+    let mut found = 0;
     for out in &outputs {
         assert_eq!(
             out.status.code(),
@@ -842,9 +848,10 @@ fn dump_while_the_owner_appends_stops_at_what_was_written() {
             String::from_utf8_lossy(&out.stderr)
         );
         let seqs = seqs_of(&lines(out));
-        assert!(!seqs.is_empty());
+        found += usize::from(!seqs.is_empty());
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seqs increase");
     }
+    assert!(found >= 3, "only {found} of 6 dumps found records");
     outbox.close().expect("close");
 }
 
