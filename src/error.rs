@@ -405,6 +405,14 @@ pub enum Corruption {
         /// What does not fit.
         what: &'static str,
     },
+    /// An index checkpoint (docs/FORMAT.md, "Index checkpoints"), its
+    /// checksum valid, does not describe the frames before it. Recovery does
+    /// not stop at one (it reads the segment's frames instead); `segwal verify`
+    /// reports it.
+    BadCheckpoint {
+        /// What does not fit.
+        what: &'static str,
+    },
     /// The read path found a frame of another kind or sequence number than the
     /// state table recorded at that offset.
     WrongFrame {
@@ -485,6 +493,7 @@ impl fmt::Display for Corruption {
                 "segment follows seq {found_prev} but the segment before it ends at seq {expected_prev}"
             ),
             Corruption::BadSealIndex { what } => write!(f, "bad seal index: {what}"),
+            Corruption::BadCheckpoint { what } => write!(f, "bad index checkpoint: {what}"),
             Corruption::WrongFrame { expected, found } => {
                 write!(f, "expected record {expected}, found frame {found}")
             }

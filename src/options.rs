@@ -135,6 +135,7 @@ pub struct Options {
     pub(crate) max_backlog_records: Option<u64>,
     pub(crate) min_free_disk_bytes: u64,
     pub(crate) recycle_segments: bool,
+    pub(crate) checkpoint_bytes: Option<u64>,
     #[cfg(feature = "testing")]
     pub(crate) bugs: Vec<crate::sim::Bug>,
 }
@@ -162,6 +163,7 @@ impl Default for Options {
             max_backlog_records: None,
             min_free_disk_bytes: MIN_FREE_DISK_BYTES_DEFAULT,
             recycle_segments: true,
+            checkpoint_bytes: None,
             #[cfg(feature = "testing")]
             bugs: Vec::new(),
         }
@@ -404,6 +406,36 @@ impl Options {
         self
     }
 
+    /// How often the writer lists the frames of the segment it is writing in
+    /// an index checkpoint (docs/FORMAT.md, "Index checkpoints"): the first
+    /// sync group at or past every multiple of this many bytes of the segment
+    /// starts with one. Opening the outbox after a crash then reads the newest
+    /// segment's frames only from its last checkpoint on (at most about two
+    /// intervals), and the checkpoints' lists before it (8 bytes a frame),
+    /// instead of every frame of it: what it reads of a sealed segment (its
+    /// seal index) is what it reads of the newest one.
+    ///
+    /// Default: a sixteenth of [`segment_bytes`](Options::segment_bytes) in
+    /// whole 4 KiB blocks, at most 4 MiB (4 MiB for the default 64 MiB
+    /// segments), and none for segments under 1 MiB. 0 writes none; otherwise
+    /// a multiple of 4096 up to [`SEGMENT_BYTES_MAX`]. The cost is 8 bytes
+    /// written per frame (3 % more bytes at 256-byte records, 0.2 % at 4 KiB).
+    /// A segment keeps the interval it was created with: an outbox opened
+    /// with another one reads the old segments as they were written.
+    pub fn checkpoint_bytes(mut self, bytes: u64) -> Options {
+        self.checkpoint_bytes = Some(bytes);
+        self
+    }
+
+    /// The interval between index checkpoints the writer uses, as a segment
+    /// header records it (0: none).
+    pub(crate) fn checkpoint_every(&self) -> u32 {
+        match self.checkpoint_bytes {
+            Some(bytes) => u32::try_from(bytes).unwrap_or(0),
+            None => crate::format::checkpoint::every(self.segment_bytes),
+        }
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         let invalid = |name, reason: String| Err(Error::InvalidOption { name, reason });
         if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&self.segment_bytes) {
@@ -413,6 +445,14 @@ impl Options {
                     "{} is outside {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}",
                     self.segment_bytes
                 ),
+            );
+        }
+        if let Some(bytes) = self.checkpoint_bytes
+            && (!bytes.is_multiple_of(4096) || bytes > SEGMENT_BYTES_MAX)
+        {
+            return invalid(
+                "checkpoint_bytes",
+                format!("{bytes} is not 0 or a multiple of 4096 up to {SEGMENT_BYTES_MAX}"),
             );
         }
         if self.segment_age < Duration::from_millis(1) {

@@ -1,7 +1,8 @@
 //! The on-disk format as pure codecs: functions over byte slices, no I/O.
 //!
 //! Owns the byte layout of everything segwal writes: frames (`frame`), the
-//! segment header (`segment`), the seal index (`seal`), the payloads of
+//! segment header (`segment`), the seal index (`seal`), the index
+//! checkpoints of a segment being written (`checkpoint`), the payloads of
 //! delivery-state frames (`acks`, `delivery`), relocated records
 //! (`relocated`), what producers said of their records (`fields`), the
 //! digests that name ids and keys (`hash`), and the identities
@@ -12,6 +13,7 @@
 //! slices. Decoding never panics and allocates only what checked lengths bound.
 
 pub(crate) mod acks;
+pub(crate) mod checkpoint;
 pub(crate) mod delivery;
 pub(crate) mod ext;
 pub(crate) mod fields;

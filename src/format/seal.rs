@@ -93,6 +93,43 @@ impl IndexBuilder {
         self.log_start = self.log_start.max(Some(value));
     }
 
+    /// How many frames it lists.
+    pub(crate) fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Whether it holds more frames than an index lists (it lists none then).
+    pub(crate) fn overflowed(&self) -> bool {
+        self.overflow
+    }
+
+    /// The payload of an index checkpoint (`format::checkpoint`) listing
+    /// every frame from position `from` on, after the checkpoints at
+    /// `earlier`. (`hide_internal`: the negative control that lists every
+    /// frame as a record.)
+    pub(crate) fn checkpoint(&self, from: usize, earlier: &[u32], hide_internal: bool) -> Vec<u8> {
+        let frames = self.frames.get(from..).unwrap_or_default();
+        let k = if hide_internal {
+            self.internal.len()
+        } else {
+            self.internal.partition_point(|&i| (i as usize) < from)
+        };
+        let internal: Vec<u32> = self
+            .internal
+            .get(k..)
+            .unwrap_or_default()
+            .iter()
+            .map(|&i| i - from as u32)
+            .collect();
+        crate::format::checkpoint::encode(
+            from as u32,
+            frames,
+            &internal,
+            earlier,
+            self.log_start,
+        )
+    }
+
     /// The seal payload for the segment whose header carries `nonce`: its index,
     /// or nothing if the segment holds more than [`INDEX_FRAMES_MAX`] frames.
     pub(crate) fn encode(&self, nonce: u64) -> Vec<u8> {

@@ -37,8 +37,10 @@ const LOG_START_AT: usize = PREV_SEQ_AT + 8;
 const CREATED_AT: usize = LOG_START_AT + 8;
 const NONCE_AT: usize = CREATED_AT + 8;
 const BLOCK_SIZE_AT: usize = NONCE_AT + 8;
-const RESERVED_A_AT: usize = BLOCK_SIZE_AT + 4;
-const OUTBOX_ID_AT: usize = RESERVED_A_AT + 4;
+/// Bytes between index checkpoints (u32, 0 for none): a word that was
+/// reserved (zero) before index checkpoints, which earlier builds ignore.
+const CHECKPOINT_EVERY_AT: usize = BLOCK_SIZE_AT + 4;
+const OUTBOX_ID_AT: usize = CHECKPOINT_EVERY_AT + 4;
 const RESERVED_B_AT: usize = OUTBOX_ID_AT + 16;
 const CRC_AT: usize = 124;
 /// Length of the segment header; the rest of its block is zeros.
@@ -70,6 +72,11 @@ pub(crate) struct SegmentHeader {
     /// The identity of the outbox, drawn when its first segment was created and
     /// repeated in every segment since.
     pub outbox_id: u128,
+    /// How often the writer lists the frames written so far in an index
+    /// checkpoint (`format::checkpoint`): one starts the first sync group at
+    /// or after every multiple of this many bytes. 0: none is written (a
+    /// segment of a build before checkpoints, or one too small for them).
+    pub checkpoint_every: u32,
 }
 
 impl SegmentHeader {
@@ -84,7 +91,8 @@ impl SegmentHeader {
         out[LOG_START_AT..CREATED_AT].copy_from_slice(&self.log_start.get().to_le_bytes());
         out[CREATED_AT..NONCE_AT].copy_from_slice(&self.created_unix_ms.to_le_bytes());
         out[NONCE_AT..BLOCK_SIZE_AT].copy_from_slice(&self.nonce.to_le_bytes());
-        out[BLOCK_SIZE_AT..RESERVED_A_AT].copy_from_slice(&(BLOCK as u32).to_le_bytes());
+        out[BLOCK_SIZE_AT..CHECKPOINT_EVERY_AT].copy_from_slice(&(BLOCK as u32).to_le_bytes());
+        out[CHECKPOINT_EVERY_AT..OUTBOX_ID_AT].copy_from_slice(&self.checkpoint_every.to_le_bytes());
         out[OUTBOX_ID_AT..RESERVED_B_AT].copy_from_slice(&self.outbox_id.to_le_bytes());
         let crc = crc32fast::hash(&out[..CRC_AT]);
         out[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
@@ -153,6 +161,7 @@ impl SegmentHeader {
             created_unix_ms: u64_at(CREATED_AT),
             nonce: u64_at(NONCE_AT),
             outbox_id: u128::from_le_bytes(field(h, OUTBOX_ID_AT)),
+            checkpoint_every: u32::from_le_bytes(field(h, CHECKPOINT_EVERY_AT)),
         })
     }
 }
@@ -173,6 +182,7 @@ mod tests {
             created_unix_ms: 1_764_000_000_000,
             nonce: 0x0123_4567_89ab_cdef,
             outbox_id: 0xfeed_beef_0000_1111_2222_3333_4444_5555,
+            checkpoint_every: 4 << 20,
         }
     }
 

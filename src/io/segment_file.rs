@@ -70,6 +70,8 @@ pub(crate) struct FreshSegment {
     /// for a recycled file (the segment it held before), where the writer
     /// needs no zeros ahead of its frames; [`FreshSegment::len`] otherwise.
     pub written_to: u64,
+    /// Bytes between its index checkpoints, as its header says (0: none).
+    pub checkpoint_every: u32,
 }
 
 impl FreshSegment {
@@ -99,6 +101,8 @@ pub(crate) struct Successor {
     pub log_start: Seq,
     /// The outbox's identity.
     pub outbox_id: u128,
+    /// Bytes between its index checkpoints (0: none).
+    pub checkpoint_every: u32,
 }
 
 impl Successor {
@@ -114,6 +118,7 @@ impl Successor {
                 .map_or(0, |d| d.as_millis() as u64),
             nonce: storage.random_u64(),
             outbox_id: self.outbox_id,
+            checkpoint_every: self.checkpoint_every,
         }
     }
 }
@@ -158,6 +163,7 @@ impl SegmentFile {
         prev_seq: Seq,
         log_start: Seq,
         outbox_id: u128,
+        checkpoint_every: u32,
         preallocate: u64,
     ) -> Result<FreshSegment, Failed> {
         let id = SegmentId(first.get());
@@ -175,6 +181,7 @@ impl SegmentFile {
             prev_seq,
             log_start,
             outbox_id,
+            checkpoint_every,
         }
         .header(storage);
         let made_durable = write_all_at(&*file, &header.encode_block(), 0)
@@ -204,6 +211,7 @@ impl SegmentFile {
             nonce: header.nonce,
             outbox_id,
             written_to: FRAMES_AT as u64,
+            checkpoint_every,
         })
     }
 
@@ -283,6 +291,7 @@ impl SegmentFile {
             nonce: header.nonce,
             outbox_id: next.outbox_id,
             written_to: len.max(FRAMES_AT as u64),
+            checkpoint_every: next.checkpoint_every,
         })
     }
 

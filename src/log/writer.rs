@@ -18,6 +18,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use crate::error::{Error, Result};
+use crate::format::checkpoint;
 use crate::format::fields::{DedupDigest, Described};
 use crate::format::frame::{self, FrameHeader, FrameKind, FrameSpan};
 use crate::format::seal::IndexBuilder;
@@ -202,6 +203,15 @@ struct Active {
     tail: Vec<u8>,
     /// Every frame written to it: its seal index to be.
     index: IndexBuilder,
+    /// Bytes between its index checkpoints, as its header says (0: none).
+    checkpoint_every: u64,
+    /// The offset at or past which the next sync group starts with a
+    /// checkpoint.
+    next_checkpoint: u64,
+    /// The offsets of the checkpoints written to it, in order.
+    checkpoints: Vec<u32>,
+    /// The position in `index` of the first frame no checkpoint lists yet.
+    unlisted_from: usize,
 }
 
 impl Active {
@@ -235,7 +245,43 @@ impl Active {
             salt,
             tail: Vec::new(),
             index: IndexBuilder::default(),
+            checkpoint_every: if checkpoint::valid_every(fresh.checkpoint_every) {
+                u64::from(fresh.checkpoint_every)
+            } else {
+                0
+            },
+            next_checkpoint: u64::from(fresh.checkpoint_every),
+            checkpoints: Vec::new(),
+            unlisted_from: 0,
         }
+    }
+
+    /// The payload of an index checkpoint, if the write about to start is
+    /// due one (docs/FORMAT.md, "Index checkpoints"): it starts a sync group
+    /// (`group_open` false: every frame before it is durable) on a block
+    /// boundary at or past the next multiple of the interval, and some frame
+    /// is not listed yet.
+    fn checkpoint_due(&self, group_open: bool, hide_internal: bool) -> Option<Vec<u8>> {
+        let due = self.checkpoint_every > 0
+            && !group_open
+            && self.tail.is_empty()
+            && self.len >= self.next_checkpoint
+            && self.len.is_multiple_of(BLOCK as u64)
+            && self.checkpoints.len() < checkpoint::CHECKPOINTS_MAX
+            && !self.index.overflowed()
+            && self.index.len() > self.unlisted_from;
+        due.then(|| {
+            self.index
+                .checkpoint(self.unlisted_from, &self.checkpoints, hide_internal)
+        })
+    }
+
+    /// Notes the checkpoint `span`, the next frame of the segment.
+    fn listed(&mut self, span: FrameSpan) {
+        self.checkpoints.push(span.offset);
+        self.unlisted_from = self.index.len() + 1;
+        let every = self.checkpoint_every.max(1);
+        self.next_checkpoint = (u64::from(span.offset) / every + 1) * every;
     }
 }
 
@@ -620,6 +666,19 @@ impl Writer {
         if over && self.active.len > FRAMES_AT as u64 {
             self.rotate()?;
         }
+        // A checkpoint, if due, is the first frame of the write, numbered
+        // before its records.
+        let checkpoint = self
+            .active
+            .checkpoint_due(
+                self.group.is_some(),
+                crate::injected!(self.shared.options, CheckpointHidesInternal),
+            )
+            .map(|payload| {
+                let seq = self.next_seq;
+                self.next_seq = seq.next();
+                (seq, payload)
+            });
         let mut plans = self.plan(batch, backlog, timestamp_us);
         if !self.described.is_empty() {
             internal.insert(
@@ -651,7 +710,7 @@ impl Writer {
                 None => p.outcome.clone().map(|()| p.first.unwrap_or(first)),
             })
             .collect();
-        if records == 0 && internal.is_empty() {
+        if records == 0 && internal.is_empty() && checkpoint.is_none() {
             hand_verdicts(batch, &mut plans);
             return Ok(());
         }
@@ -660,7 +719,31 @@ impl Writer {
         let salt = self.active.salt;
         let mut offset = self.active.len;
         // Frames still to encode: the last one ends the write batch.
-        let mut left = records as usize + internal.len();
+        let mut left = records as usize + internal.len() + usize::from(checkpoint.is_some());
+        if let Some((seq, payload)) = &checkpoint {
+            let group = *self.group.get_or_insert(*seq);
+            left -= 1;
+            frame::encode(
+                &mut self.buf,
+                &FrameHeader {
+                    kind: checkpoint::CHECKPOINT,
+                    batch_end: left == 0,
+                    seq: *seq,
+                    group,
+                    timestamp_us,
+                },
+                payload,
+                salt,
+            );
+            let span = FrameSpan {
+                offset: offset32(offset),
+                len: frame::frame_len(payload.len()) as u32,
+                is_record: false,
+            };
+            self.staged.push(span);
+            self.active.listed(span);
+            offset = span.end();
+        }
         let appends = batch.iter().filter(|r| matches!(r, Request::Append { .. }));
         for (r, plan) in appends.zip(&plans) {
             let Request::Append { payloads, .. } = r else {
@@ -1230,6 +1313,7 @@ impl Writer {
                     prev_seq: seal_seq,
                     log_start: self.log_start,
                     outbox_id: self.outbox_id,
+                    checkpoint_every: shared.options.checkpoint_every(),
                 },
                 !crate::injected!(shared.options, RecycleHeaderUnsynced),
             );
@@ -1263,6 +1347,7 @@ impl Writer {
             seal_seq,
             self.log_start,
             self.outbox_id,
+            shared.options.checkpoint_every(),
             crate::io::segment_file::first_allocation(shared.options.segment_bytes),
         )
     }

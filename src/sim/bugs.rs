@@ -66,6 +66,10 @@ pub enum Bug {
     /// first making its new header durable: a crash can leave the name over
     /// the old header, or over a garbled one.
     RecycleHeaderUnsynced,
+    /// Write index checkpoints that list every frame as a record: an open
+    /// after a crash takes the internal frames before the last checkpoint
+    /// (acks, fields, log starts) for records.
+    CheckpointHidesInternal,
 }
 
 impl Options {

@@ -267,11 +267,21 @@ impl Workload {
         self
     }
 
+    /// The options the workload runs with. Index checkpoints at every block
+    /// (every sync group that starts past the first block, so that crashes
+    /// land around them) where the segment is an even number of blocks, none
+    /// where it is odd: both ways of reading the newest segment run.
     fn options(&self, bug: Option<Bug>) -> Options {
+        let checkpoint_bytes = if (self.segment_bytes / 4096).is_multiple_of(2) {
+            4096
+        } else {
+            0
+        };
         let options = Options::default()
             .segment_bytes(self.segment_bytes)
             .segment_age(self.segment_age)
-            .open_check(self.open_check);
+            .open_check(self.open_check)
+            .checkpoint_bytes(checkpoint_bytes);
         let options = match self.max_attempts {
             Some(max) => options.max_attempts(max),
             None => options,
@@ -361,6 +371,8 @@ pub struct Figures {
     /// Leases that ran out ([`Step::LeaseRunsOut`]) and whose record was
     /// handed out again in the run, as a later attempt.
     pub leases_expired: u64,
+    /// Recoveries after a crash that took frames from index checkpoints.
+    pub checkpointed: u64,
 }
 
 impl Figures {
@@ -378,6 +390,7 @@ impl Figures {
         self.relocated += o.relocated;
         self.recycled += o.recycled;
         self.leases_expired += o.leases_expired;
+        self.checkpointed += o.checkpointed;
     }
 }
 
@@ -1095,6 +1108,8 @@ struct Verified {
     torn: bool,
     /// Files of interrupted creations set aside (garbled headers).
     quarantined: u64,
+    /// The open took frames from index checkpoints.
+    checkpointed: bool,
 }
 
 /// Opens the disk after a crash and checks every invariant.
@@ -1153,6 +1168,7 @@ fn verify_with(
     let verified = Verified {
         records: records.len() as u64,
         torn: report.torn_tail.is_some(),
+        checkpointed: report.frames_from_checkpoints > 0,
         quarantined: report.quarantined.len() as u64,
     };
     if !again {
@@ -1582,6 +1598,7 @@ pub fn crash_every_step(
             figures.records_checked += v.records;
             figures.torn_tails += u64::from(v.torn);
             figures.quarantined += v.quarantined;
+            figures.checkpointed += u64::from(v.checkpointed);
         }
     }
     Ok(figures)
@@ -1913,7 +1930,9 @@ pub fn rotten_reads(
 
 /// Checks one frame-decoder input (the fuzz target `frame_decode`): decoding
 /// arbitrary bytes returns a frame or a typed error, never panics, and a frame
-/// it returns lies within the input.
+/// it returns lies within the input; the header, optional-field, seal index
+/// and index checkpoint decoders never panic, and a checkpoint they accept
+/// lists frames in order.
 pub fn check_frame_bytes(data: &[u8]) {
     // The salt of segment 1 under nonce 1: the seeds' frames are made with it.
     let salt = crate::format::frame::salt(crate::format::seq::SegmentId(1), FUZZ_NONCE);
@@ -1938,6 +1957,13 @@ pub fn check_frame_bytes(data: &[u8]) {
     let _ = crate::format::segment::SegmentHeader::decode(data);
     let _ = crate::format::ext::decode(data);
     let _ = crate::format::seal::decode(data, data.len() as u64);
+    if let Ok(cp) = crate::format::checkpoint::decode(data) {
+        for pair in cp.frames.windows(2) {
+            if let [a, b] = pair {
+                assert!(u64::from(b.offset) >= a.end());
+            }
+        }
+    }
 }
 
 /// The nonce of the segment the `frame_decode` fuzz target's frames belong to.
@@ -1945,7 +1971,7 @@ pub const FUZZ_NONCE: u64 = 1;
 
 /// A seed of the `frame_decode` fuzz target: `k + 2` frames of segment 1 under
 /// [`FUZZ_NONCE`] (records of growing sizes, one with optional fields, a log
-/// start, a seal), as a segment holds them; with `header`, after the segment's
+/// start, an index checkpoint, a seal), as a segment holds them; with `header`, after the segment's
 /// header block.
 pub fn frame_seed(k: usize, header: bool) -> Vec<u8> {
     use crate::format::ext::{self, RecordFields};
@@ -1963,6 +1989,7 @@ pub fn frame_seed(k: usize, header: bool) -> Vec<u8> {
             created_unix_ms: 0,
             nonce: FUZZ_NONCE,
             outbox_id: 7,
+            checkpoint_every: 0,
         }
         .encode_block()
     } else {
@@ -2016,6 +2043,14 @@ pub fn frame_seed(k: usize, header: bool) -> Vec<u8> {
     );
     let start = 1u64.to_le_bytes();
     push(&mut out, &mut index, FrameKind::LogStart, &start, &[]);
+    let listed = index.checkpoint(0, &[], false);
+    push(
+        &mut out,
+        &mut index,
+        crate::format::checkpoint::CHECKPOINT,
+        &listed,
+        &[],
+    );
     let seal = index.encode(FUZZ_NONCE);
     push(&mut out, &mut index, FrameKind::Seal, &seal, &[]);
     out

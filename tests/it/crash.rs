@@ -94,7 +94,7 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
         "crash harness: seeds {first}..{}, {} crash points x {draws} draws = {} simulated crashes \
          ({} also crashed inside recovery), {} torn tails cut, {} unfinished creations \
          or recyclings set aside, {} records checked, {} rotations by age, {} batches shared by \
-         concurrent producers, {} segments recycled, {:.1} s",
+         concurrent producers, {} segments recycled, {} opens through index checkpoints, {:.1} s",
         first + seeds,
         total.crash_points,
         total.recoveries,
@@ -105,6 +105,7 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
         total.age_rotations,
         total.shared_batches,
         total.recycled,
+        total.checkpointed,
         started.elapsed().as_secs_f64()
     );
     if seeds >= 10 {
@@ -125,6 +126,10 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
     assert!(
         total.recycled > 0,
         "no workload recycled a segment: the harness does not test recycling"
+    );
+    assert!(
+        total.checkpointed > 0,
+        "no open after a crash read the newest segment through index checkpoints"
     );
     if seeds >= 100 {
         assert!(
@@ -243,6 +248,10 @@ fn negative_controls_every_known_bug_is_caught() {
         (
             Bug::RecycleHeaderUnsynced,
             crash(Bug::RecycleHeaderUnsynced),
+        ),
+        (
+            Bug::CheckpointHidesInternal,
+            crash(Bug::CheckpointHidesInternal),
         ),
         (
             Bug::QuotaWritesAnyway,

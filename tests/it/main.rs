@@ -4,6 +4,7 @@ mod acks;
 mod append;
 mod async_api;
 mod backlog;
+mod checkpoints;
 mod claim;
 mod crash;
 mod enospc;

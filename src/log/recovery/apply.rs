@@ -66,14 +66,16 @@ fn ours_or_aside(
 }
 
 /// Applies `plan`, decided from what was `found` in `dir`; new segments are
-/// preallocated to `preallocate` bytes; one file kept for recycling is handed
-/// on if `keep_spare`.
+/// preallocated to `preallocate` bytes and write an index checkpoint every
+/// `checkpoint_every` bytes; one file kept for recycling is handed on if
+/// `keep_spare`.
 pub(crate) fn apply(
     storage: &dyn Storage,
     dir: &Path,
     found: Found,
     plan: Plan,
     preallocate: u64,
+    checkpoint_every: u32,
     keep_spare: bool,
     effects: &mut Effects,
 ) -> Result<Recovered> {
@@ -86,6 +88,7 @@ pub(crate) fn apply(
     let mut report = RecoveryReport {
         segments_found: scans.len(),
         records_recovered: plan.records,
+        frames_from_checkpoints: scans.iter().map(|s| s.listed).sum(),
         ..RecoveryReport::default()
     };
     let path = |k: usize| scans[k].path.clone();
@@ -137,6 +140,7 @@ pub(crate) fn apply(
                 prev,
                 plan.log_start,
                 outbox_id,
+                checkpoint_every,
                 preallocate,
             )
             .map_err(|f| f.into_error())?
@@ -254,6 +258,7 @@ fn reuse(
         nonce: scan.header.map_or(0, |h| h.nonce),
         outbox_id: scan.header.map_or(0, |h| h.outbox_id),
         written_to: FRAMES_AT as u64,
+        checkpoint_every: scan.header.map_or(0, |h| h.checkpoint_every),
     })
 }
 

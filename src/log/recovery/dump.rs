@@ -270,7 +270,7 @@ impl Dump {
         } else {
             OpenCheck::SealIndex
         };
-        match scan::scan_file(&ReadOnly(&self.storage), &self.dir, id, check, false) {
+        match scan::scan_file(&ReadOnly(&self.storage), &self.dir, id, check, false, false) {
             Ok((scan, _)) => Ok(Some(scan)),
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 Ok(None)

@@ -25,6 +25,7 @@
 //!   missing at or after it is corruption.
 
 pub(crate) mod apply;
+mod checkpoints;
 pub(crate) mod dump;
 mod plan;
 pub(crate) mod rebuild;
@@ -97,10 +98,12 @@ pub(crate) fn recover(
     };
     let (ids, creating, free) = segment_ids(storage, dir)?;
     // A lossy repair, run by an operator after a strict open failed, reads
-    // everything: it must see damage wherever it lies. The newest file is read
-    // whole in any case: it is where a crash leaves its marks, and a file that
-    // ends inside a record (after a close, or a cut) must not be read through
-    // whatever its last bytes claim.
+    // everything: it must see damage wherever it lies. The newest file is never
+    // read through a seal found from its end: it is where a crash leaves its
+    // marks, and a file that ends inside a record (after a close, or a cut)
+    // must not be read through whatever its last bytes claim. Its index
+    // checkpoints, found from its start, stand for the frames before the last
+    // one, as a seal index does for a sealed segment's.
     let check = match mode {
         RecoveryMode::Lossy => OpenCheck::EveryFrame,
         _ => options.open_check,
@@ -141,6 +144,7 @@ pub(crate) fn recover(
         },
         plan,
         preallocate,
+        options.checkpoint_every(),
         options.recycle_segments,
         effects,
     )?;
@@ -168,8 +172,7 @@ fn scan_all(
     // fsync dropped are the writer's to cut back when it is poisoned.)
     let one = |k: usize, id: SegmentId| {
         let newest = k + 1 == ids.len();
-        let check = if newest { OpenCheck::EveryFrame } else { check };
-        scan::scan_file(storage, dir, id, check, k + 2 >= ids.len())
+        scan::scan_file(storage, dir, id, check, k + 2 >= ids.len(), newest)
     };
     let mut scans = Vec::with_capacity(ids.len());
     let mut opened = Vec::with_capacity(ids.len());

@@ -10,12 +10,15 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Corruption, Error, Result};
 use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind, FrameSpan};
+use crate::format::checkpoint::{self, CHECKPOINT};
 use crate::format::seal;
 use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader};
 use crate::format::seq::{SEQ_MAX, SegmentId, Seq};
 use crate::io::segment_file::SegmentFile;
 use crate::io::{Storage, StorageFile};
 use crate::options::OpenCheck;
+
+use super::checkpoints::{self, Listed};
 
 /// A segment's seal frame: the last frame of a sealed segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,6 +118,8 @@ pub(crate) struct SegmentScan {
     /// that holds nothing, whoever made it. The one kind of file with a damaged
     /// header that recovery may remove (docs/FORMAT.md, "Creating a segment").
     pub blank: bool,
+    /// Frames taken from index checkpoints rather than read.
+    pub listed: u64,
 }
 
 impl SegmentScan {
@@ -130,6 +135,7 @@ impl SegmentScan {
             len,
             damage: None,
             blank: false,
+            listed: 0,
         }
     }
 
@@ -310,16 +316,21 @@ fn frame_at(src: &mut dyn Bytes, at: usize, salt: u32) -> Result<frame::Frame<'_
 /// damage, a read that failed), and the caller scans the file whole, which
 /// finds the same and looks past it. Otherwise the same scan as [`scan`] makes
 /// under [`OpenCheck::EveryFrame`].
+///
+/// With `listed` (what the segment's index checkpoints list), the walk
+/// starts just past the last checkpoint, taking the frames before it from the
+/// list, as a sealed segment's are taken from its seal index.
 pub(crate) fn scan_window(
     id: SegmentId,
     path: PathBuf,
     src: &mut Window<'_>,
     regions: DataRegions<'_>,
+    listed: Option<Listed>,
 ) -> Option<SegmentScan> {
     let mut scan = SegmentScan::empty(id, path, src.len() as u64);
     let block = src.get(0, FRAMES_AT).to_vec();
     if scan_header(&block, id, &mut scan).is_some()
-        || scan_frames(src, id, regions, &mut scan).is_some()
+        || scan_frames(src, id, regions, &mut scan, listed).is_some()
         || src.failed.is_some()
     {
         return None;
@@ -344,7 +355,7 @@ pub(crate) fn check_window_matches_whole(id: SegmentId, bytes: &[u8], chunk: usi
     };
     let path = PathBuf::from(id.file_name());
     let mut window = Window::with_chunk(&read, bytes.len(), chunk);
-    if let Some(windowed) = scan_window(id, path.clone(), &mut window, &regions) {
+    if let Some(windowed) = scan_window(id, path.clone(), &mut window, &regions, None) {
         let whole = scan(id, path, bytes, OpenCheck::EveryFrame, &regions);
         assert_eq!(windowed, whole, "window of {chunk} bytes");
     }
@@ -404,7 +415,10 @@ const TRAILER_READ: u64 = 4096;
 /// The file is read with positioned reads into memory, one file at a time, and
 /// never mapped: a read error is an error value, not a `SIGBUS`. Under
 /// [`OpenCheck::SealIndex`] a sealed segment costs its header's block and its
-/// seal; otherwise the regions where the file says data lies are read (and 4
+/// seal (unless it is the `newest`, which is never read through whatever its
+/// last bytes claim: a crash leaves it ending anywhere), and a segment that was
+/// being written, its index checkpoints and the frames after the last one;
+/// otherwise the regions where the file says data lies are read (and 4
 /// KiB past each, so that a hole wrongly reported right after the data cannot
 /// hide bytes that fail to decode), and, if that finds damage, every byte, so
 /// that a frame beyond a wrongly reported hole still proves damage is not torn.
@@ -414,6 +428,7 @@ pub(crate) fn scan_file(
     id: SegmentId,
     check: OpenCheck,
     sync: bool,
+    newest: bool,
 ) -> Result<(SegmentScan, Opened)> {
     let path = SegmentFile::path_of(dir, id);
     // Without a sync to make, nothing is written: the file is opened read-only.
@@ -461,6 +476,8 @@ pub(crate) fn scan_file(
     let mut buf = vec![0u8; size];
     if check == OpenCheck::SealIndex {
         read(&mut buf, 0, FRAMES_AT as u64)?;
+    }
+    if check == OpenCheck::SealIndex && !newest {
         read(&mut buf, len.saturating_sub(4), len)?;
         if let Some(seal_len) = seal::trailer(&buf) {
             read(&mut buf, len.saturating_sub(seal_len as u64), len)?;
@@ -472,16 +489,30 @@ pub(crate) fn scan_file(
     // Asked once, before a byte past the header and seal is read (see
     // `DataMap`); a sealed segment read through its index never asks.
     let map = DataMap::of(&*file, len);
-    // Where the data lies, the file system is told at once, so that it reads
-    // it with many requests in flight rather than a window at a time.
+    let read_at = |part: &mut [u8], at: u64| crate::io::read_exact_at(&*file, part, at);
+    // A segment that was being written lists its frames in index
+    // checkpoints: trusted as a seal index is, under the same check.
+    let listed = if check == OpenCheck::SealIndex {
+        SegmentHeader::decode(buf.get(..FRAMES_AT).unwrap_or_default())
+            .ok()
+            .filter(|h| h.first_seq == id.first_seq())
+            .and_then(|h| checkpoints::listed(&*file, &read_at, id, &h, len, map.end()))
+    } else {
+        None
+    };
+    // Where the data lies past what the checkpoints list, the file system is
+    // told at once, so that it reads it with many requests in flight rather
+    // than a window at a time.
+    let from = listed.as_ref().map_or(0, |l| l.end);
     for region in &map.regions {
-        file.will_need(region.start, region.end.saturating_sub(region.start));
+        let start = region.start.max(from);
+        file.will_need(start, region.end.saturating_sub(start));
     }
     let regions = |at| Ok(map.next(at));
     // Frame by frame through one reused buffer; only a file that is not whole
     // is read into memory whole.
-    let read_at = |part: &mut [u8], at: u64| crate::io::read_exact_at(&*file, part, at);
-    if let Some(scan) = scan_window(id, path.clone(), &mut Window::new(&read_at, size), &regions) {
+    let mut window = Window::new(&read_at, size);
+    if let Some(scan) = scan_window(id, path.clone(), &mut window, &regions, listed) {
         return Ok((scan, opened(id, path)));
     }
     // Asked again: the walk found the file not whole, and another process
@@ -551,6 +582,11 @@ impl DataMap {
             }
         }
         DataMap { regions }
+    }
+
+    /// Where the last region ends: no data lies past it.
+    fn end(&self) -> u64 {
+        self.regions.last().map_or(0, |r| r.end)
     }
 
     /// The next region that may hold data from `at` on (`None`: the rest
@@ -667,7 +703,7 @@ pub(crate) fn scan(
             scan.blank = scan.header.is_none() && all_zero(buf);
             Some(d)
         }
-        None => scan_frames(&mut Whole(buf), id, regions, &mut scan).map(|mut d| {
+        None => scan_frames(&mut Whole(buf), id, regions, &mut scan, None).map(|mut d| {
             let salt = scan.header.map_or(0, |h| frame::salt(id, h.nonce));
             look_past(buf, salt, regions, &mut d);
             d
@@ -855,14 +891,19 @@ struct Walk {
     /// The sync group of the previous frame, and whether its write batch was
     /// still open.
     prev: Option<(Seq, bool)>,
+    /// The offsets of the index checkpoints met so far.
+    checkpoints: Vec<u32>,
 }
 
-/// Walks the frames after the header; fills `scan` and returns the first damage.
+/// Walks the frames after the header (or, with `listed`, after the last
+/// index checkpoint, the frames before it taken from the list); fills `scan`
+/// and returns the first damage.
 fn scan_frames(
     src: &mut dyn Bytes,
     id: SegmentId,
     regions: DataRegions<'_>,
     scan: &mut SegmentScan,
+    listed: Option<Listed>,
 ) -> Option<Damage> {
     let salt = frame::salt(id, scan.header?.nonce);
     let mut walk = Walk {
@@ -870,7 +911,22 @@ fn scan_frames(
         expected: id.first_seq(),
         batch_start: FRAMES_AT,
         prev: None,
+        checkpoints: Vec::new(),
     };
+    let listed = listed.and_then(|l| Some((usize::try_from(l.at).ok()?, l)));
+    if let Some((at, l)) = listed {
+        // As the walk would stand just past the checkpoint, had it read every
+        // frame before it.
+        let end = at + (l.end - l.at) as usize;
+        walk.offset = end;
+        walk.expected = l.seq.next();
+        walk.batch_start = if l.batch_end { end } else { at };
+        walk.prev = Some((l.seq, !l.batch_end));
+        walk.checkpoints = l.checkpoints;
+        scan.listed = l.frames.len() as u64;
+        scan.frames = l.frames;
+        scan.log_starts.extend(l.log_start);
+    }
     while walk.offset < src.len() {
         // After the end of a write batch, zeros to the block boundary are the
         // padding before a new sync group, which starts on a fresh block.
@@ -931,6 +987,9 @@ fn scan_frames(
             ));
         }
         let h = f.header;
+        if h.kind == CHECKPOINT {
+            walk.checkpoints.push(walk.offset as u32);
+        }
         walk.offset += f.len;
         walk.expected = h.seq.next();
         walk.prev = Some((h.group, !h.batch_end));
@@ -1058,6 +1117,7 @@ fn fit_frame(walk: &Walk, f: &frame::Frame<'_>, scan: &mut SegmentScan) -> Resul
             // is refused, not skipped.
             crate::format::fields::decode(f.payload)?;
         }
+        CHECKPOINT => check_checkpoint(f.payload, walk, scan)?,
         FrameKind::Record | FrameKind::Skippable(_) => {}
     }
     scan.frames.push(FrameSpan {
@@ -1085,6 +1145,29 @@ fn check_seal_index(payload: &[u8], at: u64, scan: &SegmentScan) -> Result<(), C
         return Ok(());
     };
     Err(Corruption::BadSealIndex { what })
+}
+
+/// An index checkpoint must describe what was read before it: the frames
+/// since the checkpoint before it, every earlier checkpoint, and the highest
+/// log start so far. One whose checksum holds and which does not is
+/// corruption, as a seal index that does not is.
+fn check_checkpoint(payload: &[u8], walk: &Walk, scan: &SegmentScan) -> Result<(), Corruption> {
+    let cp = checkpoint::decode(payload)?;
+    let first = walk
+        .checkpoints
+        .last()
+        .and_then(|&at| scan.frames.iter().position(|f| f.offset == at))
+        .map_or(0, |k| k + 1);
+    let what = if cp.earlier != walk.checkpoints {
+        "earlier checkpoints differ from the segment's"
+    } else if cp.first as usize != first || scan.frames.get(first..) != Some(&cp.frames[..]) {
+        "frames differ from the segment's"
+    } else if cp.log_start != scan.log_start_marker() {
+        "log start differs from the segment's"
+    } else {
+        return Ok(());
+    };
+    Err(Corruption::BadCheckpoint { what })
 }
 
 /// The file's next region that may hold data, from `at` on, as offsets into

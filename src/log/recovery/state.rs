@@ -11,6 +11,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::acks;
+use crate::format::checkpoint::CHECKPOINT;
+use crate::format::segment::BLOCK;
 use crate::format::delivery::{self, Change};
 use crate::format::fields::{self, DedupDigest, Described, Tombstone};
 use crate::format::frame::{self, FRAME_HEADER_LEN};
@@ -69,11 +71,15 @@ fn described_of(hasher: &Hasher, seq: Seq, ext: &[u8], payload: &[u8]) -> Option
     (!d.is_empty()).then_some(d)
 }
 
+/// An internal frame longer than this may be an index checkpoint: its header
+/// is read first, and the rest only if it is not.
+const LARGE: usize = BLOCK;
+
 /// Every change the kept delivery-state frames record, in log order.
 ///
 /// Each internal frame but a segment's seal (its index was checked when the
-/// segment was scanned) is read whole and checked: a delivery-state frame of a
-/// kept segment was fsynced (a torn one was cut with its batch), so one that
+/// segment was scanned) and its index checkpoints (which only say where frames
+/// lie) is read whole and checked: a delivery-state frame of a kept segment was fsynced (a torn one was cut with its batch), so one that
 /// fails its checksum is damage, refused as such (`Error::Corrupt`, naming the
 /// file and offset), unless `lossy`: then it is skipped, and its records are
 /// delivered once more.
@@ -98,24 +104,33 @@ pub(crate) fn recorded_state<'a>(
         // each from a cold page cache (thousands of acks frames after a long
         // run): the file system is told of all of them first, and reads them
         // at once (docs/BENCHMARKS.md, "Cold open: the state frames asked for
-        // at once").
+        // at once"). Of a large frame, only its first block: it may be an
+        // index checkpoint, which is not read.
         for span in seg.frames.iter().filter(|f| !f.is_record) {
-            file.will_need(u64::from(span.offset), u64::from(span.len));
+            let len = if span.len as usize > LARGE { BLOCK } else { span.len as usize };
+            file.will_need(u64::from(span.offset), len as u64);
         }
         let mut header = [0u8; FRAME_HEADER_LEN];
         let mut whole = Vec::new();
         for span in internal {
             let at = u64::from(span.offset);
-            if Some(span.offset) == last {
+            // The seal (its index was checked when the segment was scanned)
+            // and the index checkpoints (read only to find frames, and checked
+            // then) are not delivery state: their header alone is read.
+            if Some(span.offset) == last || span.len as usize > LARGE {
                 read_exact_at(&*file, &mut header, at)
                     .map_err(|e| Error::io("read segment", path, e))?;
-                if frame::kind_of(&header) == Some(frame::FrameKind::Seal) {
+                let kind = frame::kind_of(&header);
+                if kind == Some(frame::FrameKind::Seal) || kind == Some(CHECKPOINT) {
                     continue;
                 }
             }
             whole.resize(span.len as usize, 0);
             read_exact_at(&*file, &mut whole, at)
                 .map_err(|e| Error::io("read segment", path, e))?;
+            if frame::kind_of(&whole) == Some(CHECKPOINT) {
+                continue;
+            }
             let corrupt = |kind| Error::Corrupt {
                 path: path.to_path_buf(),
                 offset: at,

@@ -44,6 +44,7 @@ impl Seg {
             created_unix_ms: 0,
             nonce,
             outbox_id: OUTBOX,
+            checkpoint_every: 0,
         };
         Seg {
             id: SegmentId(first),

@@ -1,0 +1,197 @@
+//! Finding the index checkpoints of a segment that was being written, so that
+//! its scan starts at the last one instead of its first frame
+//! (docs/FORMAT.md, "Index checkpoints").
+//!
+//! The writer starts the first sync group at or past every multiple of the
+//! interval its header names with a checkpoint listing the frames before it.
+//! Recovery looks for them in order: from each multiple (or the end of the
+//! checkpoint before, if later) it reads block boundaries until one holds a
+//! checkpoint frame that checks with the segment's keyed salt, and stops at
+//! the first multiple after which it finds none within two intervals. Each one
+//! found must continue the list exactly where the one before ended; anything
+//! else (a checksum that holds on a list that does not fit) and recovery reads
+//! the segment's frames from its first, as without checkpoints.
+//!
+//! Sound for the same reason a seal index is: a checkpoint starts a sync
+//! group, so every frame it lists was fsynced before it was written, and its
+//! checksum, keyed by the segment's secret nonce, proves segwal wrote it for
+//! this segment. The frames it lists are checked when their records are read.
+
+use std::io;
+
+use crate::format::checkpoint::{self, CHECKPOINT};
+use crate::format::frame::{self, FRAME_HEADER_LEN, FrameSpan};
+use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader, align_up};
+use crate::format::seq::{SegmentId, Seq};
+use crate::io::StorageFile;
+
+use super::scan::LogStartMark;
+
+/// What the checkpoints of a segment list, up to the last one found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Listed {
+    /// Every frame from the segment's first to the last checkpoint, that one
+    /// included (as an internal frame), in order.
+    pub frames: Vec<FrameSpan>,
+    /// The highest log start a `LogStart` frame among them records, marked at
+    /// the last frame before the last checkpoint.
+    pub log_start: Option<LogStartMark>,
+    /// Where the last checkpoint starts, and just past it.
+    pub at: u64,
+    pub end: u64,
+    /// Its number: it starts its sync group.
+    pub seq: Seq,
+    /// Whether it ends its write batch.
+    pub batch_end: bool,
+    /// The offsets of every checkpoint found, in order.
+    pub checkpoints: Vec<u32>,
+}
+
+/// How much is read at a time while looking for a checkpoint.
+const CHUNK: usize = 64 << 10;
+
+/// What is hinted after each multiple of the interval before the search
+/// starts: a checkpoint usually lies within the first write batch after it,
+/// and lists about 8 bytes per frame of the interval before it (128 KiB for
+/// 4 MiB of 256-byte records).
+const HINT_AFTER_MARK: u64 = 256 << 10;
+
+/// The checkpoints of the segment `id` whose header is `header`, in `file`
+/// (`len` bytes, data up to `data_end`), read through `read`: `None` if it has
+/// none that can be trusted, and its frames are read from the first.
+pub(crate) fn listed(
+    file: &dyn StorageFile,
+    read: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
+    id: SegmentId,
+    header: &SegmentHeader,
+    len: u64,
+    data_end: u64,
+) -> Option<Listed> {
+    if !checkpoint::valid_every(header.checkpoint_every) || header.nonce == 0 {
+        return None;
+    }
+    let every = u64::from(header.checkpoint_every);
+    let end = data_end.min(len);
+    let salt = frame::salt(id, header.nonce);
+    // The first blocks after every multiple are asked for at once.
+    let mut mark = every;
+    while mark < end {
+        file.will_need(mark, HINT_AFTER_MARK.min(end - mark));
+        mark += every;
+    }
+    let mut found: Option<Listed> = None;
+    let mut offsets: Vec<u32> = Vec::new();
+    let mut position = 0u64;
+    let mut mark = every;
+    while mark < end && offsets.len() < checkpoint::CHECKPOINTS_MAX {
+        let from = align_up(found.as_ref().map_or(mark, |f| f.end.max(mark)));
+        let until = (from + 2 * every).min(end);
+        let Some((at, bytes)) = search(read, salt, from, until) else {
+            break;
+        };
+        let mut cp = fit(&bytes, at, salt, id, &offsets, position, found.take())?;
+        position = u64::from(cp.seq.get() - id.first_seq().get()) + 1;
+        offsets.push(u32::try_from(at).ok()?);
+        cp.checkpoints.clone_from(&offsets);
+        mark = (at / every + 1) * every;
+        found = Some(cp);
+    }
+    found
+}
+
+/// The first checkpoint frame of this segment on a block boundary from `from`
+/// (a block boundary) up to `until`: its offset and bytes.
+fn search(
+    read: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
+    salt: u32,
+    from: u64,
+    until: u64,
+) -> Option<(u64, Vec<u8>)> {
+    let mut buf = vec![0u8; CHUNK];
+    let mut at = from;
+    while at < until {
+        let n = (until - at).min(CHUNK as u64) as usize;
+        let chunk = buf.get_mut(..n)?;
+        read(chunk, at).ok()?;
+        for k in (0..n).step_by(BLOCK) {
+            let Some(head) = chunk.get(k..k + FRAME_HEADER_LEN) else {
+                break;
+            };
+            if frame::kind_of(head) != Some(CHECKPOINT) {
+                continue;
+            }
+            let Some(claimed) = frame::claimed_len(head, salt) else {
+                continue;
+            };
+            let mut whole = vec![0u8; claimed];
+            let offset = at + k as u64;
+            read(&mut whole, offset).ok()?;
+            if frame::decode(&whole, salt).is_ok() {
+                return Some((offset, whole));
+            }
+        }
+        at += n as u64;
+    }
+    None
+}
+
+/// Checks that the checkpoint frame `bytes`, at `at`, continues the list
+/// `before` (the checkpoints at `offsets`, listing frames up to `position`),
+/// and returns the list with it. `None` if it does not fit: then nothing the
+/// checkpoints say is used.
+fn fit(
+    bytes: &[u8],
+    at: u64,
+    salt: u32,
+    id: SegmentId,
+    offsets: &[u32],
+    position: u64,
+    before: Option<Listed>,
+) -> Option<Listed> {
+    let f = frame::decode(bytes, salt).ok()?;
+    let h = f.header;
+    let cp = checkpoint::decode(f.payload).ok()?;
+    // It starts its sync group on a block, continues the list where the one
+    // before ended, names every checkpoint before it, and its own number is
+    // the next after the frames it lists.
+    let n = cp.frames.len() as u64;
+    let fits = h.kind == CHECKPOINT
+        && h.group == h.seq
+        && at.is_multiple_of(BLOCK as u64)
+        && u64::from(cp.first) == position
+        && cp.earlier == offsets
+        && n > 0
+        && h.seq.get() == id.first_seq().get().checked_add(position + n)?;
+    if !fits {
+        return None;
+    }
+    let first = u64::from(cp.frames.first()?.offset);
+    let starts_right = match &before {
+        Some(b) => first == b.end || first == align_up(b.end),
+        None => first == FRAMES_AT as u64,
+    };
+    let last_end = cp.frames.last()?.end();
+    if !starts_right || !(at == last_end || at == align_up(last_end)) {
+        return None;
+    }
+    let mut frames = before.map_or_else(Vec::new, |b| b.frames);
+    frames.extend_from_slice(&cp.frames);
+    let last_listed = cp.frames.last()?.offset;
+    frames.push(FrameSpan {
+        offset: u32::try_from(at).ok()?,
+        len: u32::try_from(f.len).ok()?,
+        is_record: false,
+    });
+    Some(Listed {
+        frames,
+        log_start: cp.log_start.map(|value| LogStartMark {
+            offset: last_listed,
+            value,
+        }),
+        at,
+        end: at + f.len as u64,
+        seq: h.seq,
+        batch_end: h.batch_end,
+        checkpoints: Vec::new(),
+    })
+}
