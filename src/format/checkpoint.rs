@@ -156,7 +156,9 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Checkpoint, Corruption> {
     for k in 0..earlier {
         let at = u32_at(payload, LISTS_AT + 4 * k).ok_or_else(short)?;
         if !(at as usize).is_multiple_of(BLOCK) || offsets.last().is_some_and(|&p| at <= p) {
-            return Err(bad("earlier checkpoints out of order or off a block boundary"));
+            return Err(bad(
+                "earlier checkpoints out of order or off a block boundary",
+            ));
         }
         offsets.push(at);
     }

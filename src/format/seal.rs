@@ -121,13 +121,7 @@ impl IndexBuilder {
             .iter()
             .map(|&i| i - from as u32)
             .collect();
-        crate::format::checkpoint::encode(
-            from as u32,
-            frames,
-            &internal,
-            earlier,
-            self.log_start,
-        )
+        crate::format::checkpoint::encode(from as u32, frames, &internal, earlier, self.log_start)
     }
 
     /// The seal payload for the segment whose header carries `nonce`: its index,

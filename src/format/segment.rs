@@ -92,7 +92,8 @@ impl SegmentHeader {
         out[CREATED_AT..NONCE_AT].copy_from_slice(&self.created_unix_ms.to_le_bytes());
         out[NONCE_AT..BLOCK_SIZE_AT].copy_from_slice(&self.nonce.to_le_bytes());
         out[BLOCK_SIZE_AT..CHECKPOINT_EVERY_AT].copy_from_slice(&(BLOCK as u32).to_le_bytes());
-        out[CHECKPOINT_EVERY_AT..OUTBOX_ID_AT].copy_from_slice(&self.checkpoint_every.to_le_bytes());
+        out[CHECKPOINT_EVERY_AT..OUTBOX_ID_AT]
+            .copy_from_slice(&self.checkpoint_every.to_le_bytes());
         out[OUTBOX_ID_AT..RESERVED_B_AT].copy_from_slice(&self.outbox_id.to_le_bytes());
         let crc = crc32fast::hash(&out[..CRC_AT]);
         out[CRC_AT..].copy_from_slice(&crc.to_le_bytes());

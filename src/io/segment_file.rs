@@ -143,8 +143,7 @@ impl SegmentFile {
         dir.join(id.file_name())
     }
 
-    /// Creates the segment whose first frame will be `first`, of the outbox
-    /// `outbox_id`, preallocated to `preallocate` bytes where the file system
+    /// Creates the segment `next` describes, preallocated to `preallocate` bytes where the file system
     /// can, and makes it durable. The file is created under a temporary name
     /// (`<name>.creating`), its header's block written and fsynced, and only
     /// then renamed to the segment's name and the directory fsynced. So a file
@@ -159,14 +158,10 @@ impl SegmentFile {
     pub(crate) fn create(
         storage: &dyn Storage,
         dir: &Path,
-        first: Seq,
-        prev_seq: Seq,
-        log_start: Seq,
-        outbox_id: u128,
-        checkpoint_every: u32,
+        next: Successor,
         preallocate: u64,
     ) -> Result<FreshSegment, Failed> {
-        let id = SegmentId(first.get());
+        let id = SegmentId(next.first.get());
         let path: Arc<Path> = SegmentFile::path_of(dir, id).into();
         let creating = dir.join(id.creating_name());
         let file = storage
@@ -176,14 +171,7 @@ impl SegmentFile {
         // batch. Only a speed-up: if space cannot be reserved, the file grows as
         // it is written and a full disk shows at the write.
         let _ = file.allocate(preallocate);
-        let header = Successor {
-            first,
-            prev_seq,
-            log_start,
-            outbox_id,
-            checkpoint_every,
-        }
-        .header(storage);
+        let header = next.header(storage);
         let made_durable = write_all_at(&*file, &header.encode_block(), 0)
             .map_err(|e| Failed::new("write segment header", &creating, e))
             .and_then(|()| {
@@ -209,9 +197,9 @@ impl SegmentFile {
             segment,
             len: FRAMES_AT as u64,
             nonce: header.nonce,
-            outbox_id,
+            outbox_id: next.outbox_id,
             written_to: FRAMES_AT as u64,
-            checkpoint_every,
+            checkpoint_every: next.checkpoint_every,
         })
     }
 

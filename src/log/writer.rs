@@ -1343,11 +1343,13 @@ impl Writer {
         SegmentFile::create(
             &*shared.storage,
             &shared.dir,
-            first,
-            seal_seq,
-            self.log_start,
-            self.outbox_id,
-            shared.options.checkpoint_every(),
+            Successor {
+                first,
+                prev_seq: seal_seq,
+                log_start: self.log_start,
+                outbox_id: self.outbox_id,
+                checkpoint_every: shared.options.checkpoint_every(),
+            },
             crate::io::segment_file::first_allocation(shared.options.segment_bytes),
         )
     }

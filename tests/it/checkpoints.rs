@@ -142,8 +142,14 @@ fn a_crash_open_takes_the_frames_before_the_last_checkpoint_from_the_checkpoints
                 seq,
                 kind,
             }) => {
-                assert_eq!((&path, offset, seq), (&newest, listed.offset, Some(damaged)));
-                assert!(matches!(kind, Corruption::ChecksumMismatch { .. }), "{kind:?}");
+                assert_eq!(
+                    (&path, offset, seq),
+                    (&newest, listed.offset, Some(damaged))
+                );
+                assert!(
+                    matches!(kind, Corruption::ChecksumMismatch { .. }),
+                    "{kind:?}"
+                );
                 refused.push(damaged);
             }
             Err(e) => panic!("unexpected error {e}"),

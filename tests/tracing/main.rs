@@ -260,7 +260,7 @@ fn relocation(events: &Events) {
     let options = Options::default().segment_bytes(64 << 10);
     let outbox = Outbox::open(tmp.path(), options).expect("open");
     events.take("");
-    let payload = vec![b'x'; 200];
+    let payload = [b'x'; 200];
     let mut dead = None;
     for _ in 0..30 {
         let batch: Vec<&[u8]> = vec![&payload[..]; 100];

@@ -20,7 +20,7 @@ use crate::format::frame;
 use crate::format::seal::IndexBuilder;
 use crate::format::segment::FRAMES_AT;
 use crate::io::Storage;
-use crate::io::segment_file::{self, FreshSegment, PendingSeal, SegmentFile};
+use crate::io::segment_file::{self, FreshSegment, PendingSeal, SegmentFile, Successor};
 
 /// What recoveries of one open removed and set aside so far: an open that
 /// retries (a full disk, once the reserve is released) reports the first
@@ -65,18 +65,24 @@ fn ours_or_aside(
     Ok(kept)
 }
 
+/// How the writer's segments are made: what recovery hands it.
+pub(crate) struct NewSegments {
+    /// The space a new (or reused) active segment reserves.
+    pub preallocate: u64,
+    /// The interval between index checkpoints a new segment's header names.
+    pub checkpoint_every: u32,
+    /// Whether one file kept for recycling is handed on.
+    pub keep_spare: bool,
+}
+
 /// Applies `plan`, decided from what was `found` in `dir`; new segments are
-/// preallocated to `preallocate` bytes and write an index checkpoint every
-/// `checkpoint_every` bytes; one file kept for recycling is handed on if
-/// `keep_spare`.
+/// made as `new` says.
 pub(crate) fn apply(
     storage: &dyn Storage,
     dir: &Path,
     found: Found,
     plan: Plan,
-    preallocate: u64,
-    checkpoint_every: u32,
-    keep_spare: bool,
+    new: NewSegments,
     effects: &mut Effects,
 ) -> Result<Recovered> {
     let Found {
@@ -116,7 +122,7 @@ pub(crate) fn apply(
         effects,
     )?
     .into_iter();
-    let spare = if keep_spare { kept.next() } else { None };
+    let spare = if new.keep_spare { kept.next() } else { None };
     unfinished.extend(kept);
     let removed: Vec<PathBuf> = unfinished
         .into_iter()
@@ -126,7 +132,7 @@ pub(crate) fn apply(
     effects.removed.extend(removed);
     let active = match plan.active {
         ActivePlan::Reuse { scan } => {
-            reuse(storage, dir, &scans[scan], &opened[scan], preallocate)?
+            reuse(storage, dir, &scans[scan], &opened[scan], new.preallocate)?
         }
         ActivePlan::Create { first, prev } => {
             // A new outbox draws its identity with its first segment.
@@ -136,12 +142,14 @@ pub(crate) fn apply(
             SegmentFile::create(
                 storage,
                 dir,
-                first,
-                prev,
-                plan.log_start,
-                outbox_id,
-                checkpoint_every,
-                preallocate,
+                Successor {
+                    first,
+                    prev_seq: prev,
+                    log_start: plan.log_start,
+                    outbox_id,
+                    checkpoint_every: new.checkpoint_every,
+                },
+                new.preallocate,
             )
             .map_err(|f| f.into_error())?
         }

@@ -90,7 +90,7 @@ pub(crate) fn listed(
             break;
         };
         let mut cp = fit(&bytes, at, salt, id, &offsets, position, found.take())?;
-        position = u64::from(cp.seq.get() - id.first_seq().get()) + 1;
+        position = cp.seq.get() - id.first_seq().get() + 1;
         offsets.push(u32::try_from(at).ok()?);
         cp.checkpoints.clone_from(&offsets);
         mark = (at / every + 1) * every;

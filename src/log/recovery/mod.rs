@@ -143,9 +143,11 @@ pub(crate) fn recover(
             free,
         },
         plan,
-        preallocate,
-        options.checkpoint_every(),
-        options.recycle_segments,
+        apply::NewSegments {
+            preallocate,
+            checkpoint_every: options.checkpoint_every(),
+            keep_spare: options.recycle_segments,
+        },
         effects,
     )?;
     recovered.state = recorded;

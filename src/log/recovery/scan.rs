@@ -9,8 +9,8 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Corruption, Error, Result};
-use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind, FrameSpan};
 use crate::format::checkpoint::{self, CHECKPOINT};
+use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind, FrameSpan};
 use crate::format::seal;
 use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader};
 use crate::format::seq::{SEQ_MAX, SegmentId, Seq};

@@ -12,11 +12,11 @@
 use crate::error::{Error, Result};
 use crate::format::acks;
 use crate::format::checkpoint::CHECKPOINT;
-use crate::format::segment::BLOCK;
 use crate::format::delivery::{self, Change};
 use crate::format::fields::{self, DedupDigest, Described, Tombstone};
 use crate::format::frame::{self, FRAME_HEADER_LEN};
 use crate::format::hash::{Digest, Hasher};
+use crate::format::segment::BLOCK;
 use crate::format::seq::Seq;
 use crate::io::{Storage, read_exact_at};
 
@@ -107,7 +107,11 @@ pub(crate) fn recorded_state<'a>(
         // at once"). Of a large frame, only its first block: it may be an
         // index checkpoint, which is not read.
         for span in seg.frames.iter().filter(|f| !f.is_record) {
-            let len = if span.len as usize > LARGE { BLOCK } else { span.len as usize };
+            let len = if span.len as usize > LARGE {
+                BLOCK
+            } else {
+                span.len as usize
+            };
             file.will_need(u64::from(span.offset), len as u64);
         }
         let mut header = [0u8; FRAME_HEADER_LEN];
