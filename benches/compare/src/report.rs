@@ -347,6 +347,7 @@ fn style(kind: Kind) -> (&'static str, &'static str, f64) {
         Kind::RawOverwrite => ("#c0392b", "6 4", 2.0),
         Kind::Segwal => ("#1f5fbf", "", 3.0),
         Kind::SegwalNewFiles => ("#1f5fbf", "8 2", 2.0),
+        Kind::SegwalNoCheckpoints => ("#1f5fbf", "1 3", 2.0),
         Kind::SegwalDedup => ("#1f5fbf", "3 3", 2.0),
         Kind::SqliteFull => ("#d9730d", "", 2.0),
         Kind::SqliteNormal => ("#d9730d", "2 4", 2.0),

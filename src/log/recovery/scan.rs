@@ -276,13 +276,21 @@ impl Bytes for Window<'_> {
     }
 
     fn get(&mut self, at: usize, n: usize) -> &[u8] {
+        self.read_from(at, n, self.chunk)
+    }
+}
+
+impl Window<'_> {
+    /// Up to `n` bytes from `at`, reading at least `least` bytes from `at`
+    /// (to the file's end) if they are not held already.
+    fn read_from(&mut self, at: usize, n: usize, least: usize) -> &[u8] {
         let end = at.saturating_add(n).min(self.len);
         if at >= end {
             return &[];
         }
         let held = at >= self.base && end <= self.base + self.filled;
         if !held {
-            let want = (end - at).max(self.chunk).min(self.len - at);
+            let want = (end - at).max(least).min(self.len - at);
             if self.buf.len() < want {
                 self.buf.resize(want, 0);
             }
@@ -328,7 +336,10 @@ pub(crate) fn scan_window(
     listed: Option<Listed>,
 ) -> Option<SegmentScan> {
     let mut scan = SegmentScan::empty(id, path, src.len() as u64);
-    let block = src.get(0, FRAMES_AT).to_vec();
+    // A walk that starts past the checkpoints starts far from the header:
+    // only the header's block is read for it.
+    let least = if listed.is_some() { FRAMES_AT } else { src.chunk };
+    let block = src.read_from(0, FRAMES_AT, least).to_vec();
     if scan_header(&block, id, &mut scan).is_some()
         || scan_frames(src, id, regions, &mut scan, listed).is_some()
         || src.failed.is_some()

@@ -82,6 +82,9 @@ pub enum Kind {
     /// every segment a new file, zeros written ahead of its frames. Run only
     /// when named (`--only`), to measure what recycling changes.
     SegwalNewFiles,
+    /// segwal with index checkpoints off (`Options::checkpoint_bytes(0)`):
+    /// run only when named, to measure what writing them costs an append.
+    SegwalNoCheckpoints,
     /// segwal, each record appended as a message with a deduplication id of
     /// its own: what remembering ids costs an append.
     SegwalDedup,
@@ -98,12 +101,13 @@ pub enum Kind {
 
 impl Kind {
     /// Every engine, in running order.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Raw,
         Kind::RawGrowing,
         Kind::RawOverwrite,
         Kind::Segwal,
         Kind::SegwalNewFiles,
+        Kind::SegwalNoCheckpoints,
         Kind::SegwalDedup,
         Kind::SqliteFull,
         Kind::SqliteNormal,
@@ -132,6 +136,7 @@ impl Kind {
             Kind::RawOverwrite => "raw (overwrite)",
             Kind::Segwal => "segwal",
             Kind::SegwalNewFiles => "segwal new files",
+            Kind::SegwalNoCheckpoints => "segwal no checkpoints",
             Kind::SegwalDedup => "segwal dedup ids",
             Kind::SqliteFull => "sqlite FULL",
             Kind::SqliteNormal => "sqlite NORMAL",
@@ -149,7 +154,11 @@ impl Kind {
     pub fn has_queue(self) -> bool {
         matches!(
             self,
-            Kind::Segwal | Kind::SegwalNewFiles | Kind::SqliteFull | Kind::SqliteNormal
+            Kind::Segwal
+                | Kind::SegwalNewFiles
+                | Kind::SegwalNoCheckpoints
+                | Kind::SqliteFull
+                | Kind::SqliteNormal
         )
     }
 
@@ -161,6 +170,7 @@ impl Kind {
             Kind::RawOverwrite => Box::new(raw::Raw::open(dir, raw::Layout::Overwrite)?),
             Kind::Segwal => Box::new(segwal::Segwal::open(dir)?),
             Kind::SegwalNewFiles => Box::new(segwal::Segwal::open_new_files(dir)?),
+            Kind::SegwalNoCheckpoints => Box::new(segwal::Segwal::open_no_checkpoints(dir)?),
             Kind::SegwalDedup => Box::new(segwal::Segwal::open_dedup(dir)?),
             Kind::SqliteFull => Box::new(sqlite::Sqlite::open(dir, sqlite::Sync::Full)?),
             Kind::SqliteNormal => Box::new(sqlite::Sqlite::open(dir, sqlite::Sync::Normal)?),

@@ -30,6 +30,15 @@ impl Segwal {
         })
     }
 
+    /// With index checkpoints off: the newest segment read whole after a
+    /// crash.
+    pub fn open_no_checkpoints(dir: &Path) -> Result<Segwal> {
+        Ok(Segwal {
+            outbox: Outbox::open(dir, Options::default().checkpoint_bytes(0))?,
+            dedup: None,
+        })
+    }
+
     pub fn open_dedup(dir: &Path) -> Result<Segwal> {
         Ok(Segwal {
             outbox: Outbox::open(dir, Options::default())?,
