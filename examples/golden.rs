@@ -8,6 +8,7 @@
 //! cargo run --example golden -- tests/golden/vN
 //! cargo run --example golden -- --delivery tests/golden/vN-delivery
 //! cargo run --example golden -- --producers tests/golden/vN-producers
+//! cargo run --example golden -- --checkpoints tests/golden/vN-checkpoints
 //! ```
 //!
 //! With `--delivery`, the directory holds delivery state as well: acks
@@ -24,6 +25,11 @@
 //! then holds `delayed N`, `blocked_keys N` and `held_by_key N` lines and a
 //! `key SEQ KEY` or `dedup_id SEQ ID` line per record handed out with one.
 //!
+//! With `--checkpoints`, the directory is what a crash leaves: the segment
+//! files of an outbox still open, copied once every append had returned, the
+//! newest unsealed and holding index checkpoints (kind `0x86`, one at the
+//! start of every sync group past the first block).
+//!
 //! Run once per format version: the test suite never regenerates golden files,
 //! so that a format change cannot silently stop reading directories that exist.
 
@@ -36,13 +42,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let delivery = args.first().is_some_and(|a| a == "--delivery");
     let producers = args.first().is_some_and(|a| a == "--producers");
-    if delivery || producers {
+    let checkpoints = args.first().is_some_and(|a| a == "--checkpoints");
+    if delivery || producers || checkpoints {
         args.remove(0);
     }
-    let dir = args
-        .first()
-        .map(PathBuf::from)
-        .ok_or("usage: golden [--delivery | --producers] DIR (DIR must not exist)")?;
+    let dir = args.first().map(PathBuf::from).ok_or(
+        "usage: golden [--delivery | --producers | --checkpoints] DIR (DIR must not exist)",
+    )?;
     if dir.exists() {
         return Err(format!("{} exists: golden files are never rewritten", dir.display()).into());
     }
@@ -50,6 +56,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         write_delivery_log(&dir)?;
     } else if producers {
         write_producers_log(&dir)?;
+    } else if checkpoints {
+        write_crashed_log(&dir)?;
     } else {
         write_log(&dir)?;
     }
@@ -94,6 +102,41 @@ fn write_log(dir: &Path) -> segwal::Result<()> {
         outbox.append(payload(n).as_bytes())?;
     }
     outbox.close()
+}
+
+/// Segments of sixteen blocks, a checkpoint at every sync group past the
+/// first block: single appends and batches, the first dozen records
+/// acknowledged (their segment deleted), and the segment files copied while
+/// the outbox is open, as a crash leaves them.
+fn write_crashed_log(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let live = tempfile::tempdir()?;
+    let options = Options::default()
+        .segment_bytes(16 * 4096)
+        .checkpoint_bytes(4096);
+    let outbox = Outbox::open(live.path(), options)?;
+    for n in 0..12 {
+        outbox.append(payload(n).as_bytes())?;
+    }
+    for record in outbox.claim(12)? {
+        outbox.ack(record.seq())?;
+    }
+    outbox.sync()?;
+    for first in (12..40).step_by(7) {
+        let batch: Vec<String> = (first..first + 7).map(payload).collect();
+        outbox.append_batch(&batch)?;
+    }
+    for n in 40..60 {
+        outbox.append(payload(n).as_bytes())?;
+    }
+    std::fs::create_dir(dir)?;
+    for entry in std::fs::read_dir(live.path())? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().ends_with(".seg") {
+            std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
+        }
+    }
+    outbox.close()?;
+    Ok(())
 }
 
 /// Segments of eight blocks (relocation pays once the copies take at most

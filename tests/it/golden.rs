@@ -74,6 +74,22 @@ fn format_version_2_directories_open_with_every_record() {
     check_version("v2", OpenCheck::EveryFrame);
 }
 
+/// A crash image with index checkpoints: the newest segment, unsealed, is
+/// read from its last checkpoint on (and frame by frame under `EveryFrame`,
+/// which checks every checkpoint against the frames before it).
+#[test]
+fn format_version_2_index_checkpoints_of_a_crashed_segment_are_read() {
+    check_version("v2-checkpoints", OpenCheck::SealIndex);
+    check_version("v2-checkpoints", OpenCheck::EveryFrame);
+    for (check, taken) in [(OpenCheck::SealIndex, true), (OpenCheck::EveryFrame, false)] {
+        let copy = copy_of("v2-checkpoints");
+        let outbox = Outbox::open(copy.path(), Options::default().open_check(check)).expect("open");
+        let report = outbox.recovery_report();
+        assert_eq!(report.frames_from_checkpoints > 0, taken, "{check:?}");
+        outbox.close().expect("close");
+    }
+}
+
 /// Delivery state written by version 2: acks frames, and a dead letter and a
 /// record delayed for a century that relocation carried forward (kind 4
 /// frames) out of segments deleted since, so that only their copies hold them.

@@ -338,7 +338,11 @@ pub(crate) fn scan_window(
     let mut scan = SegmentScan::empty(id, path, src.len() as u64);
     // A walk that starts past the checkpoints starts far from the header:
     // only the header's block is read for it.
-    let least = if listed.is_some() { FRAMES_AT } else { src.chunk };
+    let least = if listed.is_some() {
+        FRAMES_AT
+    } else {
+        src.chunk
+    };
     let block = src.read_from(0, FRAMES_AT, least).to_vec();
     if scan_header(&block, id, &mut scan).is_some()
         || scan_frames(src, id, regions, &mut scan, listed).is_some()

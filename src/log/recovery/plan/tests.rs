@@ -976,3 +976,44 @@ fn a_buffered_batch_whose_first_sectors_never_landed_is_torn_not_corrupt() {
     let plan = decide(&[seg.file(), Seg::new(8, 7, 1).file()]).expect("sealed");
     assert_eq!(plan.torn, None);
 }
+
+/// A segment of two batches and a log start, then a sync group starting with
+/// an index checkpoint whose list is `list(&index)`, and a record after it.
+fn checkpointed(list: impl Fn(&IndexBuilder) -> Vec<u8>) -> Seg {
+    let mut seg = Seg::new(1, 0, 1).batch(3).log_start(1).batch(2).align();
+    let payload = list(&seg.index);
+    let group = seg.next;
+    seg.frame(
+        crate::format::checkpoint::CHECKPOINT,
+        &payload,
+        group,
+        false,
+    );
+    seg.frame(FrameKind::Record, &[8; 20], group, true);
+    seg
+}
+
+#[test]
+fn an_index_checkpoint_must_describe_the_frames_before_it() {
+    // The truth: every frame so far, the log start frame internal.
+    let seg = checkpointed(|index| index.checkpoint(0, &[], false));
+    let plan = decide(&[seg.file()]).expect("a checkpoint that tells the truth");
+    assert_eq!(plan.torn, None);
+    assert_eq!(plan.records, 6);
+    // A list that hides the internal frame, that starts at the wrong
+    // position, or that names a checkpoint that is not there: its checksum
+    // holds, so it was written so, and the segment is corrupt.
+    for lie in [
+        checkpointed(|index| index.checkpoint(0, &[], true)),
+        checkpointed(|index| index.checkpoint(1, &[], false)),
+        checkpointed(|index| index.checkpoint(0, &[4096], false)),
+    ] {
+        assert!(
+            matches!(
+                corruption(decide(&[lie.file()])),
+                Corruption::BadCheckpoint { .. }
+            ),
+            "a lying checkpoint is corruption"
+        );
+    }
+}
