@@ -420,8 +420,10 @@ impl Options {
     /// segments), and none for segments under 1 MiB. 0 writes none; otherwise
     /// a multiple of 4096 up to [`SEGMENT_BYTES_MAX`]. The cost is 8 bytes
     /// written per frame (3 % more bytes at 256-byte records, 0.2 % at 4 KiB).
-    /// A segment keeps the interval it was created with: an outbox opened
-    /// with another one reads the old segments as they were written.
+    /// A segment holds at most 1,024 checkpoints (an interval below a
+    /// 1,024th of the segment lists only its first part). A segment keeps
+    /// the interval it was created with: an outbox opened with another one
+    /// reads the old segments as they were written.
     pub fn checkpoint_bytes(mut self, bytes: u64) -> Options {
         self.checkpoint_bytes = Some(bytes);
         self

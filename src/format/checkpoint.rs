@@ -45,8 +45,10 @@ const LISTS_AT: usize = LOG_START_AT + 8;
 const FRAME_ENTRY_LEN: usize = 8;
 
 /// The most checkpoints one segment holds; past them the writer writes none
-/// (a segment far larger than its configured size, grown by huge records).
-pub(crate) const CHECKPOINTS_MAX: usize = 64;
+/// (an interval set far below a sixteenth of the segment, or a segment grown
+/// far past its size by huge records). Each lists the ones before it, 4
+/// bytes each.
+pub(crate) const CHECKPOINTS_MAX: usize = 1024;
 
 /// The largest interval between checkpoints by default.
 const EVERY_MAX: u64 = 4 << 20;

@@ -75,9 +75,11 @@ pub(crate) fn listed(
     let salt = frame::salt(id, header.nonce);
     // The first blocks after every multiple are asked for at once.
     let mut mark = every;
-    while mark < end {
+    let mut hinted = 0;
+    while mark < end && hinted < checkpoint::CHECKPOINTS_MAX {
         file.will_need(mark, HINT_AFTER_MARK.min(end - mark));
         mark += every;
+        hinted += 1;
     }
     let mut found: Option<Listed> = None;
     let mut offsets: Vec<u32> = Vec::new();
@@ -86,7 +88,7 @@ pub(crate) fn listed(
     while mark < end && offsets.len() < checkpoint::CHECKPOINTS_MAX {
         let from = align_up(found.as_ref().map_or(mark, |f| f.end.max(mark)));
         let until = (from + 2 * every).min(end);
-        let Some((at, bytes)) = search(read, salt, from, until) else {
+        let Some((at, bytes)) = search(read, salt, from, until, len) else {
             break;
         };
         let mut cp = fit(&bytes, at, salt, id, &offsets, position, found.take())?;
@@ -100,12 +102,14 @@ pub(crate) fn listed(
 }
 
 /// The first checkpoint frame of this segment on a block boundary from `from`
-/// (a block boundary) up to `until`: its offset and bytes.
+/// (a block boundary) up to `until`, in a file of `len` bytes: its offset and
+/// bytes.
 fn search(
     read: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
     salt: u32,
     from: u64,
     until: u64,
+    len: u64,
 ) -> Option<(u64, Vec<u8>)> {
     let mut buf = vec![0u8; CHUNK];
     let mut at = from;
@@ -123,8 +127,12 @@ fn search(
             let Some(claimed) = frame::claimed_len(head, salt) else {
                 continue;
             };
-            let mut whole = vec![0u8; claimed];
             let offset = at + k as u64;
+            // Nothing is allocated for a length the file cannot hold.
+            if offset.saturating_add(claimed as u64) > len {
+                continue;
+            }
+            let mut whole = vec![0u8; claimed];
             read(&mut whole, offset).ok()?;
             if frame::decode(&whole, salt).is_ok() {
                 return Some((offset, whole));
