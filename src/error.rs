@@ -406,9 +406,10 @@ pub enum Corruption {
         what: &'static str,
     },
     /// An index checkpoint (docs/FORMAT.md, "Index checkpoints"), its
-    /// checksum valid, does not describe the frames before it. Recovery does
-    /// not stop at one (it reads the segment's frames instead); `segwal verify`
-    /// reports it.
+    /// checksum valid, does not describe the frames before it: corruption,
+    /// as a seal index that does not. Found by a walk over every frame (under
+    /// `OpenCheck::EveryFrame`, by `segwal verify`, or where the checkpoints
+    /// of the newest segment do not chain and recovery reads its frames).
     BadCheckpoint {
         /// What does not fit.
         what: &'static str,

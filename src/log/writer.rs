@@ -659,26 +659,36 @@ impl Writer {
         if upper == 0 {
             return Ok(());
         }
-        let over = self.active.len + upper > self.shared.options.segment_bytes;
+        // A checkpoint, if due, is the first frame of the write, numbered
+        // before its records. None goes out below the free-disk floor, where
+        // appends are refused: it could be most of what the batch writes.
+        let floor = self.shared.options.min_free_disk_bytes;
+        let room = self.free_bytes().is_none_or(|free| free >= floor);
+        let mut checkpoint = room
+            .then(|| {
+                self.active.checkpoint_due(
+                    self.group.is_some(),
+                    crate::injected!(self.shared.options, CheckpointHidesInternal),
+                )
+            })
+            .flatten();
+        let listing = checkpoint
+            .as_ref()
+            .map_or(0, |p| frame::frame_len(p.len()) as u64);
+        let over = self.active.len + upper + listing > self.shared.options.segment_bytes;
         // Any frame past the header counts for size: a segment filling with
         // delivery-state frames only (a relay draining with nothing appended)
         // must rotate too, or it would grow without bound.
         if over && self.active.len > FRAMES_AT as u64 {
             self.rotate()?;
+            // A new segment has nothing to list.
+            checkpoint = None;
         }
-        // A checkpoint, if due, is the first frame of the write, numbered
-        // before its records.
-        let checkpoint = self
-            .active
-            .checkpoint_due(
-                self.group.is_some(),
-                crate::injected!(self.shared.options, CheckpointHidesInternal),
-            )
-            .map(|payload| {
-                let seq = self.next_seq;
-                self.next_seq = seq.next();
-                (seq, payload)
-            });
+        let checkpoint = checkpoint.map(|payload| {
+            let seq = self.next_seq;
+            self.next_seq = seq.next();
+            (seq, payload)
+        });
         let mut plans = self.plan(batch, backlog, timestamp_us);
         if !self.described.is_empty() {
             internal.insert(

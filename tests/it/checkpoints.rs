@@ -212,3 +212,28 @@ fn damage_after_the_last_checkpoint_or_in_a_checkpoint_is_still_named() {
         reopened.close().expect("close");
     }
 }
+
+#[test]
+fn a_torn_last_batch_is_cut_and_the_frames_before_the_last_checkpoint_are_not_read_again() {
+    let (t, outbox, seqs) = running();
+    let (image, newest) = crash_image(&t, "torn");
+    outbox.close().expect("close");
+    let frames = frames_of(&newest);
+    let last_record = frames
+        .iter()
+        .rev()
+        .find(|f| f.kind == RECORD)
+        .copied()
+        .expect("a record");
+    // The last batch (one record) torn: its payload half written.
+    flip_byte(&newest, last_record.offset + FRAME_HEADER + 500);
+    let reopened = Outbox::open(&image, options()).expect("a torn tail, not corruption");
+    let report = reopened.recovery_report();
+    let torn = report.torn_tail.as_ref().expect("the torn batch cut");
+    assert_eq!((&torn.path, torn.offset), (&newest, last_record.offset));
+    // Read from the last checkpoint on, the frames before it from the lists.
+    assert!(report.frames_from_checkpoints > 0);
+    let got: Vec<Seq> = crate::drain(&reopened).iter().map(|r| r.seq()).collect();
+    assert_eq!(got, seqs[..seqs.len() - 1].to_vec());
+    reopened.close().expect("close");
+}

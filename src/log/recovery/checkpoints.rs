@@ -23,12 +23,11 @@ use crate::format::checkpoint::{self, CHECKPOINT};
 use crate::format::frame::{self, FRAME_HEADER_LEN, FrameSpan};
 use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader, align_up};
 use crate::format::seq::{SegmentId, Seq};
-use crate::io::StorageFile;
 
 use super::scan::LogStartMark;
 
 /// What the checkpoints of a segment list, up to the last one found.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Listed {
     /// Every frame from the segment's first to the last checkpoint, that one
     /// included (as an internal frame), in order.
@@ -56,11 +55,12 @@ const CHUNK: usize = 64 << 10;
 /// 4 MiB of 256-byte records).
 const HINT_AFTER_MARK: u64 = 256 << 10;
 
-/// The checkpoints of the segment `id` whose header is `header`, in `file`
-/// (`len` bytes, data up to `data_end`), read through `read`: `None` if it has
-/// none that can be trusted, and its frames are read from the first.
+/// The checkpoints of the segment `id` whose header is `header`, in a file of
+/// `len` bytes (data up to `data_end`) read through `read`, which `hint`
+/// tells of what is about to be read (offset, length): `None` if it has none
+/// that can be trusted, and its frames are read from the first.
 pub(crate) fn listed(
-    file: &dyn StorageFile,
+    hint: &dyn Fn(u64, u64),
     read: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
     id: SegmentId,
     header: &SegmentHeader,
@@ -77,7 +77,7 @@ pub(crate) fn listed(
     let mut mark = every;
     let mut hinted = 0;
     while mark < end && hinted < checkpoint::CHECKPOINTS_MAX {
-        file.will_need(mark, HINT_AFTER_MARK.min(end - mark));
+        hint(mark, HINT_AFTER_MARK.min(end - mark));
         mark += every;
         hinted += 1;
     }

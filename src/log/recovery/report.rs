@@ -40,10 +40,11 @@ pub struct RecoveryReport {
     /// Under [`RecoveryMode::Lossy`] only: what was dropped at the first damage.
     pub dropped: Option<Dropped>,
     /// Frames the open took from index checkpoints instead of reading them:
-    /// after a crash, those of the newest segment before its last checkpoint
-    /// (docs/FORMAT.md, "Index checkpoints"). 0 after a clean close (the
-    /// newest segment is then sealed and read through its seal index), and
-    /// under [`OpenCheck::EveryFrame`](crate::OpenCheck::EveryFrame).
+    /// those of the newest segment (which has no seal after a crash or a
+    /// close) before its last checkpoint (docs/FORMAT.md, "Index
+    /// checkpoints"). 0 when the newest segment holds no checkpoint (less
+    /// than one interval of frames), and under
+    /// [`OpenCheck::EveryFrame`](crate::OpenCheck::EveryFrame).
     pub frames_from_checkpoints: u64,
 }
 

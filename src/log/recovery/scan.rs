@@ -369,11 +369,48 @@ pub(crate) fn check_window_matches_whole(id: SegmentId, bytes: &[u8], chunk: usi
         Ok(())
     };
     let path = PathBuf::from(id.file_name());
+    let whole = scan(id, path.clone(), bytes, OpenCheck::EveryFrame, &regions);
     let mut window = Window::with_chunk(&read, bytes.len(), chunk);
     if let Some(windowed) = scan_window(id, path.clone(), &mut window, &regions, None) {
-        let whole = scan(id, path, bytes, OpenCheck::EveryFrame, &regions);
         assert_eq!(windowed, whole, "window of {chunk} bytes");
     }
+    // Through its index checkpoints, where they chain, the same frames and
+    // the same damage, unless the damage lies before the last checkpoint
+    // (bit rot there is found when the record is read, as in a sealed
+    // segment read through its seal index).
+    let Ok(header) = SegmentHeader::decode(bytes) else {
+        return;
+    };
+    let Some(listed) = checkpoints::listed(&|_, _| {}, &read, id, &header, len, len) else {
+        return;
+    };
+    if whole.damage.as_ref().is_some_and(|d| d.offset < listed.end) {
+        return;
+    }
+    let taken = listed.frames.len() as u64;
+    let same = |through: &SegmentScan, how: &str| {
+        assert_eq!(through.frames, whole.frames, "{how}: frames");
+        assert_eq!(through.damage, whole.damage, "{how}: damage");
+        assert_eq!(through.seal, whole.seal, "{how}: seal");
+        assert_eq!(
+            through.log_start_marker(),
+            whole.log_start_marker(),
+            "{how}: log start"
+        );
+        assert_eq!(through.listed, taken, "{how}: listed");
+    };
+    let mut window = Window::with_chunk(&read, bytes.len(), chunk);
+    if let Some(through) = scan_window(
+        id,
+        path.clone(),
+        &mut window,
+        &regions,
+        Some(listed.clone()),
+    ) {
+        same(&through, "window through checkpoints");
+    }
+    let through = walk_whole(id, path, bytes, &regions, Some(listed));
+    same(&through, "whole through checkpoints");
 }
 
 /// Where the file system says data may lie from an offset on: `None` when the
@@ -511,7 +548,10 @@ pub(crate) fn scan_file(
         SegmentHeader::decode(buf.get(..FRAMES_AT).unwrap_or_default())
             .ok()
             .filter(|h| h.first_seq == id.first_seq())
-            .and_then(|h| checkpoints::listed(&*file, &read_at, id, &h, len, map.end()))
+            .and_then(|h| {
+                let hint = |at, n| file.will_need(at, n);
+                checkpoints::listed(&hint, &read_at, id, &h, len, map.end())
+            })
     } else {
         None
     };
@@ -527,7 +567,7 @@ pub(crate) fn scan_file(
     // Frame by frame through one reused buffer; only a file that is not whole
     // is read into memory whole.
     let mut window = Window::new(&read_at, size);
-    if let Some(scan) = scan_window(id, path.clone(), &mut window, &regions, listed) {
+    if let Some(scan) = scan_window(id, path.clone(), &mut window, &regions, listed.clone()) {
         return Ok((scan, opened(id, path)));
     }
     // Asked again: the walk found the file not whole, and another process
@@ -535,11 +575,15 @@ pub(crate) fn scan_file(
     // what the first map knew.
     let map = DataMap::of(&*file, len);
     let regions = |at| Ok(map.next(at));
-    let mut at = 0;
-    // How far every byte from the start was read: where the data regions
-    // leave no gap (a recycled file's old bytes are data to its end), the
-    // file is in memory whole already.
-    let mut read_to = 0;
+    // What the checkpoints list is not read again: the file is read into
+    // memory, and looked past its damage, from the last checkpoint on (its
+    // header's block was read with the trailer).
+    let from = listed.as_ref().map_or(0, |l| l.at as usize);
+    let mut at = from;
+    // How far every byte from there was read: where the data regions leave
+    // no gap (a recycled file's old bytes are data to its end), the file is
+    // in memory whole already.
+    let mut read_to = from;
     while let Some((start, end)) = data_region(&regions, size, at) {
         read(&mut buf, start as u64, (end + PAGE) as u64)?;
         if start <= read_to {
@@ -547,10 +591,10 @@ pub(crate) fn scan_file(
         }
         at = end;
     }
-    let mut scan = scan(id, path.clone(), &buf, OpenCheck::EveryFrame, &regions);
+    let mut scan = walk_whole(id, path.clone(), &buf, &regions, listed.clone());
     if scan.damage.is_some() && read_to < size {
-        read(&mut buf, 0, len)?;
-        scan = self::scan(id, path.clone(), &buf, OpenCheck::EveryFrame, &regions);
+        read(&mut buf, from as u64, len)?;
+        scan = walk_whole(id, path.clone(), &buf, &regions, listed);
     }
     Ok((scan, opened(id, path)))
 }
@@ -699,7 +743,9 @@ fn scan_sealed(id: SegmentId, path: PathBuf, buf: &[u8]) -> Option<SegmentScan> 
 
 /// Scans one segment file's bytes `buf`: header, frames, and the first damage
 /// if any. Under [`OpenCheck::SealIndex`], a segment that ends with a seal
-/// carrying a valid index is read through the index alone.
+/// carrying a valid index is read through the index alone. (The pure form of
+/// what [`scan_file`] does, for the crash cases' tests.)
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn scan(
     id: SegmentId,
     path: PathBuf,
@@ -707,10 +753,27 @@ pub(crate) fn scan(
     check: OpenCheck,
     regions: DataRegions<'_>,
 ) -> SegmentScan {
-    let mut scan = SegmentScan::empty(id, path, buf.len() as u64);
-    if check == OpenCheck::SealIndex && scan_by_index(buf, id, &mut scan) {
-        return scan;
+    if check == OpenCheck::SealIndex {
+        let mut scan = SegmentScan::empty(id, path.clone(), buf.len() as u64);
+        if scan_by_index(buf, id, &mut scan) {
+            return scan;
+        }
     }
+    walk_whole(id, path, buf, regions, None)
+}
+
+/// Scans a segment file's bytes `buf` frame by frame: its header, then its
+/// frames (with `listed`, those after the last index checkpoint, the frames
+/// before it taken from the list), and, past the first damage, every block
+/// boundary for a frame of a later sync group.
+fn walk_whole(
+    id: SegmentId,
+    path: PathBuf,
+    buf: &[u8],
+    regions: DataRegions<'_>,
+    listed: Option<Listed>,
+) -> SegmentScan {
+    let mut scan = SegmentScan::empty(id, path, buf.len() as u64);
     scan.damage = match scan_header(buf, id, &mut scan) {
         Some(d) => {
             // On the bytes themselves, never on where the file system says
@@ -718,7 +781,7 @@ pub(crate) fn scan(
             scan.blank = scan.header.is_none() && all_zero(buf);
             Some(d)
         }
-        None => scan_frames(&mut Whole(buf), id, regions, &mut scan, None).map(|mut d| {
+        None => scan_frames(&mut Whole(buf), id, regions, &mut scan, listed).map(|mut d| {
             let salt = scan.header.map_or(0, |h| frame::salt(id, h.nonce));
             look_past(buf, salt, regions, &mut d);
             d

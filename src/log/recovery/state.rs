@@ -77,9 +77,10 @@ const LARGE: usize = BLOCK;
 
 /// Every change the kept delivery-state frames record, in log order.
 ///
-/// Each internal frame but a segment's seal (its index was checked when the
-/// segment was scanned) and its index checkpoints (which only say where frames
-/// lie) is read whole and checked: a delivery-state frame of a kept segment was fsynced (a torn one was cut with its batch), so one that
+/// Each internal frame is read whole and checked, but a segment's seal (its
+/// index was checked when the segment was scanned) and an index checkpoint
+/// longer than a block (it only says where frames lie), of which the header
+/// alone is read and checked: a delivery-state frame of a kept segment was fsynced (a torn one was cut with its batch), so one that
 /// fails its checksum is damage, refused as such (`Error::Corrupt`, naming the
 /// file and offset), unless `lossy`: then it is skipped, and its records are
 /// delivered once more.
@@ -119,22 +120,22 @@ pub(crate) fn recorded_state<'a>(
         for span in internal {
             let at = u64::from(span.offset);
             // The seal (its index was checked when the segment was scanned)
-            // and the index checkpoints (read only to find frames, and checked
-            // then) are not delivery state: their header alone is read.
+            // and a large index checkpoint (it only says where frames lie)
+            // are not delivery state: their header alone is read, and
+            // believed only if its own keyed checksum holds, so that damage
+            // to a kind byte cannot make recovery skip a delivery-state frame.
             if Some(span.offset) == last || span.len as usize > LARGE {
                 read_exact_at(&*file, &mut header, at)
                     .map_err(|e| Error::io("read segment", path, e))?;
                 let kind = frame::kind_of(&header);
-                if kind == Some(frame::FrameKind::Seal) || kind == Some(CHECKPOINT) {
+                let checked = frame::claimed_len(&header, seg.salt) == Some(span.len as usize);
+                if checked && (kind == Some(frame::FrameKind::Seal) || kind == Some(CHECKPOINT)) {
                     continue;
                 }
             }
             whole.resize(span.len as usize, 0);
             read_exact_at(&*file, &mut whole, at)
                 .map_err(|e| Error::io("read segment", path, e))?;
-            if frame::kind_of(&whole) == Some(CHECKPOINT) {
-                continue;
-            }
             let corrupt = |kind| Error::Corrupt {
                 path: path.to_path_buf(),
                 offset: at,
@@ -183,7 +184,8 @@ pub(crate) fn recorded_state<'a>(
                         at: f.header.seq,
                     }])
                 } else {
-                    // A log start, or a kind this build may skip.
+                    // A log start, an index checkpoint, or a kind this build
+                    // may skip.
                     Ok(Vec::new())
                 }
             });

@@ -981,6 +981,13 @@ fn a_buffered_batch_whose_first_sectors_never_landed_is_torn_not_corrupt() {
 /// an index checkpoint whose list is `list(&index)`, and a record after it.
 fn checkpointed(list: impl Fn(&IndexBuilder) -> Vec<u8>) -> Seg {
     let mut seg = Seg::new(1, 0, 1).batch(3).log_start(1).batch(2).align();
+    // A header naming a checkpoint every four blocks (this one is the first
+    // past 16384, as the writer places it), so that the window's walk
+    // through the checkpoints is checked against the whole walk too.
+    let mut header = SegmentHeader::decode(&seg.bytes).expect("header");
+    header.checkpoint_every = 16384;
+    let block = header.encode_block();
+    seg.bytes[..block.len()].copy_from_slice(&block);
     let payload = list(&seg.index);
     let group = seg.next;
     seg.frame(
@@ -989,6 +996,7 @@ fn checkpointed(list: impl Fn(&IndexBuilder) -> Vec<u8>) -> Seg {
         group,
         false,
     );
+    assert_eq!(seg.offset_of(group), 16384);
     seg.frame(FrameKind::Record, &[8; 20], group, true);
     seg
 }
