@@ -176,9 +176,11 @@ impl Options {
     ///
     /// A write batch never spans two segments, so a segment can exceed this size by
     /// one batch (or by one record larger than the size). Smaller segments free
-    /// acknowledged space sooner, and make an open after a crash read less (it
-    /// reads the newest segment's frames, and only the index of every older
-    /// one); larger ones mean fewer files and fewer rotations.
+    /// acknowledged space sooner; larger ones mean fewer files and fewer
+    /// rotations. An open reads the index of every sealed segment, and of the
+    /// newest the lists of its index checkpoints and the frames after the last
+    /// one ([`checkpoint_bytes`](Options::checkpoint_bytes)), whatever the
+    /// size.
     ///
     /// Disk space is reserved ahead of the writer (`fallocate`), so that a
     /// batch's `fdatasync` need not also record a grown file: a new segment

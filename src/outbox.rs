@@ -1351,6 +1351,7 @@ fn trace_open(_dir: &Path, _report: &RecoveryReport) {
             segments = report.segments_found,
             records = report.records_recovered,
             reserve_released = report.reserve_released,
+            frames_from_checkpoints = report.frames_from_checkpoints,
             "outbox opened"
         );
     }
