@@ -731,26 +731,15 @@ impl Writer {
         // Frames still to encode: the last one ends the write batch.
         let mut left = records as usize + internal.len() + usize::from(checkpoint.is_some());
         if let Some((seq, payload)) = &checkpoint {
-            let group = *self.group.get_or_insert(*seq);
             left -= 1;
-            frame::encode(
-                &mut self.buf,
-                &FrameHeader {
-                    kind: checkpoint::CHECKPOINT,
-                    batch_end: left == 0,
-                    seq: *seq,
-                    group,
-                    timestamp_us,
-                },
+            let span = self.encode_internal(
+                checkpoint::CHECKPOINT,
                 payload,
-                salt,
+                *seq,
+                left == 0,
+                offset,
+                timestamp_us,
             );
-            let span = FrameSpan {
-                offset: offset32(offset),
-                len: frame::frame_len(payload.len()) as u32,
-                is_record: false,
-            };
-            self.staged.push(span);
             self.active.listed(span);
             offset = span.end();
         }
@@ -801,26 +790,8 @@ impl Writer {
         );
         for (kind, payload) in &internal {
             let seq = self.next_seq;
-            let group = *self.group.get_or_insert(seq);
             left -= 1;
-            frame::encode(
-                &mut self.buf,
-                &FrameHeader {
-                    kind: *kind,
-                    batch_end: left == 0,
-                    seq,
-                    group,
-                    timestamp_us,
-                },
-                payload,
-                salt,
-            );
-            let span = FrameSpan {
-                offset: offset32(offset),
-                len: frame::frame_len(payload.len()) as u32,
-                is_record: false,
-            };
-            self.staged.push(span);
+            let span = self.encode_internal(*kind, payload, seq, left == 0, offset, timestamp_us);
             offset = span.end();
             self.next_seq = seq.next();
         }
@@ -835,6 +806,41 @@ impl Writer {
         Counters::add(&self.shared.counters.records_appended, records);
         Counters::add(&self.shared.counters.bytes_appended, records_bytes);
         Ok(())
+    }
+
+    /// Encodes the internal frame `seq` of `kind` carrying `payload` at
+    /// `offset` of the active segment, in the current sync group (which it
+    /// starts if none is open), into the write buffer; stages and returns its
+    /// span.
+    fn encode_internal(
+        &mut self,
+        kind: FrameKind,
+        payload: &[u8],
+        seq: Seq,
+        batch_end: bool,
+        offset: u64,
+        timestamp_us: u64,
+    ) -> FrameSpan {
+        let group = *self.group.get_or_insert(seq);
+        frame::encode(
+            &mut self.buf,
+            &FrameHeader {
+                kind,
+                batch_end,
+                seq,
+                group,
+                timestamp_us,
+            },
+            payload,
+            self.active.salt,
+        );
+        let span = FrameSpan {
+            offset: offset32(offset),
+            len: frame::frame_len(payload.len()) as u32,
+            is_record: false,
+        };
+        self.staged.push(span);
+        span
     }
 
     /// Decides, for each append of the batch in order, what it writes: the

@@ -124,38 +124,19 @@ fn a_crash_open_takes_the_frames_before_the_last_checkpoint_from_the_checkpoints
     let before_last = frames.iter().filter(|f| f.offset <= last.offset).count() as u64;
     assert_eq!(taken, before_last, "every frame up to the last checkpoint");
     let damaged = Seq::from(listed.seq);
-    let mut delivered = Vec::new();
-    let mut refused = Vec::new();
-    loop {
-        match reopened.claim(100) {
-            Ok(records) if records.is_empty() => break,
-            Ok(records) => {
-                for r in records {
-                    assert_eq!(r.payload().len(), 1000);
-                    delivered.push(r.seq());
-                    reopened.ack(r.seq()).expect("ack");
-                }
-            }
-            Err(Error::Corrupt {
-                path,
-                offset,
-                seq,
-                kind,
-            }) => {
-                assert_eq!(
-                    (&path, offset, seq),
-                    (&newest, listed.offset, Some(damaged))
-                );
-                assert!(
-                    matches!(kind, Corruption::ChecksumMismatch { .. }),
-                    "{kind:?}"
-                );
-                refused.push(damaged);
-            }
-            Err(e) => panic!("unexpected error {e}"),
-        }
-    }
-    assert_eq!(refused, vec![damaged]);
+    let (delivered, refused) = crate::drain_past_corruption(&reopened, 100, 1000);
+    let [r] = refused.as_slice() else {
+        panic!("one refusal expected: {refused:?}");
+    };
+    assert_eq!(
+        (&r.path, r.offset, r.seq),
+        (&newest, listed.offset, Some(damaged))
+    );
+    assert!(
+        matches!(r.kind, Corruption::ChecksumMismatch { .. }),
+        "{:?}",
+        r.kind
+    );
     let expected: Vec<Seq> = seqs.iter().copied().filter(|&s| s != damaged).collect();
     assert_eq!(delivered, expected, "every other record, in order");
     reopened.close().expect("close");

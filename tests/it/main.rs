@@ -28,7 +28,7 @@ mod segments;
 
 use std::path::{Path, PathBuf};
 
-use segwal::{Options, Outbox, Record, Seq};
+use segwal::{Corruption, Error, Options, Outbox, Record, Seq};
 
 /// A fresh temporary directory; the outbox lives in a subdirectory that does not
 /// exist yet, so `open` also exercises directory creation.
@@ -63,6 +63,52 @@ pub fn drain_ack(outbox: &Outbox) -> Vec<Vec<u8>> {
     let seqs: Vec<Seq> = records.iter().map(Record::seq).collect();
     outbox.ack_many(&seqs).expect("ack");
     records.iter().map(|r| r.payload().to_vec()).collect()
+}
+
+/// A claim refused because the record it reached failed its checks.
+#[derive(Debug)]
+pub struct Refused {
+    pub path: PathBuf,
+    pub offset: u64,
+    pub seq: Option<Seq>,
+    pub kind: Corruption,
+}
+
+/// Claims `batch` records at a time until none is left, acknowledging each
+/// one handed out (checking its payload is `len` bytes); returns the seqs
+/// delivered, in order, and every claim refused with `Error::Corrupt`. Any
+/// other error fails the test.
+pub fn drain_past_corruption(
+    outbox: &Outbox,
+    batch: usize,
+    len: usize,
+) -> (Vec<Seq>, Vec<Refused>) {
+    let mut delivered = Vec::new();
+    let mut refused = Vec::new();
+    loop {
+        match outbox.claim(batch) {
+            Ok(records) if records.is_empty() => return (delivered, refused),
+            Ok(records) => {
+                for r in records {
+                    assert_eq!(r.payload().len(), len);
+                    delivered.push(r.seq());
+                    outbox.ack(r.seq()).expect("ack");
+                }
+            }
+            Err(Error::Corrupt {
+                path,
+                offset,
+                seq,
+                kind,
+            }) => refused.push(Refused {
+                path,
+                offset,
+                seq,
+                kind,
+            }),
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
 }
 
 /// The segment files in `dir`, sorted by name (log order).

@@ -388,32 +388,12 @@ fn through_the_seal_index_a_damaged_record_is_refused_when_claimed() {
     flip_byte(sealed, at + FRAME_HEADER + 50);
     // The open reads the seal's index, not the record.
     let outbox = Outbox::open(&dir, small_segments()).expect("open through the index");
-    let mut delivered = Vec::new();
-    let mut refused = Vec::new();
-    loop {
-        match outbox.claim(7) {
-            Ok(records) if records.is_empty() => break,
-            Ok(records) => {
-                for r in records {
-                    assert_eq!(r.payload().len(), 100);
-                    delivered.push(r.seq());
-                    outbox.ack(r.seq()).expect("ack");
-                }
-            }
-            Err(Error::Corrupt {
-                path,
-                offset,
-                seq,
-                kind,
-            }) => {
-                assert_eq!((&path, offset, seq), (sealed, at, Some(damaged)));
-                assert!(matches!(kind, Corruption::ChecksumMismatch { .. }));
-                refused.push(seq);
-            }
-            Err(e) => panic!("unexpected error {e}"),
-        }
-    }
-    assert_eq!(refused, vec![Some(damaged)]);
+    let (delivered, refused) = crate::drain_past_corruption(&outbox, 7, 100);
+    let [r] = refused.as_slice() else {
+        panic!("one refusal expected: {refused:?}");
+    };
+    assert_eq!((&r.path, r.offset, r.seq), (sealed, at, Some(damaged)));
+    assert!(matches!(r.kind, Corruption::ChecksumMismatch { .. }));
     let expected: Vec<Seq> = seqs.iter().copied().filter(|&s| s != damaged).collect();
     assert_eq!(delivered, expected, "every other record, in order");
     assert_eq!(outbox.stats().corrupt_records, 1);
