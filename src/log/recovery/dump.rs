@@ -262,7 +262,7 @@ impl Dump {
     }
 
     /// Scans the segment `id`: through its seal index unless it is the
-    /// newest (which is read whole, as an open reads it). `None` if it is
+    /// newest (read frame by frame: its records are read anyway). `None` if it is
     /// gone (deleted by the running owner: every record of it acknowledged).
     fn scan_segment(&self, id: SegmentId, newest: bool) -> Result<Option<scan::SegmentScan>> {
         let check = if newest {

@@ -154,8 +154,9 @@ pub(crate) fn recover(
     Ok(recovered)
 }
 
-/// Scans every segment of `ids` (in log order), the newest read whole and the
-/// others as `check` says. Where the storage allows it, the newest segment
+/// Scans every segment of `ids` (in log order), the newest never through a
+/// seal found from its end (frame by frame, from its last index checkpoint on
+/// under `OpenCheck::SealIndex`), and the others as `check` says. Where the storage allows it, the newest segment
 /// (after a crash, tens of megabytes to read and check frame by frame) is
 /// scanned on a second thread while this one reads the others (their seal
 /// indexes): the scans are pure functions of each file's bytes, so the
