@@ -549,6 +549,14 @@ mod tests {
                 "max_record_bytes",
             ),
             (Options::default().queue_capacity(0), "queue_capacity"),
+            (
+                Options::default().checkpoint_bytes(4097),
+                "checkpoint_bytes",
+            ),
+            (
+                Options::default().checkpoint_bytes(SEGMENT_BYTES_MAX + 4096),
+                "checkpoint_bytes",
+            ),
             (Options::default().queue_capacity(1 << 40), "queue_capacity"),
             (
                 Options::default().queue_capacity(usize::MAX),

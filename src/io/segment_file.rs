@@ -92,6 +92,7 @@ pub(crate) enum Recycling {
 
 /// What names a segment about to be made: its header's fields but the nonce
 /// and the clock.
+#[derive(Clone, Copy)]
 pub(crate) struct Successor {
     /// The seq of its first frame, which names it.
     pub first: Seq,

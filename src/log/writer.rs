@@ -663,15 +663,13 @@ impl Writer {
         // before its records. None goes out below the free-disk floor, where
         // appends are refused: it could be most of what the batch writes.
         let floor = self.shared.options.min_free_disk_bytes;
-        let room = self.free_bytes().is_none_or(|free| free >= floor);
-        let mut checkpoint = room
-            .then(|| {
-                self.active.checkpoint_due(
-                    self.group.is_some(),
-                    crate::injected!(self.shared.options, CheckpointHidesInternal),
-                )
-            })
-            .flatten();
+        let mut checkpoint = self
+            .active
+            .checkpoint_due(
+                self.group.is_some(),
+                crate::injected!(self.shared.options, CheckpointHidesInternal),
+            )
+            .filter(|_| self.free_bytes().is_none_or(|free| free >= floor));
         let listing = checkpoint
             .as_ref()
             .map_or(0, |p| frame::frame_len(p.len()) as u64);
@@ -1319,18 +1317,19 @@ impl Writer {
         seal_seq: Seq,
     ) -> std::result::Result<FreshSegment, crate::io::segment_file::Failed> {
         let shared = &self.shared;
+        let next = Successor {
+            first,
+            prev_seq: seal_seq,
+            log_start: self.log_start,
+            outbox_id: self.outbox_id,
+            checkpoint_every: shared.options.checkpoint_every(),
+        };
         if let Some(spare) = self.spare.take() {
             let recycled = SegmentFile::recycle(
                 &*shared.storage,
                 &shared.dir,
                 &spare,
-                Successor {
-                    first,
-                    prev_seq: seal_seq,
-                    log_start: self.log_start,
-                    outbox_id: self.outbox_id,
-                    checkpoint_every: shared.options.checkpoint_every(),
-                },
+                next,
                 !crate::injected!(shared.options, RecycleHeaderUnsynced),
             );
             match recycled {
@@ -1359,13 +1358,7 @@ impl Writer {
         SegmentFile::create(
             &*shared.storage,
             &shared.dir,
-            Successor {
-                first,
-                prev_seq: seal_seq,
-                log_start: self.log_start,
-                outbox_id: self.outbox_id,
-                checkpoint_every: shared.options.checkpoint_every(),
-            },
+            next,
             crate::io::segment_file::first_allocation(shared.options.segment_bytes),
         )
     }
