@@ -304,7 +304,7 @@ fn cluster() {
             started.elapsed().as_secs_f64()
         );
         std::thread::sleep(Duration::from_secs(2));
-        nodes[node].start();
+        nodes[node].restart(Duration::from_secs(120));
         println!(
             "  node {} back ({:.1} s)",
             nodes[node].name,

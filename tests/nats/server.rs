@@ -221,6 +221,26 @@ impl Server {
         self.wait_ready(Duration::from_secs(30));
     }
 
+    /// Starts a node of a cluster again on its store and waits, up to
+    /// `limit`, until it is healthy. A restarted node reports healthy only
+    /// once it has caught up with its streams, which can take long on a
+    /// slow machine (and nats-server 2.10 can keep saying "catching up"
+    /// after the catch-up is done, nats-io/nats-server#6964): then the
+    /// reason is printed with the log's warnings and the test goes on, since
+    /// what it asserts is that every record reaches the stream. A node that
+    /// exits is a failure.
+    pub fn restart(&mut self, limit: Duration) {
+        self.spawn();
+        match self.ready_within(limit) {
+            Ok(()) => {}
+            Err(why) if self.child.is_none() => panic!("{why}"),
+            Err(why) => {
+                println!("  {why}; going on");
+                self.print_warnings();
+            }
+        }
+    }
+
     /// Waits until the health endpoint answers 200 (JetStream included).
     pub fn wait_ready(&mut self, limit: Duration) {
         if let Err(why) = self.ready_within(limit) {
@@ -247,13 +267,15 @@ impl Server {
                     tail.join("\n")
                 ));
             }
-            if self.healthy() {
+            let health = self.health();
+            if health.is_ok() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 return Err(format!(
-                    "{} not healthy within {limit:?}; see {}",
+                    "{} not healthy within {limit:?} ({}); see {}",
                     self.name,
+                    health.err().unwrap_or_default(),
                     self.log.display()
                 ));
             }
@@ -261,18 +283,23 @@ impl Server {
         }
     }
 
-    fn healthy(&self) -> bool {
-        let Ok(mut conn) = TcpStream::connect(("127.0.0.1", self.http_port)) else {
-            return false;
-        };
+    /// Ok when the health endpoint answers 200 (JetStream included);
+    /// otherwise what it answered, or why it could not be asked.
+    fn health(&self) -> Result<(), String> {
+        let mut conn = TcpStream::connect(("127.0.0.1", self.http_port))
+            .map_err(|e| format!("health endpoint: {e}"))?;
         let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
         let request = "GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        if conn.write_all(request.as_bytes()).is_err() {
-            return false;
-        }
+        conn.write_all(request.as_bytes())
+            .map_err(|e| format!("health endpoint: {e}"))?;
         let mut answer = String::new();
         let _ = conn.read_to_string(&mut answer);
-        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200")
+        if answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200") {
+            return Ok(());
+        }
+        // The body names what is not current.
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or(&answer);
+        Err(body.trim().chars().take(300).collect())
     }
 
     /// Prints the warnings and errors of its log (for a failed test).
