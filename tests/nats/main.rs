@@ -304,7 +304,7 @@ fn cluster() {
             started.elapsed().as_secs_f64()
         );
         std::thread::sleep(Duration::from_secs(2));
-        nodes[node].restart(Duration::from_secs(120));
+        nodes[node].restart(Duration::from_secs(60));
         println!(
             "  node {} back ({:.1} s)",
             nodes[node].name,
