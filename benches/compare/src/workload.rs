@@ -78,6 +78,10 @@ pub fn payload(size: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// How long the end-to-end workload's relay waits for records before it looks
+/// whether the producers are done.
+const RELAY_WAIT: Duration = Duration::from_millis(1);
+
 /// Runs `producers` threads, each appending records of `size` bytes to
 /// `engine` one at a time, each waiting for durability, until `stop`.
 ///
@@ -105,15 +109,11 @@ pub fn append(
                 .spawn_scoped(scope, move || -> Result<u64> {
                     start_line.wait();
                     let mut acked = 0u64;
+                    // Nothing pending means the relay keeps up: it waits for
+                    // records the engine's way (a polled engine naps), and
+                    // looks at the end of the run at least every millisecond.
                     while !producers_done.load(Ordering::Relaxed) {
-                        let n = queue.drain(batch)?;
-                        acked += n as u64;
-                        if n == 0 {
-                            // Nothing pending: the relay keeps up. A short nap
-                            // instead of a spin, so it leaves the CPU to the
-                            // producers and the writer.
-                            std::thread::sleep(Duration::from_micros(100));
-                        }
+                        acked += queue.drain_wait(batch, RELAY_WAIT)? as u64;
                     }
                     Ok(acked)
                 })

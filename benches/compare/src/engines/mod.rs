@@ -7,6 +7,7 @@ mod segwal;
 mod sqlite;
 
 use std::path::Path;
+use std::time::Duration;
 
 /// Any engine's error, boxed: the harness only reports it and stops.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -42,7 +43,23 @@ pub trait Queue: Sync {
     /// Takes up to `max` of the oldest records, reads their payloads, and
     /// acknowledges (deletes) them. Returns how many it took.
     fn drain(&self, max: usize) -> Result<usize>;
+
+    /// Like [`drain`](Queue::drain), but when nothing is pending waits for
+    /// records the engine's own way, up to about `wait`, as a relay that keeps
+    /// up does. Without a way to wait, the engine is polled: one `drain`, and
+    /// a nap of a tenth of a millisecond when it found nothing, which leaves
+    /// the CPU to the producers.
+    fn drain_wait(&self, max: usize, wait: Duration) -> Result<usize> {
+        let n = self.drain(max)?;
+        if n == 0 {
+            std::thread::sleep(POLL_NAP.min(wait));
+        }
+        Ok(n)
+    }
 }
+
+/// How long a polled queue's relay naps when it found nothing pending.
+const POLL_NAP: Duration = Duration::from_micros(100);
 
 /// Records, write batches and fsyncs since the engine opened.
 #[derive(Clone, Copy, Debug, Default)]

@@ -2,8 +2,9 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use segwal::{Message, Options, Outbox, Seq};
+use segwal::{Message, Options, Outbox, Record, Seq};
 
 use super::{Counters, Engine, Queue, Result};
 
@@ -108,6 +109,21 @@ impl Queue for Segwal {
 
     fn drain(&self, max: usize) -> Result<usize> {
         let records = self.outbox.claim(max)?;
+        self.settle(records)
+    }
+
+    /// Waits in `claim_wait`, as segwal's own relay does: the writer wakes it
+    /// when a batch of records becomes claimable.
+    fn drain_wait(&self, max: usize, wait: Duration) -> Result<usize> {
+        let records = self.outbox.claim_wait(max, wait)?;
+        self.settle(records)
+    }
+}
+
+impl Segwal {
+    /// Reads the payloads of `records` and acknowledges them, as a relay that
+    /// published them would.
+    fn settle(&self, records: Vec<Record>) -> Result<usize> {
         let mut seqs: Vec<Seq> = Vec::with_capacity(records.len());
         let mut bytes = 0usize;
         for record in &records {
