@@ -876,43 +876,53 @@ impl Table {
             next_seq.get(),
             "frames pushed out of sequence"
         );
-        seg.offsets.reserve(frames.len());
-        let words = (seg.offsets.len() + frames.len()).div_ceil(64);
-        seg.claimed.reserve(words.saturating_sub(seg.claimed.len()));
-        seg.done.reserve(words.saturating_sub(seg.done.len()));
-        for &FrameSpan {
-            offset,
-            len,
-            is_record,
-        } in frames
+        let base = seg.offsets.len();
+        // An open pushes a sealed segment's hundreds of thousands of frames
+        // at once: the offsets are copied in one pass, the bitmaps' words
+        // come zeroed in one go, and the loop below keeps its counts in
+        // locals, touching the segment only for a sync group's gap or an
+        // internal frame.
+        seg.offsets.extend(frames.iter().map(|f| f.offset));
+        let words = seg.offsets.len().div_ceil(64);
+        seg.claimed.resize(words, 0);
+        seg.done.resize(words, 0);
+        let mut end = seg.end;
+        let (mut records, mut record_bytes, mut internal) = (0u64, 0u64, 0u32);
+        for (
+            k,
+            &FrameSpan {
+                offset,
+                len,
+                is_record,
+            },
+        ) in frames.iter().enumerate()
         {
-            let i = seg.offsets.len();
-            if offset != seg.end {
+            let i = base + k;
+            if offset != end {
                 // A new sync group, on the next block boundary.
                 assert_eq!(
                     u64::from(offset),
-                    align_up(u64::from(seg.end)),
+                    align_up(u64::from(end)),
                     "frames pushed with a gap that is not to a block boundary"
                 );
                 if let Some(prev) = i.checked_sub(1) {
-                    seg.gaps.push((prev as u32, seg.end));
+                    seg.gaps.push((prev as u32, end));
                 }
             }
-            seg.offsets.push(offset);
-            seg.end = offset + len;
-            if i.is_multiple_of(64) {
-                seg.claimed.push(0);
-                seg.done.push(0);
-            }
+            end = offset + len;
             if is_record {
-                self.pending += 1;
-                self.backlog_bytes += u64::from(len) - FRAME_HEADER_LEN as u64;
+                records += 1;
+                record_bytes += u64::from(len);
             } else {
                 SegmentSlots::set(&mut seg.claimed, i, true);
                 SegmentSlots::set(&mut seg.done, i, true);
-                seg.done_count += 1;
+                internal += 1;
             }
         }
+        seg.end = end;
+        seg.done_count += internal;
+        self.pending += records;
+        self.backlog_bytes += record_bytes - records * FRAME_HEADER_LEN as u64;
         if cfg!(debug_assertions) {
             seg.check_invariants();
         }

@@ -775,6 +775,52 @@ fn with_the_newest_segment_scanned_beside_the_others_the_first_error_in_log_orde
     }
 }
 
+/// Once the newest segment is read, its thread takes older segments from the
+/// back while the opening thread takes them from the front. Wherever each
+/// damaged segment was read, the open names the first in log order: a file
+/// too long to be a segment (an error of the scan itself), and a damaged seal
+/// (damage the scan reports and the plan judges); with the damage mended,
+/// every record comes back in order.
+#[test]
+fn older_segments_read_from_both_ends_still_name_the_first_damage_in_log_order() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    let seqs = fill(&outbox, 700, 100);
+    outbox.close().expect("close");
+    let files = segment_files(&dir);
+    assert!(files.len() > 40, "{} segments", files.len());
+    // The last older segments are the second thread's first.
+    let (early, late) = (&files[2], &files[files.len() - 2]);
+    let (early_len, late_len) = (len(early), len(late));
+    let set_len = |path: &PathBuf, to: u64| {
+        let f = OpenOptions::new().write(true).open(path).expect("open");
+        f.set_len(to).expect("set_len");
+    };
+    let names = |want: &PathBuf| match Outbox::open(&dir, small_segments()) {
+        Err(Error::Corrupt { path, .. }) => assert_eq!(&path, want),
+        other => panic!("expected Corrupt naming {want:?}, got {other:?}"),
+    };
+    set_len(late, 5 << 30);
+    names(late);
+    set_len(early, 5 << 30);
+    for _ in 0..5 {
+        names(early);
+    }
+    set_len(early, early_len);
+    set_len(late, late_len);
+    flip_byte(late, late_len - 1);
+    names(late);
+    flip_byte(early, early_len - 1);
+    for _ in 0..5 {
+        names(early);
+    }
+    flip_byte(early, early_len - 1);
+    flip_byte(late, late_len - 1);
+    let reopened = Outbox::open(&dir, small_segments()).expect("a clean reopen");
+    assert_eq!(recovered_seqs(&reopened), seqs);
+    reopened.close().expect("close");
+}
+
 /// An open asks the file system for the headers, trailers and seal indexes
 /// of up to 16 older segments at once before it reads them; across more
 /// segments than that, every record is still read back in order, and damage

@@ -270,7 +270,15 @@ impl Dump {
         } else {
             OpenCheck::SealIndex
         };
-        match scan::scan_file(&ReadOnly(&self.storage), &self.dir, id, check, false, false) {
+        match scan::scan_file(
+            &ReadOnly(&self.storage),
+            &self.dir,
+            id,
+            check,
+            false,
+            false,
+            &mut Vec::new(),
+        ) {
             Ok((scan, _)) => Ok(Some(scan)),
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 Ok(None)

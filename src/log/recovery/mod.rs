@@ -156,11 +156,15 @@ pub(crate) fn recover(
 
 /// Scans every segment of `ids` (in log order), the newest never through a
 /// seal found from its end (frame by frame, from its last index checkpoint on
-/// under `OpenCheck::SealIndex`), and the others as `check` says. Where the storage allows it, the newest segment
-/// (after a crash, tens of megabytes to read and check frame by frame) is
-/// scanned on a second thread while this one reads the others (their seal
-/// indexes): the scans are pure functions of each file's bytes, so the
-/// outcome, and the first error in log order, are those of one thread.
+/// under `OpenCheck::SealIndex`), and the others as `check` says. Where the
+/// storage allows it, the newest segment is scanned on a second thread while
+/// this one reads the others (their seal indexes) from the oldest on; once
+/// done with the newest, the second thread takes the others from the back,
+/// so that neither processor idles while the other has segments left. The
+/// scans are pure functions of each file's bytes, so the outcome, and the
+/// first error in log order, are those of one thread: each thread stops at
+/// its first error, the second thread only ever takes segments after every
+/// one this thread took, and this thread goes on until the two meet.
 fn scan_all(
     storage: &dyn Storage,
     dir: &Path,
@@ -173,54 +177,88 @@ fn scan_all(
     // about to be read durable first, so that a reopen in the same process
     // never builds on bytes a power cut would take back. (Bytes a failed
     // fsync dropped are the writer's to cut back when it is poisoned.)
-    let one = |k: usize, id: SegmentId| {
+    let one = |k: usize, id: SegmentId, scratch: &mut Vec<u8>| {
         let newest = k + 1 == ids.len();
-        scan::scan_file(storage, dir, id, check, k + 2 >= ids.len(), newest)
+        scan::scan_file(storage, dir, id, check, k + 2 >= ids.len(), newest, scratch)
     };
-    let mut scans = Vec::with_capacity(ids.len());
-    let mut opened = Vec::with_capacity(ids.len());
     let Some((&newest_id, older)) = ids.split_last() else {
-        return Ok((scans, opened));
+        return Ok((Vec::new(), Vec::new()));
     };
     let newest_k = older.len();
-    let newest = std::thread::scope(|s| {
+    // The older segments not taken yet, by either end.
+    let left = parking_lot::Mutex::new(0..older.len());
+    let prefetch = check == OpenCheck::SealIndex && storage.parallel_reads();
+    let (front, newest, back) = std::thread::scope(|s| {
         let beside = (storage.parallel_reads() && !older.is_empty())
             .then(|| {
                 std::thread::Builder::new()
                     .name("segwal-open".into())
-                    .spawn_scoped(s, || one(newest_k, newest_id))
+                    .spawn_scoped(s, || {
+                        let mut scratch = Vec::new();
+                        let newest = one(newest_k, newest_id, &mut scratch);
+                        let mut back = Vec::new();
+                        if newest.is_ok() {
+                            while let Some(k) = left.lock().next_back() {
+                                let scanned = one(k, older[k], &mut scratch);
+                                let failed = scanned.is_err();
+                                back.push(scanned);
+                                if failed {
+                                    break;
+                                }
+                            }
+                        }
+                        (newest, back)
+                    })
                     .ok()
             })
             .flatten();
-        let older_scanned =
-            older
-                .chunks(scan::PREFETCH_SEALS)
-                .enumerate()
-                .try_for_each(|(c, chunk)| {
-                    if check == OpenCheck::SealIndex && storage.parallel_reads() {
-                        scan::prefetch_seals(storage, dir, chunk);
-                    }
-                    chunk.iter().enumerate().try_for_each(|(i, &id)| {
-                        let (scan, file) = one(c * scan::PREFETCH_SEALS + i, id)?;
-                        scans.push(scan);
-                        opened.push(file);
-                        Ok::<(), Error>(())
-                    })
-                });
-        let newest = match beside.map(|thread| thread.join()) {
-            Some(Ok(newest)) => Some(newest),
-            Some(Err(panic)) if older_scanned.is_ok() => std::panic::resume_unwind(panic),
+        let mut front = Vec::with_capacity(older.len());
+        let mut scratch = Vec::new();
+        let front_scanned = loop {
+            let Some(k) = left.lock().next() else {
+                break Ok(());
+            };
+            if prefetch && k % scan::PREFETCH_SEALS == 0 {
+                let chunk = k..(k + scan::PREFETCH_SEALS).min(older.len());
+                scan::prefetch_seals(storage, dir, &older[chunk]);
+            }
+            match one(k, older[k], &mut scratch) {
+                Ok(scanned) => front.push(scanned),
+                Err(e) => break Err(e),
+            }
+        };
+        let beside = match beside.map(|thread| thread.join()) {
+            Some(Ok(beside)) => Some(beside),
+            Some(Err(panic)) if front_scanned.is_ok() => std::panic::resume_unwind(panic),
             // An older file's error stands, as it did when the newest was
             // read after the others.
             Some(Err(_)) | None => None,
         };
-        older_scanned?;
+        front_scanned?;
         // No second thread (a simulated disk, one segment, or the system
-        // refused one): the newest is read here, after the others.
-        newest.unwrap_or_else(|| one(newest_k, newest_id))
+        // refused one): this thread took every older segment, and reads the
+        // newest after them.
+        let (newest, back) =
+            beside.unwrap_or_else(|| (one(newest_k, newest_id, &mut scratch), Vec::new()));
+        Ok::<_, Error>((front, newest, back))
     })?;
-    scans.push(newest.0);
-    opened.push(newest.1);
+    // The second thread's segments, taken from the back, come after this
+    // thread's; its error, if any, is the last it took (the oldest of its
+    // own), and every segment before it was read by this thread.
+    let mut scans = Vec::with_capacity(ids.len());
+    let mut opened = Vec::with_capacity(ids.len());
+    for (scan, file) in front {
+        scans.push(scan);
+        opened.push(file);
+    }
+    for scanned in back.into_iter().rev() {
+        let (scan, file) = scanned?;
+        scans.push(scan);
+        opened.push(file);
+    }
+    let (scan, file) = newest?;
+    scans.push(scan);
+    opened.push(file);
     Ok((scans, opened))
 }
 

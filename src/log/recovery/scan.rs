@@ -481,6 +481,7 @@ pub(crate) fn scan_file(
     check: OpenCheck,
     sync: bool,
     newest: bool,
+    scratch: &mut Vec<u8>,
 ) -> Result<(SegmentScan, Opened)> {
     let path = SegmentFile::path_of(dir, id);
     // Without a sync to make, nothing is written: the file is opened read-only.
@@ -523,21 +524,38 @@ pub(crate) fn scan_file(
         crate::io::read_exact_at(&*file, range, from)
             .map_err(|e| Error::io("read segment", &path, e))
     };
+    // The header's block, and a sealed segment's seal read into `scratch`
+    // (the caller's, reused from one segment to the next): an open reads
+    // hundreds of seal indexes of megabytes each, and fresh memory for each
+    // would cost it a page fault every 4 KiB.
+    let mut head = vec![0u8; size.min(FRAMES_AT)];
+    if check == OpenCheck::SealIndex {
+        read(&mut head, 0, FRAMES_AT as u64)?;
+    }
+    if check == OpenCheck::SealIndex && !newest {
+        let mut trailer = [0u8; 4];
+        if let Some(at) = len.checked_sub(4) {
+            crate::io::read_exact_at(&*file, &mut trailer, at)
+                .map_err(|e| Error::io("read segment", &path, e))?;
+        }
+        let seal_at = seal::trailer(&trailer).and_then(|n| size.checked_sub(n));
+        if let Some(at) = seal_at {
+            scratch.clear();
+            scratch.resize(size - at, 0);
+            crate::io::read_exact_at(&*file, scratch, at as u64)
+                .map_err(|e| Error::io("read segment", &path, e))?;
+            if let Some(scan) = scan_sealed(id, path.clone(), &head, scratch, size) {
+                return Ok((scan, opened(id, path)));
+            }
+        }
+    }
     // Zeros until read: the allocation is lazy, and unread space reads as the
     // zeros a hole or preallocated space holds.
     let mut buf = vec![0u8; size];
-    if check == OpenCheck::SealIndex {
-        read(&mut buf, 0, FRAMES_AT as u64)?;
+    if let Some(block) = buf.get_mut(..head.len()) {
+        block.copy_from_slice(&head);
     }
-    if check == OpenCheck::SealIndex && !newest {
-        read(&mut buf, len.saturating_sub(4), len)?;
-        if let Some(seal_len) = seal::trailer(&buf) {
-            read(&mut buf, len.saturating_sub(seal_len as u64), len)?;
-        }
-        if let Some(scan) = scan_sealed(id, path.clone(), &buf) {
-            return Ok((scan, opened(id, path)));
-        }
-    }
+    drop(head);
     // Asked once, before a byte past the header and seal is read (see
     // `DataMap`); a sealed segment read through its index never asks.
     let map = DataMap::of(&*file, len);
@@ -734,11 +752,18 @@ fn opened(id: SegmentId, path: PathBuf) -> Opened {
     }
 }
 
-/// Reads a sealed segment through its seal index alone, from `buf`, which need
-/// hold only the segment's header and its seal: `None` if they do not check.
-fn scan_sealed(id: SegmentId, path: PathBuf, buf: &[u8]) -> Option<SegmentScan> {
-    let mut scan = SegmentScan::empty(id, path, buf.len() as u64);
-    scan_by_index(buf, id, &mut scan).then_some(scan)
+/// Reads a sealed segment `len` bytes long through its seal index alone, from
+/// its header's block `head` and the seal frame `seal` that ends the file:
+/// `None` if they do not check.
+fn scan_sealed(
+    id: SegmentId,
+    path: PathBuf,
+    head: &[u8],
+    seal: &[u8],
+    len: usize,
+) -> Option<SegmentScan> {
+    let mut scan = SegmentScan::empty(id, path, len as u64);
+    scan_by_seal(head, seal, len, id, &mut scan).then_some(scan)
 }
 
 /// Scans one segment file's bytes `buf`: header, frames, and the first damage
@@ -859,21 +884,39 @@ fn data_end(regions: DataRegions<'_>, buf: &[u8], from: usize) -> usize {
 /// Sound because a seal is written only after every frame before it is fsynced
 /// (docs/FORMAT.md, "The seal index"): a seal that checks vouches for a segment
 /// that was complete. Frames are checked when their records are read.
+#[cfg(any(test, feature = "testing"))]
 fn scan_by_index(buf: &[u8], id: SegmentId, scan: &mut SegmentScan) -> bool {
-    let Ok(header) = SegmentHeader::decode(buf) else {
-        return false;
-    };
-    if header.first_seq != id.first_seq() {
-        return false;
-    }
     let Some(seal_len) = seal::trailer(buf) else {
         return false;
     };
     let Some(at) = buf.len().checked_sub(seal_len) else {
         return false;
     };
+    scan_by_seal(buf, buf.get(at..).unwrap_or_default(), buf.len(), id, scan)
+}
+
+/// [`scan_by_index`] of a file `len` bytes long from the two parts it reads:
+/// the file's start `head` (its header's block) and its last bytes `seal`, the
+/// seal frame its trailer gives the length of.
+fn scan_by_seal(
+    head: &[u8],
+    seal: &[u8],
+    len: usize,
+    id: SegmentId,
+    scan: &mut SegmentScan,
+) -> bool {
+    let Ok(header) = SegmentHeader::decode(head) else {
+        return false;
+    };
+    if header.first_seq != id.first_seq() {
+        return false;
+    }
+    let seal_len = seal.len();
+    let Some(at) = len.checked_sub(seal_len) else {
+        return false;
+    };
     let salt = frame::salt(id, header.nonce);
-    let Ok(f) = frame::decode(buf.get(at..).unwrap_or_default(), salt) else {
+    let Ok(f) = frame::decode(seal, salt) else {
         return false;
     };
     if f.header.kind != FrameKind::Seal || f.len != seal_len {

@@ -371,7 +371,15 @@ fn pass(
     let mut scans = Vec::with_capacity(ids.len());
     let mut damaged = Vec::new();
     for &id in &ids {
-        let scan = match scan::scan_file(storage, dir, id, OpenCheck::EveryFrame, false, false) {
+        let scan = match scan::scan_file(
+            storage,
+            dir,
+            id,
+            OpenCheck::EveryFrame,
+            false,
+            false,
+            &mut Vec::new(),
+        ) {
             Ok((scan, _)) => scan,
             // Deleted by the running owner since the directory was listed
             // (all its records acknowledged): no longer part of the log.
