@@ -14,7 +14,7 @@ use crate::format::acks;
 use crate::format::checkpoint::CHECKPOINT;
 use crate::format::delivery::{self, Change};
 use crate::format::fields::{self, DedupDigest, Described, Tombstone};
-use crate::format::frame::{self, FRAME_HEADER_LEN};
+use crate::format::frame::{self, FRAME_HEADER_LEN, FrameSpan};
 use crate::format::hash::{Digest, Hasher};
 use crate::format::segment::BLOCK;
 use crate::format::seq::Seq;
@@ -91,9 +91,13 @@ pub(crate) fn recorded_state<'a>(
     hasher: &Hasher,
 ) -> Result<Vec<Recorded>> {
     let mut out = Vec::new();
+    // A segment's internal frames, found in one pass over its frames (an
+    // open's sealed segments hold hundreds of thousands of records each).
+    let mut internal: Vec<FrameSpan> = Vec::new();
     for seg in segments {
-        let mut internal = seg.frames.iter().filter(|f| !f.is_record).peekable();
-        if internal.peek().is_none() {
+        internal.clear();
+        internal.extend(seg.frames.iter().filter(|f| !f.is_record).copied());
+        if internal.is_empty() {
             continue;
         }
         let path = seg.path;
@@ -107,7 +111,7 @@ pub(crate) fn recorded_state<'a>(
         // at once (docs/BENCHMARKS.md, "Cold open: the state frames asked for
         // at once"). Of a large frame, only its first block: it may be an
         // index checkpoint, which is not read.
-        for span in seg.frames.iter().filter(|f| !f.is_record) {
+        for span in &internal {
             let len = if span.len as usize > LARGE {
                 BLOCK
             } else {
@@ -117,7 +121,7 @@ pub(crate) fn recorded_state<'a>(
         }
         let mut header = [0u8; FRAME_HEADER_LEN];
         let mut whole = Vec::new();
-        for span in internal {
+        for span in &internal {
             let at = u64::from(span.offset);
             // The seal (its index was checked when the segment was scanned)
             // and a large index checkpoint (it only says where frames lie)
