@@ -198,7 +198,13 @@ fn scan_all(
                         let newest = one(newest_k, newest_id, &mut scratch);
                         let mut back = Vec::new();
                         if newest.is_ok() {
-                            while let Some(k) = left.lock().next_back() {
+                            loop {
+                                // The lock is let go before the scan: the
+                                // other thread takes its next one meanwhile.
+                                let next = left.lock().next_back();
+                                let Some(k) = next else {
+                                    break;
+                                };
                                 let scanned = one(k, older[k], &mut scratch);
                                 let failed = scanned.is_err();
                                 back.push(scanned);
@@ -215,7 +221,8 @@ fn scan_all(
         let mut front = Vec::with_capacity(older.len());
         let mut scratch = Vec::new();
         let front_scanned = loop {
-            let Some(k) = left.lock().next() else {
+            let next = left.lock().next();
+            let Some(k) = next else {
                 break Ok(());
             };
             if prefetch && k % scan::PREFETCH_SEALS == 0 {
@@ -224,7 +231,12 @@ fn scan_all(
             }
             match one(k, older[k], &mut scratch) {
                 Ok(scanned) => front.push(scanned),
-                Err(e) => break Err(e),
+                Err(e) => {
+                    // This error comes before anything the second thread
+                    // could find: it takes no more.
+                    *left.lock() = 0..0;
+                    break Err(e);
+                }
             }
         };
         let beside = match beside.map(|thread| thread.join()) {
@@ -242,24 +254,27 @@ fn scan_all(
             beside.unwrap_or_else(|| (one(newest_k, newest_id, &mut scratch), Vec::new()));
         Ok::<_, Error>((front, newest, back))
     })?;
-    // The second thread's segments, taken from the back, come after this
-    // thread's; its error, if any, is the last it took (the oldest of its
-    // own), and every segment before it was read by this thread.
-    let mut scans = Vec::with_capacity(ids.len());
-    let mut opened = Vec::with_capacity(ids.len());
-    for (scan, file) in front {
-        scans.push(scan);
-        opened.push(file);
-    }
+    Ok(in_log_order(front, back, newest)?.into_iter().unzip())
+}
+
+/// What the two threads of [`scan_all`] read, in log order: the opening
+/// thread's segments `front` (from the oldest on, all read), the second
+/// thread's `back` (as it took them, from the back), and the newest. The
+/// second thread's error, if any, is the last it took, the oldest of its own,
+/// and every segment before it was the opening thread's: it is the first in
+/// log order, before the newest's.
+fn in_log_order<T, E>(
+    front: Vec<T>,
+    back: Vec<std::result::Result<T, E>>,
+    newest: std::result::Result<T, E>,
+) -> std::result::Result<Vec<T>, E> {
+    let mut all = front;
+    all.reserve(back.len() + 1);
     for scanned in back.into_iter().rev() {
-        let (scan, file) = scanned?;
-        scans.push(scan);
-        opened.push(file);
+        all.push(scanned?);
     }
-    let (scan, file) = newest?;
-    scans.push(scan);
-    opened.push(file);
-    Ok((scans, opened))
+    all.push(newest?);
+    Ok(all)
 }
 
 /// The segment files of `dir`, in log order, the files of segments whose
@@ -304,3 +319,36 @@ fn segment_ids(storage: &dyn Storage, dir: &Path) -> Result<SegmentFiles> {
 
 /// What [`segment_ids`] lists: segments, unfinished creations, spares.
 type SegmentFiles = (Vec<SegmentId>, Vec<PathBuf>, Vec<PathBuf>);
+
+#[cfg(test)]
+mod tests {
+    use super::in_log_order;
+
+    #[test]
+    fn the_second_threads_segments_go_back_in_log_order_after_the_first_threads() {
+        let back = vec![Ok(5), Ok(4), Ok(3)];
+        assert_eq!(
+            in_log_order::<u32, &str>(vec![1, 2], back, Ok(6)),
+            Ok(vec![1, 2, 3, 4, 5, 6])
+        );
+        assert_eq!(
+            in_log_order::<u32, &str>(vec![], vec![], Ok(1)),
+            Ok(vec![1])
+        );
+        assert_eq!(
+            in_log_order::<u32, &str>(vec![1, 2, 3], vec![], Ok(4)),
+            Ok(vec![1, 2, 3, 4])
+        );
+    }
+
+    #[test]
+    fn the_second_threads_error_comes_before_the_newest_segments() {
+        // It stopped at its first error: the oldest segment it took.
+        let back = vec![Ok(5), Err("4")];
+        assert_eq!(in_log_order(vec![1, 2, 3], back, Err("6")), Err("4"));
+        assert_eq!(
+            in_log_order(vec![1, 2], vec![Ok(4), Ok(3)], Err("5")),
+            Err("5")
+        );
+    }
+}

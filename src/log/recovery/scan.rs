@@ -532,14 +532,22 @@ pub(crate) fn scan_file(
     if check == OpenCheck::SealIndex {
         read(&mut head, 0, FRAMES_AT as u64)?;
     }
+    // The file's last (up to) four bytes, its trailer if it is sealed.
+    let tail_from = len.saturating_sub(4);
+    let mut tail = [0u8; 4];
+    let tail = tail
+        .get_mut(..(len - tail_from) as usize)
+        .unwrap_or_default();
+    // Where the seal its trailer names starts; `Err` if it is longer than
+    // the file.
+    let mut seal_at = None;
     if check == OpenCheck::SealIndex && !newest {
-        let mut trailer = [0u8; 4];
-        if let Some(at) = len.checked_sub(4) {
-            crate::io::read_exact_at(&*file, &mut trailer, at)
+        if !tail.is_empty() {
+            crate::io::read_exact_at(&*file, tail, tail_from)
                 .map_err(|e| Error::io("read segment", &path, e))?;
         }
-        let seal_at = seal::trailer(&trailer).and_then(|n| size.checked_sub(n));
-        if let Some(at) = seal_at {
+        seal_at = seal::trailer(tail).map(|n| size.checked_sub(n).ok_or(()));
+        if let Some(Ok(at)) = seal_at {
             scratch.clear();
             scratch.resize(size - at, 0);
             crate::io::read_exact_at(&*file, scratch, at as u64)
@@ -556,6 +564,23 @@ pub(crate) fn scan_file(
         block.copy_from_slice(&head);
     }
     drop(head);
+    // A sealed segment whose seal did not check is walked with what was read
+    // of its end in `buf`: those bytes stand even where the file system calls
+    // them a hole. A seal longer than the file is read as the file whole.
+    if check == OpenCheck::SealIndex && !newest {
+        if let Some(end) = buf.get_mut(tail_from as usize..) {
+            end.copy_from_slice(tail);
+        }
+        match seal_at {
+            Some(Ok(at)) => {
+                if let Some(end) = buf.get_mut(at..) {
+                    end.copy_from_slice(scratch);
+                }
+            }
+            Some(Err(())) => read(&mut buf, 0, len)?,
+            None => {}
+        }
+    }
     // Asked once, before a byte past the header and seal is read (see
     // `DataMap`); a sealed segment read through its index never asks.
     let map = DataMap::of(&*file, len);
