@@ -561,20 +561,24 @@ pub(crate) fn scan_file(
     // zeros a hole or preallocated space holds.
     let mut buf = vec![0u8; size];
     if let Some(block) = buf.get_mut(..head.len()) {
-        block.copy_from_slice(&head);
+        block.iter_mut().zip(head.iter()).for_each(|(b, &h)| *b = h);
     }
     drop(head);
     // A sealed segment whose seal did not check is walked with what was read
     // of its end in `buf`: those bytes stand even where the file system calls
     // them a hole. A seal longer than the file is read as the file whole.
     if check == OpenCheck::SealIndex && !newest {
+        // (Both lengths follow from the file's: never a panic, whatever
+        // the bytes.)
         if let Some(end) = buf.get_mut(tail_from as usize..) {
-            end.copy_from_slice(tail);
+            end.iter_mut().zip(tail.iter()).for_each(|(b, &t)| *b = t);
         }
         match seal_at {
             Some(Ok(at)) => {
                 if let Some(end) = buf.get_mut(at..) {
-                    end.copy_from_slice(scratch);
+                    end.iter_mut()
+                        .zip(scratch.iter())
+                        .for_each(|(b, &t)| *b = t);
                 }
             }
             Some(Err(())) => read(&mut buf, 0, len)?,
