@@ -142,59 +142,6 @@ impl SegmentSlots {
         }
     }
 
-    /// Adds durable frames at its end: records enter Pending, internal frames
-    /// Done. Returns how many records, and their payload bytes, for the
-    /// table's counts.
-    pub(crate) fn extend_frames(&mut self, frames: &[FrameSpan]) -> (u64, u64) {
-        let seg = self;
-        let base = seg.offsets.len();
-        // An open pushes a sealed segment's hundreds of thousands of frames
-        // at once: the offsets are copied in one pass, the bitmaps' words
-        // come zeroed in one go, and the loop below keeps its counts in
-        // locals, touching the segment only for a sync group's gap or an
-        // internal frame.
-        seg.offsets.extend(frames.iter().map(|f| f.offset));
-        let words = seg.offsets.len().div_ceil(64);
-        seg.claimed.resize(words, 0);
-        seg.done.resize(words, 0);
-        let mut end = seg.end;
-        let (mut records, mut record_bytes, mut internal) = (0u64, 0u64, 0u32);
-        for (
-            k,
-            &FrameSpan {
-                offset,
-                len,
-                is_record,
-            },
-        ) in frames.iter().enumerate()
-        {
-            let i = base + k;
-            if offset != end {
-                // A new sync group, on the next block boundary.
-                assert_eq!(
-                    u64::from(offset),
-                    align_up(u64::from(end)),
-                    "frames pushed with a gap that is not to a block boundary"
-                );
-                if let Some(prev) = i.checked_sub(1) {
-                    seg.gaps.push((prev as u32, end));
-                }
-            }
-            end = offset + len;
-            if is_record {
-                records += 1;
-                record_bytes += u64::from(len);
-            } else {
-                SegmentSlots::set(&mut seg.claimed, i, true);
-                SegmentSlots::set(&mut seg.done, i, true);
-                internal += 1;
-            }
-        }
-        seg.end = end;
-        seg.done_count += internal;
-        (records, record_bytes - records * FRAME_HEADER_LEN as u64)
-    }
-
     /// Memory this segment's slots hold: the structure and its three arrays.
     fn heap_bytes(&self) -> u64 {
         let arrays = self.offsets.capacity() * 4
@@ -900,23 +847,6 @@ impl Table {
         self.segments.push_back(slots);
     }
 
-    /// Adds a sealed segment whose frames were added apart
-    /// ([`SegmentSlots::extend_frames`], which returned `counts`): what
-    /// `push_segment`, `push_frames` and `seal_last` do, for segments built on
-    /// several threads at once.
-    pub(crate) fn push_sealed(&mut self, slots: SegmentSlots, counts: (u64, u64)) {
-        let id = slots.id;
-        self.push_segment(slots);
-        self.pending += counts.0;
-        self.backlog_bytes += counts.1;
-        self.seal_last(id);
-        if cfg!(debug_assertions)
-            && let Some(seg) = self.segments.back()
-        {
-            seg.check_invariants();
-        }
-    }
-
     /// Seals the last segment: the writer will never write it again.
     pub(crate) fn seal_last(&mut self, id: SegmentId) {
         let last = self.segments.back_mut().expect("seal of an empty table");
@@ -946,9 +876,53 @@ impl Table {
             next_seq.get(),
             "frames pushed out of sequence"
         );
-        let (records, record_bytes) = seg.extend_frames(frames);
+        let base = seg.offsets.len();
+        // An open pushes a sealed segment's hundreds of thousands of frames
+        // at once: the offsets are copied in one pass, the bitmaps' words
+        // come zeroed in one go, and the loop below keeps its counts in
+        // locals, touching the segment only for a sync group's gap or an
+        // internal frame.
+        seg.offsets.extend(frames.iter().map(|f| f.offset));
+        let words = seg.offsets.len().div_ceil(64);
+        seg.claimed.resize(words, 0);
+        seg.done.resize(words, 0);
+        let mut end = seg.end;
+        let (mut records, mut record_bytes, mut internal) = (0u64, 0u64, 0u32);
+        for (
+            k,
+            &FrameSpan {
+                offset,
+                len,
+                is_record,
+            },
+        ) in frames.iter().enumerate()
+        {
+            let i = base + k;
+            if offset != end {
+                // A new sync group, on the next block boundary.
+                assert_eq!(
+                    u64::from(offset),
+                    align_up(u64::from(end)),
+                    "frames pushed with a gap that is not to a block boundary"
+                );
+                if let Some(prev) = i.checked_sub(1) {
+                    seg.gaps.push((prev as u32, end));
+                }
+            }
+            end = offset + len;
+            if is_record {
+                records += 1;
+                record_bytes += u64::from(len);
+            } else {
+                SegmentSlots::set(&mut seg.claimed, i, true);
+                SegmentSlots::set(&mut seg.done, i, true);
+                internal += 1;
+            }
+        }
+        seg.end = end;
+        seg.done_count += internal;
         self.pending += records;
-        self.backlog_bytes += record_bytes;
+        self.backlog_bytes += record_bytes - records * FRAME_HEADER_LEN as u64;
         if cfg!(debug_assertions) {
             seg.check_invariants();
         }

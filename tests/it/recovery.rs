@@ -821,41 +821,6 @@ fn older_segments_read_from_both_ends_still_name_the_first_damage_in_log_order()
     reopened.close().expect("close");
 }
 
-/// An open of more than 64 Ki frames builds the state table's segments on
-/// two threads, split where half the frames lie: every pending record comes
-/// back once, in order, the counts are right, and what was acknowledged
-/// stays acknowledged.
-#[test]
-fn a_log_of_many_frames_is_rebuilt_on_two_threads_with_every_record_in_order() {
-    let (_t, dir) = tmp();
-    let options = Options::default().segment_bytes(1 << 20);
-    let outbox = Outbox::open(&dir, options.clone()).expect("open");
-    let payloads: Vec<Vec<u8>> = (0..100_000u32).map(|i| i.to_le_bytes().to_vec()).collect();
-    let mut seqs = Vec::new();
-    for chunk in payloads.chunks(256) {
-        let batch: Vec<&[u8]> = chunk.iter().map(Vec::as_slice).collect();
-        seqs.extend(outbox.append_batch(&batch).expect("append"));
-    }
-    let mut claimed = 0;
-    while claimed < 30_000 {
-        claimed += outbox.claim(30_000 - claimed).expect("claim").len();
-    }
-    assert_eq!(outbox.ack_through(seqs[29_999]).expect("ack"), 30_000);
-    outbox.close().expect("close");
-    assert!(segment_files(&dir).len() > 4, "{:?}", segment_files(&dir));
-    let reopened = Outbox::open(&dir, options).expect("reopen");
-    let stats = reopened.stats();
-    assert_eq!(stats.pending, 70_000);
-    assert_eq!(stats.backlog_bytes, 70_000 * 4);
-    let records = drain(&reopened);
-    let got: Vec<Seq> = records.iter().map(|r| r.seq()).collect();
-    assert_eq!(got, seqs[30_000..]);
-    for (r, want) in records.iter().zip(&payloads[30_000..]) {
-        assert_eq!(r.payload(), &want[..]);
-    }
-    reopened.close().expect("close");
-}
-
 /// An open asks the file system for the headers, trailers and seal indexes
 /// of up to 16 older segments at once before it reads them; across more
 /// segments than that, every record is still read back in order, and damage

@@ -55,50 +55,6 @@ pub(crate) fn kept_segments(scans: &mut [SegmentScan], keep: &[Keep]) -> Vec<Rec
         .collect()
 }
 
-/// Segments of fewer frames than this in all are built on one thread: a
-/// second one would cost more to start than it saves.
-const BUILD_APART_MIN: usize = 64 << 10;
-
-/// The state table's slots of each recovered segment, in log order, with
-/// their records' counts. A log of more than one segment is shared between
-/// this thread and a second one, split where half its frames lie: building
-/// a segment's slots touches nothing else (fresh memory for its offsets,
-/// mostly), so an open's few milliseconds of it are shared by two cores.
-fn build_segments(segments: &[RecoveredSegment]) -> Vec<(SegmentSlots, (u64, u64))> {
-    let build = |seg: &RecoveredSegment| {
-        let frames_at = FRAMES_AT as u32;
-        let mut slots = SegmentSlots::new(seg.id, seg.path.clone(), None, seg.salt, frames_at);
-        let counts = slots.extend_frames(&seg.frames);
-        (slots, counts)
-    };
-    let total: usize = segments.iter().map(|s| s.frames.len()).sum();
-    let mut seen = 0;
-    let split = segments
-        .iter()
-        .position(|s| {
-            seen += s.frames.len();
-            2 * seen >= total
-        })
-        .map_or(segments.len(), |k| k + 1);
-    let (first, later) = segments.split_at(split.min(segments.len()));
-    if later.is_empty() || total < BUILD_APART_MIN {
-        return segments.iter().map(build).collect();
-    }
-    std::thread::scope(|s| {
-        let apart = std::thread::Builder::new()
-            .name("segwal-open".into())
-            .spawn_scoped(s, || later.iter().map(build).collect::<Vec<_>>());
-        let mut built: Vec<_> = first.iter().map(build).collect();
-        match apart.map(|thread| thread.join()) {
-            Ok(Ok(rest)) => built.extend(rest),
-            Ok(Err(panic)) => std::panic::resume_unwind(panic),
-            // No second thread: this one builds the rest too.
-            Err(_) => built.extend(later.iter().map(build)),
-        }
-        built
-    })
-}
-
 /// The state table of `segments` (oldest first, as recovery keeps them) once
 /// `recorded` is replayed into it, and the deduplication ids the log keeps.
 ///
@@ -115,12 +71,14 @@ pub(crate) fn rebuild(
     now_wall_us: u64,
 ) -> (Table, Vec<KeptId>) {
     let mut table = Table::new();
-    let segments: Vec<RecoveredSegment> = segments.into_iter().collect();
-    for (slots, counts) in build_segments(&segments) {
-        table.push_sealed(slots, counts);
+    for seg in segments {
+        let frames_at = FRAMES_AT as u32;
+        table.push_segment(SegmentSlots::new(
+            seg.id, seg.path, None, seg.salt, frames_at,
+        ));
+        table.push_frames(seg.id, seg.id.first_seq(), &seg.frames);
+        table.seal_last(seg.id);
     }
-    // The frame lists are in the table now.
-    drop(segments);
     // What producers said of the records (keys, not-before times, ids),
     // applied once the rest is replayed, in sequence order; and the
     // deduplication ids, with their records' times and the frames that
