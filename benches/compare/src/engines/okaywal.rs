@@ -1,5 +1,12 @@
 //! okaywal: one entry of one chunk per record; `commit` returns once the entry
 //! is fsynced (okaywal groups concurrent commits into one `fdatasync`).
+//!
+//! Its checkpoints go to `LogVoid`, which keeps nothing: a checkpointed file
+//! is recycled, so a run of any length writes into two 1 MiB files that were
+//! zero-filled once, every `fdatasync` carrying data only. segwal keeps every
+//! record until a relay acknowledges it, so an append-only cell writes all of
+//! its records into new space (docs/BENCHMARKS.md, "A segment written before
+//! it is needed").
 
 use std::path::Path;
 
