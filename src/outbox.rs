@@ -326,6 +326,7 @@ impl Outbox {
             lock: Mutex::new(Some(lock)),
             arrivals: Default::default(),
             timers: OnceLock::new(),
+            writer_waiting_since_us: Default::default(),
         });
         Counters::add(&shared.counters.fsyncs, u64::from(sealed));
         let writer = Writer::start(

@@ -44,11 +44,21 @@ pub(crate) struct Shared {
     /// The deadlines of `claim_wait_async` (a timeout, a lease running out),
     /// started by the first that needs one.
     pub timers: OnceLock<Arc<crate::log::timer::Timers>>,
+    /// When the writer began to wait for a request, on [`Clock::now_us`]
+    /// (at least 1); 0 while it works. What [`spin_budget`] reads to tell a
+    /// writer that is about to take the next request from one asleep.
+    pub writer_waiting_since_us: AtomicU64,
 }
 
 /// A producer alone in the queue spins for its answer only while batch
 /// fsyncs take at most this long on average ([`spin_budget`]).
 pub(crate) const SPIN_FSYNC_MAX: Duration = Duration::from_micros(400);
+
+/// A producer spins for its answer only if the writer was working, or had
+/// waited for a request no longer than this, when the producer's request
+/// was queued ([`spin_budget`]): by then the writer has stopped watching the
+/// queue and sleeps, and waking it is the first thing the answer waits for.
+pub(crate) const SPIN_WRITER_WAITING_MAX: Duration = Duration::from_micros(50);
 
 /// What [`spin_budget`] decides on.
 #[derive(Clone, Copy, Debug)]
@@ -65,6 +75,9 @@ pub(crate) struct SpinView {
     pub linger: Duration,
     /// The CPUs this process may use.
     pub cores: usize,
+    /// How long the writer had been waiting for a request, `None` if it was
+    /// working.
+    pub writer_waiting: Option<Duration>,
 }
 
 /// How long a producer may spin for its answer. Only a producer appending
@@ -78,12 +91,20 @@ pub(crate) struct SpinView {
 /// the first fsync, when fsyncs average more than [`SPIN_FSYNC_MAX`] (a slow
 /// disk: the wake-up is a small part of the wait), with a `linger` (the
 /// writer waits that long before it writes, so a spin would only burn the
-/// CPU), or on a single CPU (the spinner would hold off the writer it waits
-/// for).
+/// CPU), on a single CPU (the spinner would hold off the writer it waits
+/// for), or when the writer had waited for a request longer than
+/// [`SPIN_WRITER_WAITING_MAX`]: a producer that appends now and then finds
+/// the writer asleep, and on a virtual machine a vCPU spinning beside the
+/// one being woken delayed that wake-up by about 100 µs at the median and by
+/// milliseconds at the 90th percentile (docs/BENCHMARKS.md, "A producer that
+/// appends now and then").
 pub(crate) fn spin_budget(view: SpinView) -> Duration {
     let alone = view.requests <= 1 && view.last_batch_appends <= 1;
     let fast = view.fsync_recent_ns > 0 && view.fsync_recent_ns <= SPIN_FSYNC_MAX.as_nanos() as u64;
-    if !alone || !fast || !view.linger.is_zero() || view.cores < 2 {
+    let writer_asleep = view
+        .writer_waiting
+        .is_some_and(|waited| waited > SPIN_WRITER_WAITING_MAX);
+    if !alone || !fast || !view.linger.is_zero() || view.cores < 2 || writer_asleep {
         return Duration::ZERO;
     }
     Duration::from_nanos(2 * view.fsync_recent_ns)
@@ -108,12 +129,16 @@ impl Shared {
         // costs one spin or one sleep, never an answer.
         let requests = self.budget.requests();
         let last_batch_appends = self.counters.last_batch_appends.load(Ordering::Relaxed);
+        let since = self.writer_waiting_since_us.load(Ordering::Relaxed);
+        let writer_waiting =
+            (since != 0).then(|| Duration::from_micros(self.clock.now_us().saturating_sub(since)));
         spin_budget(SpinView {
             requests,
             last_batch_appends,
             fsync_recent_ns: self.counters.fsync_recent_ns.load(Ordering::Relaxed),
             linger: self.options.linger,
             cores: cores(),
+            writer_waiting,
         })
     }
 
@@ -307,8 +332,17 @@ mod tests {
             fsync_recent_ns: 100_000,
             linger: Duration::ZERO,
             cores: 2,
+            writer_waiting: None,
         };
         assert_eq!(spin_budget(alone), Duration::from_micros(200));
+        // A writer that has just begun to wait still watches the queue.
+        assert_eq!(
+            spin_budget(SpinView {
+                writer_waiting: Some(Duration::from_micros(10)),
+                ..alone
+            }),
+            Duration::from_micros(200)
+        );
         let no = |view: SpinView, why: &str| assert_eq!(spin_budget(view), Duration::ZERO, "{why}");
         no(
             SpinView {
@@ -347,6 +381,13 @@ mod tests {
             "a linger",
         );
         no(SpinView { cores: 1, ..alone }, "one CPU");
+        no(
+            SpinView {
+                writer_waiting: Some(Duration::from_micros(60)),
+                ..alone
+            },
+            "the writer asleep: a producer that appends now and then",
+        );
         // A first append (nothing written yet, no batch) spins once fsyncs
         // are known.
         assert!(

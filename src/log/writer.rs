@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
@@ -435,19 +435,39 @@ impl Writer {
 
     fn serve(&mut self) -> Result<()> {
         loop {
-            let first = match self.deadline() {
-                Some(deadline) => match self.rx.recv_deadline(deadline) {
-                    Ok(r) => r,
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.on_timer();
-                        continue;
+            // Idle with zeros soon needed: they are written once no request
+            // came for a while (see `idle_grace`).
+            let idle_until = self
+                .zeros_due()
+                .then(|| Instant::now().checked_add(idle_grace(&self.shared)))
+                .flatten();
+            let deadline = match (self.deadline(), idle_until) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            // Producers spin for their answer only while the writer works
+            // or has just begun to wait (`spin_budget`).
+            let since = self.shared.clock.now_us().max(1);
+            self.shared
+                .writer_waiting_since_us
+                .store(since, std::sync::atomic::Ordering::Relaxed);
+            let got = match deadline {
+                Some(deadline) => self.rx.recv_deadline(deadline),
+                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            self.shared
+                .writer_waiting_since_us
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+            let first = match got {
+                Ok(r) => r,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.on_timer();
+                    if idle_until.is_some_and(|t| Instant::now() >= t) {
+                        self.zero_ahead_idle();
                     }
-                    Err(RecvTimeoutError::Disconnected) => break,
-                },
-                None => match self.rx.recv() {
-                    Ok(r) => r,
-                    Err(_) => break,
-                },
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
             };
             self.gather(first);
             self.process_batch();
@@ -1116,6 +1136,66 @@ impl Writer {
         Ok(())
     }
 
+    /// Whether the frames are near the end of the zeros written ahead of them
+    /// (less than [`ZERO_AHEAD_MIN`] left, and room for more), with nothing
+    /// waiting to be synced: the next batches would carry zeros. False again
+    /// once [`Writer::zero_ahead_idle`] ran, whatever it managed, so an idle
+    /// writer does not wake for it again and again.
+    fn zeros_due(&self) -> bool {
+        let a = &self.active;
+        // How far zeros could go: the space reserved, or the segment's size
+        // while more can be reserved.
+        let limit = if a.growable {
+            a.room.max(self.shared.options.segment_bytes)
+        } else {
+            a.room
+        };
+        self.shared.poison.get().is_none()
+            && self.group.is_none()
+            && self.unsynced_since.is_none()
+            && a.zeroed.max(a.len) < limit
+            && a.zeroed.saturating_sub(a.len) < ZERO_AHEAD_MIN
+    }
+
+    /// Writes the zeros the next batches will need while no request waits,
+    /// and makes them durable with an `fdatasync` of their own, so that no
+    /// producer's batch carries them (nor the metadata that marks their
+    /// blocks written). Called only while nothing is unsynced, so that the
+    /// fsync carries zeros alone. A failed write of zeros is what it is in
+    /// [`Writer::write_buf`]: no more zeros in this segment. A failed
+    /// `fdatasync` poisons the outbox, as any failed fsync does: the device
+    /// is failing, and the next batch's fsync could no longer be trusted to
+    /// report it.
+    fn zero_ahead_idle(&mut self) {
+        if !self.zeros_due() {
+            return;
+        }
+        let end = self.active.len;
+        let wanted = end + 2 * ZERO_AHEAD_MIN;
+        self.reserve(wanted);
+        let from = self.active.zeroed.max(end);
+        let ahead = wanted.min(self.active.room);
+        if ahead <= from {
+            return;
+        }
+        let zeros = ZEROS.get(..(ahead - from) as usize);
+        let written =
+            zeros.is_some_and(|z| io::write_all_at(&*self.active.seg.file, z, from).is_ok());
+        if !written {
+            self.active.zeroed = end;
+            self.active.room = end;
+            self.active.growable = false;
+            return;
+        }
+        self.active.zeroed = ahead;
+        if let Err(e) = self.active.seg.file.sync_data() {
+            let path = self.active.seg.path.clone();
+            let _ = self.poison("fsync", &path, e);
+            return;
+        }
+        Counters::add(&self.shared.counters.fsyncs, 1);
+    }
+
     /// Reserves space in the active segment up to `wanted` bytes if it has less:
     /// twice what it has, at least `wanted`, at most the segment size. Only a
     /// speed-up, like the first reservation: the next `fdatasync` records the
@@ -1729,6 +1809,26 @@ fn push_active(shared: &Shared, active: &Active) {
 const ZERO_AHEAD_MIN: u64 = 256 << 10;
 /// See [`ZERO_AHEAD_MIN`].
 const ZERO_AHEAD_MAX: u64 = 1 << 20;
+
+/// How long the writer, idle with zeros soon due ([`Writer::zeros_due`]),
+/// waits for a request before it writes them ([`Writer::zero_ahead_idle`]):
+/// the recent batch `fdatasync` time, at least [`IDLE_GRACE_MIN`] and at most
+/// [`IDLE_GRACE_MAX`]. A producer appending as fast as it can is back within
+/// microseconds of its answer, so its batches carry the zeros as before; one
+/// that pauses longer finds them written and synced, and none of its appends
+/// waits for them.
+fn idle_grace(shared: &Shared) -> Duration {
+    let recent = shared
+        .counters
+        .fsync_recent_ns
+        .load(std::sync::atomic::Ordering::Relaxed);
+    Duration::from_nanos(recent).clamp(IDLE_GRACE_MIN, IDLE_GRACE_MAX)
+}
+
+/// See [`idle_grace`].
+const IDLE_GRACE_MIN: Duration = Duration::from_micros(200);
+/// See [`idle_grace`].
+const IDLE_GRACE_MAX: Duration = Duration::from_millis(5);
 
 /// The source of the zeros written ahead: one static buffer (zero-filled pages
 /// the process never writes), not a fresh megabyte cleared at every open.

@@ -322,3 +322,46 @@ fn absurd_options_are_refused_before_anything_is_created() {
     outbox.append(b"fits").expect("append");
     outbox.close().expect("close");
 }
+
+/// A producer that pauses between appends finds the zeros its next batches
+/// need already written, and made durable by an `fdatasync` of their own, by
+/// the writer while it was idle (so that none of its appends waits for them);
+/// the zeros never touch a frame: every record comes back whole and in order.
+#[test]
+fn an_idle_writer_writes_the_zeros_ahead_without_touching_a_record() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    // 48 records of 16 KiB: about 960 KiB of frames, past the zeros written
+    // ahead several times over (each idle fill reaches 512 KiB past the frames).
+    let records: Vec<Vec<u8>> = (0..48usize)
+        .map(|i| {
+            let mut p = payload(0, i);
+            p.resize(16 << 10, b'0' + (i % 10) as u8);
+            p
+        })
+        .collect();
+    let before = outbox.stats();
+    for record in &records {
+        outbox.append(record).expect("append");
+        // Longer than the writer waits before it writes zeros while idle.
+        thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let after = outbox.stats();
+    // Every append is a batch with one fsync (no rotation in 960 KiB); any
+    // fsync beyond those made zeros durable.
+    let idle_fills = (after.fsyncs - before.fsyncs).saturating_sub(after.batches - before.batches);
+    assert!(
+        idle_fills >= 1,
+        "no fsync of zeros while the writer was idle: {before:?} -> {after:?}"
+    );
+    outbox.close().expect("close");
+
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    let got: Vec<Vec<u8>> = drain(&outbox)
+        .iter()
+        .map(|r| r.payload().to_vec())
+        .collect();
+    assert_eq!(got.len(), records.len(), "records lost");
+    assert!(got == records, "a record came back changed or out of order");
+    outbox.close().expect("close");
+}
