@@ -141,7 +141,8 @@ pub struct Stats {
     pub records_appended: u64,
     /// Write batches since open.
     pub batches: u64,
-    /// `fdatasync` calls since open (segment headers and directories included).
+    /// `fdatasync` calls since open (segment headers, directories and the
+    /// zeros an idle writer writes ahead of its frames included).
     pub fsyncs: u64,
     /// Records per write batch since open: how well group commit amortises fsyncs.
     pub records_per_batch: f64,
