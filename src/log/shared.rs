@@ -45,8 +45,10 @@ pub(crate) struct Shared {
     /// started by the first that needs one.
     pub timers: OnceLock<Arc<crate::log::timer::Timers>>,
     /// When the writer began to wait for a request, on [`Clock::now_us`]
-    /// (at least 1); 0 while it works. What [`spin_budget`] reads to tell a
-    /// writer that is about to take the next request from one asleep.
+    /// (at least 1); 0 while it works (1 while it writes zeros ahead when
+    /// idle: busy for as long as an fsync, not to be spun beside). What
+    /// [`spin_budget`] reads to tell a writer that is about to take the next
+    /// request from one asleep.
     pub writer_waiting_since_us: AtomicU64,
 }
 

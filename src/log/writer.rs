@@ -462,7 +462,12 @@ impl Writer {
                 Ok(r) => r,
                 Err(RecvTimeoutError::Timeout) => {
                     self.on_timer();
-                    if idle_until.is_some_and(|t| Instant::now() >= t) {
+                    if idle_until.is_some_and(|t| Instant::now() >= t) && self.rx.is_empty() {
+                        // Busy, but not to be spun beside: the fsync of
+                        // zeros takes as long as a batch's.
+                        self.shared
+                            .writer_waiting_since_us
+                            .store(1, std::sync::atomic::Ordering::Relaxed);
                         self.zero_ahead_idle();
                     }
                     continue;
@@ -1138,7 +1143,10 @@ impl Writer {
 
     /// Whether the frames are near the end of the zeros written ahead of them
     /// (less than [`ZERO_AHEAD_MIN`] left, and room for more), with nothing
-    /// waiting to be synced: the next batches would carry zeros. False again
+    /// waiting to be synced: the next batches would carry zeros. Never in a
+    /// segment without frames: an outbox opened and left idle (a command
+    /// that only looks at it) writes nothing, and a crash during the zeros
+    /// never leaves a torn tail in a segment that holds nothing. False again
     /// once [`Writer::zero_ahead_idle`] ran, whatever it managed, so an idle
     /// writer does not wake for it again and again.
     fn zeros_due(&self) -> bool {
@@ -1153,6 +1161,7 @@ impl Writer {
         self.shared.poison.get().is_none()
             && self.group.is_none()
             && self.unsynced_since.is_none()
+            && a.len > FRAMES_AT as u64
             && a.zeroed.max(a.len) < limit
             && a.zeroed.saturating_sub(a.len) < ZERO_AHEAD_MIN
     }

@@ -1,7 +1,10 @@
 //! The crash harness: runs a workload on a [`SimDisk`], crashes it at every
 //! mutating I/O operation in turn with several damage draws, recovers, and checks
 //! the invariants. Everything derives from one seed; a failure names the seed,
-//! the crash point and the draw, which reproduce it exactly.
+//! the crash point and the draw, which reproduce it exactly, but for what the
+//! writer does on its own clock: rotations by age, batches of concurrent
+//! producers, and the zeros an idle writer writes ahead once a step leaves it
+//! idle longer than its grace (at least 200 µs; the `Age` steps always do).
 //!
 //! The invariants (docs/RELIABILITY.md):
 //! - I1: every record whose append returned Ok and which the relay did not

@@ -343,8 +343,9 @@ fn an_idle_writer_writes_the_zeros_ahead_without_touching_a_record() {
     let before = outbox.stats();
     for record in &records {
         outbox.append(record).expect("append");
-        // Longer than the writer waits before it writes zeros while idle.
-        thread::sleep(std::time::Duration::from_millis(10));
+        // Longer than the writer waits before it writes zeros while idle
+        // (at most 5 ms).
+        thread::sleep(std::time::Duration::from_millis(20));
     }
     let after = outbox.stats();
     // Every append is a batch with one fsync (no rotation in 960 KiB); any

@@ -53,6 +53,9 @@ struct Plan {
     /// Times each append cell is run, the engines taking turns; the median
     /// round is reported.
     rounds: usize,
+    /// Appends timed in a paced cell (one producer pausing [`PACE`] before
+    /// each).
+    paced_records: u64,
 }
 
 impl Plan {
@@ -69,6 +72,7 @@ impl Plan {
             producers: PRODUCERS.to_vec(),
             relay_bytes: RELAY_BYTES,
             rounds: 3,
+            paced_records: 1000,
         }
     }
 
@@ -86,6 +90,7 @@ impl Plan {
             producers: PRODUCERS.to_vec(),
             relay_bytes: RELAY_BYTES,
             rounds: 1,
+            paced_records: 10,
         }
     }
 }
@@ -97,7 +102,16 @@ pub enum Workload {
     Drain,
     /// Appends while one relay drains: the end-to-end workload.
     AppendWithRelay,
+    /// One producer pausing [`PACE`] before each append, as an outbox's
+    /// producer that appends once per request it serves.
+    Paced,
 }
+
+/// The pause before each append of a paced cell.
+pub const PACE: Duration = Duration::from_millis(1);
+
+/// Appends made before a paced cell's timed ones, not timed.
+const PACED_WARMUP: u64 = 20;
 
 /// One engine, one workload, one producer count, one record size.
 #[derive(Clone, Debug)]
@@ -339,6 +353,32 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
             }
         }
     }
+    // One producer that pauses before each append: the engines take turns,
+    // and the round with the median p50 is reported.
+    for &size in &RECORD_BYTES {
+        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); plan.engines.len()];
+        for round in 0..plan.rounds {
+            for (i, &kind) in plan.engines.iter().enumerate() {
+                samples[i].push(paced_cell(plan, tmp, kind, size, round)?);
+            }
+        }
+        for (&kind, mut samples) in plan.engines.iter().zip(samples) {
+            samples.sort_by(|a, b| a.latency.p50_us.total_cmp(&b.latency.p50_us));
+            let rounds: Vec<f64> = samples.iter().map(|s| s.latency.p50_us).collect();
+            let cell = Cell {
+                workload: Workload::Paced,
+                engine: kind,
+                producers: 1,
+                record_bytes: size,
+                sample: samples.swap_remove((samples.len() - 1) / 2),
+                raw_records_per_s: None,
+                rounds,
+                append_only_per_s: None,
+            };
+            progress(&cell);
+            cells.push(cell);
+        }
+    }
     // The end-to-end workload (256 B unless `--relay-bytes` says), each engine with a queue, appends while
     // one relay drains, against the same engine's append-only cell above.
     for &producers in &plan.producers {
@@ -486,6 +526,19 @@ fn append_cell(
     let before = written();
     let mut sample = run(Stop::PerProducer(per_producer))?;
     sample.device_bytes = before.zip(written()).map(|(a, b)| b.saturating_sub(a));
+    engine.close()?;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(sample)
+}
+
+/// Opens `kind` on a fresh directory, makes [`PACED_WARMUP`] appends, then
+/// times `plan.paced_records` appends of one producer pausing [`PACE`]
+/// before each.
+fn paced_cell(plan: &Plan, tmp: &Path, kind: Kind, size: usize, round: usize) -> Result<Sample> {
+    let dir = cell_dir(tmp, kind, &format!("paced-{size}B-{round}"))?;
+    let engine = kind.open(&dir)?;
+    workload::paced(&*engine, size, PACED_WARMUP, Duration::ZERO)?;
+    let sample = workload::paced(&*engine, size, plan.paced_records, PACE)?;
     engine.close()?;
     std::fs::remove_dir_all(&dir)?;
     Ok(sample)

@@ -209,6 +209,44 @@ fn results_md(run: &Run) -> String {
     out.push('\n');
     let _ = writeln!(
         out,
+        "## One producer appending now and then: a {} ms pause before each append\n",
+        crate::PACE.as_millis()
+    );
+    let _ = writeln!(
+        out,
+        "One producer sleeps {} ms, then appends one record and waits for it to be \
+         durable, {} times after a few appends not timed: an outbox's producer that \
+         appends once per request it serves, the engine idle in between. Latency \
+         per append; the round with the median p50 (p50 of every round in brackets).\n",
+        crate::PACE.as_millis(),
+        run.cells
+            .iter()
+            .find(|c| c.workload == Workload::Paced)
+            .map_or(0, |c| c.sample.records)
+    );
+    out.push_str(
+        "| engine | record size | p50 µs | p99 µs | p99.9 µs | mean µs | CPU µs/record | rounds' p50 µs |\n\
+         |---|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    for cell in run.cells.iter().filter(|c| c.workload == Workload::Paced) {
+        let s = &cell.sample;
+        let rounds: Vec<String> = cell.rounds.iter().map(|r| format!("{r:.0}")).collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {} |",
+            cell.engine.name(),
+            size_label(cell.record_bytes),
+            s.latency.p50_us,
+            s.latency.p99_us,
+            s.latency.p999_us,
+            s.latency.mean_us,
+            s.cpu_us_per_record(),
+            rounds.join(" / "),
+        );
+    }
+    out.push('\n');
+    let _ = writeln!(
+        out,
         "## End to end: durable appends while one relay drains, 256 B\n"
     );
     let _ = writeln!(
@@ -283,6 +321,8 @@ struct JsonLine {
     records_per_batch: Option<f64>,
     records_per_fsync: Option<f64>,
     rounds_records_per_s: Vec<Option<f64>>,
+    /// The p50 of every round, in the order they ran (paced cells only).
+    rounds_p50_us: Vec<Option<f64>>,
     relayed_per_s: Option<f64>,
     ratio_to_append_only: Option<f64>,
     /// Bytes the device wrote per record during the cell (the whole
@@ -304,6 +344,7 @@ impl JsonLine {
                 Workload::Append => "append",
                 Workload::Drain => "drain",
                 Workload::AppendWithRelay => "append_with_relay",
+                Workload::Paced => "paced",
             },
             engine: cell.engine.name(),
             durable: cell.engine.durable(),
@@ -314,7 +355,7 @@ impl JsonLine {
             records_per_s: rounded(s.records_per_s()),
             mb_per_s: rounded(s.mb_per_s()),
             latency_of: match cell.workload {
-                Workload::Append | Workload::AppendWithRelay => "append",
+                Workload::Append | Workload::AppendWithRelay | Workload::Paced => "append",
                 Workload::Drain => "batch",
             },
             p50_us: rounded(s.latency.p50_us),
@@ -325,7 +366,14 @@ impl JsonLine {
             ratio_to_raw: cell.ratio_to_raw().and_then(rounded),
             records_per_batch: per(|c| c.batches),
             records_per_fsync: per(|c| c.fsyncs),
-            rounds_records_per_s: cell.rounds.iter().map(|&r| rounded(r)).collect(),
+            rounds_records_per_s: match cell.workload {
+                Workload::Paced => Vec::new(),
+                _ => cell.rounds.iter().map(|&r| rounded(r)).collect(),
+            },
+            rounds_p50_us: match cell.workload {
+                Workload::Paced => cell.rounds.iter().map(|&r| rounded(r)).collect(),
+                _ => Vec::new(),
+            },
             relayed_per_s: s.relayed_per_s().and_then(rounded),
             ratio_to_append_only: cell
                 .append_only_per_s

@@ -1,6 +1,7 @@
 //! The workloads: durable appends from many producer threads, a drain (claim
-//! and acknowledge in batches) by one relay, and both at once (the end-to-end
-//! workload: producers appending while a relay drains).
+//! and acknowledge in batches) by one relay, both at once (the end-to-end
+//! workload: producers appending while a relay drains), and one producer
+//! pausing before each append.
 
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -186,6 +187,46 @@ pub fn append(
         latency: Percentiles::of(&mut latencies),
         counters,
         relayed,
+        device_bytes: None,
+    })
+}
+
+/// One producer appending `count` records of `size` bytes to `engine`, each
+/// waiting for durability, sleeping `pace` before each: the appends of a
+/// service that writes one record per request it serves, with the engine
+/// idle in between. Latency is per append; the wall time includes the
+/// pauses.
+pub fn paced(engine: &dyn Engine, size: usize, count: u64, pace: Duration) -> Result<Sample> {
+    let mut record = payload(size, 1);
+    let mut latencies = Vec::with_capacity(count as usize);
+    let counters_before = engine.counters();
+    let t0 = Instant::now();
+    let cpu0 = cpu_time();
+    for i in 0..count {
+        if !pace.is_zero() {
+            std::thread::sleep(pace);
+        }
+        let stamp = i.to_le_bytes();
+        let n = stamp.len().min(size);
+        record[..n].copy_from_slice(&stamp[..n]);
+        let t = Instant::now();
+        engine.append(&record)?;
+        latencies.push(t.elapsed().as_nanos() as u64);
+    }
+    let wall = t0.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu0);
+    let counters = match (counters_before, engine.counters()) {
+        (Some(before), Some(after)) => Some(before.delta(after)),
+        _ => None,
+    };
+    Ok(Sample {
+        records: count,
+        payload_bytes: count * size as u64,
+        wall,
+        cpu,
+        latency: Percentiles::of(&mut latencies),
+        counters,
+        relayed: None,
         device_bytes: None,
     })
 }
