@@ -328,6 +328,7 @@ impl Outbox {
             arrivals: Default::default(),
             timers: OnceLock::new(),
             writer_waiting_since_us: Default::default(),
+            waiters: Default::default(),
         });
         Counters::add(&shared.counters.fsyncs, u64::from(sealed));
         let writer = Writer::start(
@@ -473,7 +474,7 @@ impl Outbox {
     /// ```
     pub fn sync(&self) -> Result<()> {
         self.handle.shared.check_usable()?;
-        let (completion, done) = Completion::new();
+        let (completion, done) = Completion::new(&self.handle.shared.waiters);
         self.send(Request::Sync { done })?;
         completion.wait().map(|_| ())
     }
@@ -499,7 +500,7 @@ impl Outbox {
         // The ticket goes back to the budget with the request, whatever becomes
         // of it.
         let ticket = Ticket::take(&self.handle.shared, bytes, wait)?;
-        let (completion, done) = Completion::new();
+        let (completion, done) = Completion::new(&self.handle.shared.waiters);
         let request = Request::Append {
             payloads: copy(),
             ticket,
@@ -623,7 +624,7 @@ impl Outbox {
         bytes: u64,
     ) -> Result<(Result<Seq>, Verdicts)> {
         let ticket = Ticket::take(&self.handle.shared, bytes, true)?;
-        let (completion, done) = Completion::new();
+        let (completion, done) = Completion::new(&self.handle.shared.waiters);
         self.send(Request::Append {
             payloads: copy(),
             ticket,

@@ -3,7 +3,8 @@
 //!
 //! Owns every decision about what is written where and when: batching, group
 //! commit, rotation and sealing, deletion behind a log start (`writer`); what is
-//! handed between producers and the writer (`shared`); the deadlines of async
+//! handed between producers and the writer (`shared`), and the word blocked
+//! producers sleep on (`waiters`); the deadlines of async
 //! waits (`timer`); the ages of records on a
 //! clock that never steps (`clock`); and, at open, what is
 //! torn, what is corrupt and what must change on disk (`recovery`).
@@ -15,4 +16,5 @@ pub(crate) mod clock;
 pub(crate) mod recovery;
 pub(crate) mod shared;
 pub(crate) mod timer;
+pub(crate) mod waiters;
 pub(crate) mod writer;

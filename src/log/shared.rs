@@ -14,6 +14,7 @@ use crate::format::seq::Seq;
 use crate::io::segment_file::FileCache;
 use crate::io::{LockGuard, Storage};
 use crate::log::clock::Clock;
+use crate::log::waiters::{LaneCell, Lanes, Waiters};
 use crate::options::Options;
 use crate::state::table::Table;
 
@@ -50,6 +51,9 @@ pub(crate) struct Shared {
     /// [`spin_budget`] reads to tell a writer that is about to take the next
     /// request from one asleep.
     pub writer_waiting_since_us: AtomicU64,
+    /// What producers blocked on an answer sleep on: one word, so that a
+    /// batch's producers are woken by one system call.
+    pub waiters: Arc<Waiters>,
 }
 
 /// A producer alone in the queue spins for its answer only while batch
@@ -320,9 +324,77 @@ impl Latencies {
 
 #[cfg(test)]
 mod tests {
-    use super::{Completion, Latencies, SPIN_FSYNC_MAX, SpinView, spin_budget};
+    use super::{Answers, Completion, Latencies, SPIN_FSYNC_MAX, SpinView, deliver, spin_budget};
     use crate::format::seq::Seq;
+    use crate::log::waiters::Waiters;
+    use std::sync::Arc;
     use std::time::Duration;
+
+    /// Many producers asleep on one word, answered in groups of every size
+    /// (one at a time, a few, all queued), some while others are still
+    /// queueing, in lanes the writer stamps or the producer guesses: each
+    /// gets its own outcome and none sleeps through its wake-up. A lost wake-up shows as a producer that never returns, which
+    /// the watchdog turns into a failure naming how many are stuck.
+    #[test]
+    fn producers_sleeping_on_one_word_each_get_their_own_answer() {
+        const PRODUCERS: u64 = 16;
+        const ROUNDS: u64 = 2_000;
+        let waiters = Arc::new(Waiters::default());
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        let mut threads = Vec::new();
+        for p in 0..PRODUCERS {
+            let (tx, done_tx, waiters) = (tx.clone(), done_tx.clone(), waiters.clone());
+            threads.push(std::thread::spawn(move || {
+                for round in 0..ROUNDS {
+                    let (completion, done) = Completion::new(&waiters);
+                    let mine = p * ROUNDS + round;
+                    tx.send((done, mine)).expect("writer");
+                    // Every fourth waits spinning a little first.
+                    let spin = Duration::from_micros(if round % 4 == 0 { 20 } else { 0 });
+                    let outcome = completion.wait_spinning(spin);
+                    assert_eq!(outcome.ok(), Some(Seq::from(mine)), "producer {p}");
+                }
+                done_tx.send(p).expect("test");
+            }));
+        }
+        drop(tx);
+        let gatherer = waiters.clone();
+        let writer = std::thread::spawn(move || {
+            let mut group = 1usize;
+            while let Ok(first) = rx.recv() {
+                let mut answers: Answers = vec![(first.0, Ok(Seq::from(first.1)))];
+                while answers.len() < group {
+                    match rx.try_recv() {
+                        Ok((done, n)) => answers.push((done, Ok(Seq::from(n)))),
+                        Err(_) => break,
+                    }
+                }
+                // As the writer: the batch's lane written into each request
+                // (unless its producer chose one first), then the next lane.
+                let lane = gatherer.gathering();
+                for (done, _) in &answers {
+                    done.stamp(lane);
+                }
+                gatherer.gathered();
+                // Answered in reverse: order within a delivery does not matter.
+                answers.reverse();
+                deliver(answers);
+                group = group % (PRODUCERS as usize + 3) + 1;
+            }
+        });
+        let mut finished = 0;
+        while finished < PRODUCERS {
+            match done_rx.recv_timeout(Duration::from_secs(120)) {
+                Ok(_) => finished += 1,
+                Err(_) => panic!("{} producers never got an answer", PRODUCERS - finished),
+            }
+        }
+        for t in threads {
+            t.join().expect("producer");
+        }
+        writer.join().expect("writer");
+    }
 
     /// A producer spins only when it appends alone, on a fast disk, without
     /// a linger, with a second CPU; for twice the recent fsync.
@@ -406,13 +478,14 @@ mod tests {
     /// writer that drops its end unanswered still wakes it.
     #[test]
     fn a_spinning_waiter_gets_its_outcome_early_or_late() {
+        let waiters = Arc::new(Waiters::default());
         for (answer_after, spin) in [
             (Duration::ZERO, Duration::from_millis(50)),
             (Duration::from_millis(2), Duration::from_millis(200)),
             (Duration::from_millis(30), Duration::from_micros(50)),
             (Duration::from_millis(30), Duration::ZERO),
         ] {
-            let (completion, done) = Completion::new();
+            let (completion, done) = Completion::new(&waiters);
             let writer = std::thread::spawn(move || {
                 std::thread::sleep(answer_after);
                 done.complete(Ok(Seq::from(7)));
@@ -425,7 +498,7 @@ mod tests {
             );
             writer.join().expect("writer");
         }
-        let (completion, done) = Completion::new();
+        let (completion, done) = Completion::new(&waiters);
         let writer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(5));
             drop(done);
@@ -721,11 +794,15 @@ impl Verdicts {
 /// Where the writer puts the outcome of one request, and its producer waits.
 pub(crate) struct Completion {
     slot: Mutex<Slot>,
-    done: Condvar,
-    /// Set once the outcome is in `slot`: what a spinning waiter watches.
+    /// Set once the outcome is in `slot`: what a waiter watches, spinning or
+    /// asleep on `waiters`.
     ready: AtomicBool,
     /// For an append of messages: what became of each.
     verdicts: Mutex<Verdicts>,
+    /// The outbox's word its blocked producers sleep on.
+    waiters: Arc<Waiters>,
+    /// The lane it sleeps in there.
+    lane: LaneCell,
 }
 
 /// The outcome once the writer left it, and the task to wake then (an async
@@ -737,13 +814,15 @@ struct Slot {
 }
 
 impl Completion {
-    /// A completion and the writer's end of it.
-    pub(crate) fn new() -> (Arc<Completion>, Completer) {
+    /// A completion and the writer's end of it; its producer sleeps on
+    /// `waiters` (the outbox's, [`Shared::waiters`]).
+    pub(crate) fn new(waiters: &Arc<Waiters>) -> (Arc<Completion>, Completer) {
         let c = Arc::new(Completion {
             slot: Mutex::new(Slot::default()),
-            done: Condvar::new(),
             ready: AtomicBool::new(false),
             verdicts: Mutex::new(Verdicts::None),
+            waiters: waiters.clone(),
+            lane: LaneCell::default(),
         });
         (c.clone(), Completer(Some(c)))
     }
@@ -772,13 +851,14 @@ impl Completion {
                 }
             }
         }
-        let mut slot = self.slot.lock();
-        loop {
-            if let Some(outcome) = slot.outcome.take() {
-                return outcome;
-            }
-            self.done.wait(&mut slot);
-        }
+        self.waiters.sleep_until(&self.ready, &self.lane);
+        // `ready` is set after the outcome is left, under this lock; it is
+        // taken once, by this one waiter.
+        self.slot
+            .lock()
+            .outcome
+            .take()
+            .unwrap_or(Err(Error::Closed))
     }
 
     /// [`wait`](Completion::wait) for a task: the outcome if the writer left
@@ -795,18 +875,27 @@ impl Completion {
         Poll::Pending
     }
 
-    /// Leaves `outcome` and wakes whoever waits for it.
+    /// Leaves `outcome` and wakes the task waiting for it, if any. A thread
+    /// asleep on `waiters` is woken by the [`Waiters::wake_all`] that must
+    /// follow.
     fn finish(&self, outcome: Result<Seq>) {
         let waker = {
             let mut slot = self.slot.lock();
             slot.outcome = Some(outcome);
-            self.ready.store(true, Ordering::Release);
+            // Sequentially consistent: see `Waiters::sleep_until`.
+            self.ready.store(true, Ordering::SeqCst);
             slot.waker.take()
         };
-        self.done.notify_all();
         if let Some(w) = waker {
             w.wake();
         }
+    }
+
+    /// Wakes the producer of this completion alone, after [`finish`](Completion::finish).
+    fn wake(&self) {
+        let mut lanes = Lanes::default();
+        lanes.add(&self.lane);
+        self.waiters.wake(lanes);
     }
 
     /// The verdicts the writer left (after [`Completion::wait`]).
@@ -828,10 +917,37 @@ impl Completer {
         }
     }
 
+    /// Writes the lane of the batch the writer gathered the request into,
+    /// unless its producer already chose one ([`LaneCell::stamp`]).
+    pub(crate) fn stamp(&self, lane: u32) {
+        if let Some(c) = &self.0 {
+            c.lane.stamp(lane);
+        }
+    }
+
+    /// Leaves `outcome` and wakes its producer.
     pub(crate) fn complete(mut self, outcome: Result<Seq>) {
         if let Some(c) = self.0.take() {
             c.finish(outcome);
+            c.wake();
         }
+    }
+}
+
+/// Leaves every outcome of `answers`, in order, then wakes their producers
+/// with one system call ([`Waiters`]).
+pub(crate) fn deliver(answers: Answers) {
+    let mut waiters = None;
+    let mut lanes = Lanes::default();
+    for (mut done, outcome) in answers {
+        if let Some(c) = done.0.take() {
+            c.finish(outcome);
+            lanes.add(&c.lane);
+            waiters.get_or_insert_with(|| c.waiters.clone());
+        }
+    }
+    if let Some(waiters) = waiters {
+        waiters.wake(lanes);
     }
 }
 
@@ -860,9 +976,7 @@ impl Notifier {
             .name("segwal-notify".into())
             .spawn(move || {
                 for answers in rx {
-                    for (done, outcome) in answers {
-                        done.complete(outcome);
-                    }
+                    deliver(answers);
                 }
             })
             .ok()?;
@@ -885,6 +999,7 @@ impl Drop for Completer {
     fn drop(&mut self) {
         if let Some(c) = self.0.take() {
             c.finish(Err(Error::Closed));
+            c.wake();
         }
     }
 }

@@ -27,7 +27,7 @@ use crate::format::seq::{SegmentId, Seq};
 use crate::io;
 use crate::io::segment_file::{FreshSegment, SegmentFile, Successor, now_us};
 use crate::log::shared::{
-    Answers, Completer, Counters, Notifier, Shared, Ticket, Verdict, Verdicts,
+    Answers, Completer, Counters, Notifier, Shared, Ticket, Verdict, Verdicts, deliver,
 };
 use crate::options::Durability;
 use crate::state::dedup::{Dedup, Seen};
@@ -164,6 +164,17 @@ pub(crate) enum Request {
     Sync { done: Completer },
     /// The oldest segment may be fully acknowledged: delete what can be.
     Reclaim,
+}
+
+impl Request {
+    /// Tells the request's producer the lane of the batch it was gathered
+    /// into (see `log::waiters`).
+    fn stamp(&self, lane: u32) {
+        match self {
+            Request::Append { done, .. } | Request::Sync { done } => done.stamp(lane),
+            Request::Reclaim => {}
+        }
+    }
 }
 
 /// The segment being written.
@@ -532,7 +543,9 @@ impl Writer {
     fn gather(&mut self, first: Request) {
         let opts = &self.shared.options;
         let limit = opts.batch_bytes as u64;
+        let lane = self.shared.waiters.gathering();
         let mut bytes = request_bytes(&first);
+        first.stamp(lane);
         self.batch.push(first);
         let linger_until = (!opts.linger.is_zero())
             .then(|| Instant::now().checked_add(opts.linger))
@@ -544,8 +557,10 @@ impl Writer {
             };
             let Some(r) = next else { break };
             bytes += request_bytes(&r);
+            r.stamp(lane);
             self.batch.push(r);
         }
+        self.shared.waiters.gathered();
     }
 
     /// Writes the gathered batch, makes it durable as the durability asks,
@@ -633,9 +648,7 @@ impl Writer {
         } else {
             answers
         };
-        for (done, outcome) in answers {
-            done.complete(outcome);
-        }
+        deliver(answers);
     }
 
     /// Decides what each append of the batch writes ([`Writer::plan`]), then

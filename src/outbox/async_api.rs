@@ -83,7 +83,7 @@ impl Outbox {
     /// change of delivery state made before it is durable once it resolves.
     pub async fn sync_async(&self) -> Result<()> {
         self.handle.shared.check_usable()?;
-        let (completion, done) = Completion::new();
+        let (completion, done) = Completion::new(&self.handle.shared.waiters);
         self.send(Request::Sync { done })?;
         Answer(&completion).await.map(|_| ())
     }
@@ -146,7 +146,7 @@ impl Outbox {
             bytes,
         }
         .await?;
-        let (completion, done) = Completion::new();
+        let (completion, done) = Completion::new(&self.handle.shared.waiters);
         self.send(Request::Append {
             payloads: copy(),
             ticket,
