@@ -951,17 +951,18 @@ pub(crate) fn deliver(answers: Answers) {
     }
 }
 
-/// Outcomes for the producers of one batch, in the order they are to be woken.
+/// Outcomes for the producers of one batch (all woken together by [`deliver`]).
 pub(crate) type Answers = Vec<(Completer, Result<Seq>)>;
 
 /// A thread that wakes the producers of finished batches, so that the writer
 /// thread can start its next write and `sync_data` while they wake.
 ///
-/// Waking a blocked producer costs a `futex` call and often an inter-processor
-/// interrupt: several microseconds each, which the writer would otherwise spend
-/// between two `sync_data` calls, with the device idle, once per producer of the
-/// batch. The outcomes are decided by the writer before it hands them over; this
-/// thread only delivers them, in order.
+/// A batch is woken by one `futex` call, but that call does the kernel's work
+/// for every sleeper it wakes (each one made runnable, often with an
+/// inter-processor interrupt), on the calling thread: for a large batch, time
+/// the writer would otherwise spend between two `sync_data` calls with the
+/// device idle. The outcomes are decided by the writer before it hands them
+/// over; this thread only leaves them and makes the call.
 pub(crate) struct Notifier {
     tx: crossbeam_channel::Sender<Answers>,
     thread: std::thread::JoinHandle<()>,

@@ -36,11 +36,13 @@ use crate::state::table::SegmentSlots;
 /// Batches answering more producers than this have them woken by the notifier
 /// thread; smaller ones by the writer itself.
 ///
-/// A wake is a system call on the writer's critical path between two
-/// `sync_data` calls, so many of them are handed over; but a hand-over costs a
-/// wake of its own and gives each producer one more hop, so few are not. The
-/// threshold is measured, not derived: docs/BENCHMARKS.md ("Waking producers
-/// off the writer's path").
+/// A batch's producers are woken by one system call, but its cost in the
+/// kernel grows with the number of sleepers it wakes, and it sits on the
+/// writer's critical path between two `sync_data` calls; so large batches are
+/// handed over. A hand-over costs a wake of its own and gives each producer one
+/// more hop, so small ones are not. The threshold is measured, not derived,
+/// and was measured again once a batch was woken by one call:
+/// docs/BENCHMARKS.md ("Waking producers off the writer's path").
 const NOTIFY_ABOVE: usize = 16;
 
 /// The encode buffer's memory is always kept up to this size (64 KiB).
