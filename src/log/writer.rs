@@ -42,7 +42,8 @@ use crate::state::table::SegmentSlots;
 /// handed over. A hand-over costs a wake of its own and gives each producer one
 /// more hop, so small ones are not. The threshold is measured, not derived,
 /// and was measured again once a batch was woken by one call:
-/// docs/BENCHMARKS.md ("Waking producers off the writer's path").
+/// docs/BENCHMARKS.md ("Waking producers off the writer's path", and "One
+/// wake-up call per batch").
 const NOTIFY_ABOVE: usize = 16;
 
 /// The encode buffer's memory is always kept up to this size (64 KiB).
