@@ -876,8 +876,9 @@ impl Completion {
     }
 
     /// Leaves `outcome` and wakes the task waiting for it, if any. A thread
-    /// asleep on `waiters` is woken by the [`Waiters::wake_all`] that must
-    /// follow.
+    /// asleep on `waiters` is woken by the [`Waiters::wake`] of its lane that
+    /// must follow (one call for a whole batch, or [`wake`](Completion::wake)
+    /// for this completion alone).
     fn finish(&self, outcome: Result<Seq>) {
         let waker = {
             let mut slot = self.slot.lock();
