@@ -836,6 +836,14 @@ impl Completion {
     /// before sleeping: a producer woken from sleep costs a futex call and a
     /// scheduler wake-up (on a virtual machine, often a halted vCPU to
     /// restart), which a lone producer pays on every append.
+    ///
+    /// Between rounds of watching, the spinner yields its CPU to any thread
+    /// waiting to run on it: the scheduler may have put the writer on the
+    /// spinner's CPU (it wakes a thread near its waker), and a spinner that
+    /// held the CPU would keep the writer from the very write and answer it
+    /// waits for, for the whole spin (measured: a lone producer on the
+    /// writer's CPU fell to a quarter of its rate; docs/BENCHMARKS.md, "A
+    /// spinning producer yields its CPU").
     pub(crate) fn wait_spinning(&self, spin: Duration) -> Result<Seq> {
         if !spin.is_zero() {
             let started = Instant::now();
@@ -849,6 +857,7 @@ impl Completion {
                 if started.elapsed() >= spin {
                     break;
                 }
+                std::thread::yield_now();
             }
         }
         self.waiters.sleep_until(&self.ready, &self.lane);
