@@ -1086,7 +1086,8 @@ impl Writer {
     }
 
     /// Writes `buf` at the end of the active segment, and zeros ahead of it when
-    /// it reached space not written before (see [`ZERO_AHEAD_MIN`]).
+    /// it reached space not written before (see [`ZERO_AHEAD_MIN`]), unless
+    /// writes are large (see [`ZEROS_SKIPPED_FROM`]).
     fn write_buf(&mut self) -> Result<()> {
         let start = self.active.len - self.active.tail.len() as u64;
         let frames_end = start + self.buf.len() as u64;
@@ -1128,7 +1129,11 @@ impl Writer {
             self.active.tail.extend_from_slice(tail);
         }
         self.fit_buffer(batch as usize);
-        if end > self.active.zeroed {
+        if end > self.active.zeroed && self.buf_need as u64 >= ZEROS_SKIPPED_FROM {
+            // Large writes: their frames go into space never written, and
+            // the fdatasync records that it now is (see `ZEROS_SKIPPED_FROM`).
+            self.reserve(end + (4 * batch).clamp(ZERO_AHEAD_MIN, ZERO_AHEAD_MAX));
+        } else if end > self.active.zeroed {
             let wanted = end + (4 * batch).clamp(ZERO_AHEAD_MIN, ZERO_AHEAD_MAX);
             self.reserve(wanted);
             let ahead = wanted.min(self.active.room);
@@ -1834,6 +1839,16 @@ fn push_active(shared: &Shared, active: &Active) {
 const ZERO_AHEAD_MIN: u64 = 256 << 10;
 /// See [`ZERO_AHEAD_MIN`].
 const ZERO_AHEAD_MAX: u64 = 1 << 20;
+
+/// No zeros are written ahead while writes average this many bytes or more
+/// (the moving average `Writer::buf_need`): their frames go straight into
+/// preallocated space never written, and each batch's `fdatasync` also
+/// records that its blocks are now written, a cost paid once per batch,
+/// where zeros ahead would write every byte twice, a cost that grows with
+/// the batch (measured in docs/BENCHMARKS.md, "No zeros ahead of large
+/// batches"). Writes this large are those of many producers of large
+/// records; smaller ones keep the zeros.
+const ZEROS_SKIPPED_FROM: u64 = 64 << 10;
 
 /// How long the writer, idle with zeros soon due ([`Writer::zeros_due`]),
 /// waits for a request before it writes them ([`Writer::zero_ahead_idle`]):

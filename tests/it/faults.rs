@@ -23,6 +23,12 @@ struct Faults {
     /// Refuse writes of zeros only (the writer's zeros ahead of its frames).
     fail_zero_writes: AtomicBool,
     zero_writes_refused: AtomicUsize,
+    /// Writes of zeros only that came straight after a write of frames, with
+    /// no fsync between: the zeros ahead a batch carries (an idle writer's
+    /// come after an fsync).
+    batch_zero_writes: AtomicUsize,
+    /// Whether the last write was of frames, and no fsync came since.
+    frames_unsynced: AtomicBool,
     /// Set once any injected fault fired.
     fired: AtomicBool,
     /// Calls that reached a file after a fault fired.
@@ -143,14 +149,19 @@ impl StorageFile for FaultyFile {
             }
             return Err(io::Error::from_raw_os_error(28)); // ENOSPC
         }
-        if f.fail_zero_writes.load(Ordering::SeqCst) && buf.iter().all(|&b| b == 0) {
+        let zeros = buf.iter().all(|&b| b == 0);
+        if f.fail_zero_writes.load(Ordering::SeqCst) && zeros {
             f.zero_writes_refused.fetch_add(1, Ordering::SeqCst);
             return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+        if f.frames_unsynced.swap(!zeros, Ordering::SeqCst) && zeros {
+            f.batch_zero_writes.fetch_add(1, Ordering::SeqCst);
         }
         self.inner.write_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
         let f = &self.faults;
+        f.frames_unsynced.store(false, Ordering::SeqCst);
         {
             let mut hold = f.hold_syncs.lock().expect("lock");
             f.syncs_waiting.fetch_add(1, Ordering::SeqCst);
@@ -311,6 +322,55 @@ fn a_refused_write_of_zeros_ahead_does_not_poison() {
     let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
     let back: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
     assert_eq!(back, seqs);
+}
+
+/// Large writes (many producers of large records: 64 KiB and more on
+/// average) go into preallocated space with no zeros ahead, each byte written
+/// once; small ones carry zeros ahead. Either way every record comes back
+/// whole.
+#[test]
+fn large_writes_carry_no_zeros_ahead() {
+    let (_t, dir) = tmp();
+    let (outbox, faults) = faulty(&dir, Options::default());
+    let zeros_ahead = || faults.batch_zero_writes.load(Ordering::SeqCst);
+    let mut written: Vec<(Seq, Vec<u8>)> = Vec::new();
+    for i in 0..4 {
+        let p = payload(0, i);
+        written.push((outbox.append(&p).expect("append"), p));
+    }
+    assert!(zeros_ahead() >= 1, "small appends carry zeros ahead");
+    // 64 records of 4 KiB: writes of about 260 KiB each. The writer goes by
+    // the moving average of its writes, past 64 KiB after a few of them.
+    let large = |n: u64| -> Vec<Vec<u8>> {
+        (0..64u64)
+            .map(|k| {
+                let mut p = vec![(n + k) as u8; 4096];
+                p[..16].copy_from_slice(&[n.to_le_bytes(), k.to_le_bytes()].concat());
+                p
+            })
+            .collect()
+    };
+    let mut append_large = |n: u64| {
+        let batch = large(n);
+        let seqs = outbox.append_batch(&batch).expect("append_batch");
+        written.extend(seqs.into_iter().zip(batch));
+    };
+    for n in 0..8 {
+        append_large(n);
+    }
+    let before = zeros_ahead();
+    for n in 8..24 {
+        append_large(n);
+    }
+    assert_eq!(zeros_ahead(), before, "large writes carried zeros ahead");
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    let back: Vec<(Seq, Vec<u8>)> = drain(&outbox)
+        .iter()
+        .map(|r| (r.seq(), r.payload().to_vec()))
+        .collect();
+    assert_eq!(back.len(), written.len());
+    assert!(back == written, "a record came back other than written");
 }
 
 #[test]
