@@ -1164,7 +1164,8 @@ impl Writer {
 
     /// Whether the frames are near the end of the zeros written ahead of them
     /// (less than [`ZERO_AHEAD_MIN`] left, and room for more), with nothing
-    /// waiting to be synced: the next batches would carry zeros. Never in a
+    /// waiting to be synced and writes small enough to want zeros ahead
+    /// (below [`ZEROS_SKIPPED_FROM`]): the next batches would carry zeros. Never in a
     /// segment without frames: an outbox opened and left idle (a command
     /// that only looks at it) writes nothing, and a crash during the zeros
     /// never leaves a torn tail in a segment that holds nothing. False again
@@ -1185,6 +1186,7 @@ impl Writer {
             && a.len > FRAMES_AT as u64
             && a.zeroed.max(a.len) < limit
             && a.zeroed.saturating_sub(a.len) < ZERO_AHEAD_MIN
+            && (self.buf_need as u64) < ZEROS_SKIPPED_FROM
     }
 
     /// Writes the zeros the next batches will need while no request waits,
@@ -1846,7 +1848,7 @@ const ZERO_AHEAD_MAX: u64 = 1 << 20;
 /// records that its blocks are now written, a cost paid once per batch,
 /// where zeros ahead would write every byte twice, a cost that grows with
 /// the batch (measured in docs/BENCHMARKS.md, "No zeros ahead of large
-/// batches"). Writes this large are those of many producers of large
+/// writes"). Writes this large are those of many producers of large
 /// records; smaller ones keep the zeros.
 const ZEROS_SKIPPED_FROM: u64 = 64 << 10;
 
