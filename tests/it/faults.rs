@@ -27,6 +27,8 @@ struct Faults {
     /// no fsync between: the zeros ahead a batch carries (an idle writer's
     /// come after an fsync).
     batch_zero_writes: AtomicUsize,
+    /// Writes of zeros only, a batch's or an idle writer's.
+    zero_writes: AtomicUsize,
     /// Whether the last write was of frames, and no fsync came since.
     frames_unsynced: AtomicBool,
     /// Set once any injected fault fired.
@@ -156,6 +158,9 @@ impl StorageFile for FaultyFile {
         }
         if f.frames_unsynced.swap(!zeros, Ordering::SeqCst) && zeros {
             f.batch_zero_writes.fetch_add(1, Ordering::SeqCst);
+        }
+        if zeros {
+            f.zero_writes.fetch_add(1, Ordering::SeqCst);
         }
         self.inner.write_at(buf, offset)
     }
@@ -359,10 +364,20 @@ fn large_writes_carry_no_zeros_ahead() {
         append_large(n);
     }
     let before = zeros_ahead();
+    let all_before = faults.zero_writes.load(Ordering::SeqCst);
     for n in 8..24 {
         append_large(n);
     }
     assert_eq!(zeros_ahead(), before, "large writes carried zeros ahead");
+    // Nor does the writer write them while idle between bursts of large
+    // writes: a pause longer than its idle grace (at most 5 ms) would
+    // otherwise have it write the zeros the large writes went without.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(
+        faults.zero_writes.load(Ordering::SeqCst),
+        all_before,
+        "zeros written ahead of large writes"
+    );
     outbox.close().expect("close");
     let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
     let back: Vec<(Seq, Vec<u8>)> = drain(&outbox)
