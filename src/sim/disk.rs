@@ -129,6 +129,11 @@ pub struct DiskStats {
     pub crashes: u64,
     /// Faults injected.
     pub faults_injected: u64,
+    /// Successful `sync_data` calls whose writes held a write of at least
+    /// [`LARGE_WRITE`] bytes, not all zeros, reaching past every byte an
+    /// earlier sync made durable, and no write of zeros only: large frames
+    /// written straight into space never written, with no zeros ahead.
+    pub large_writes_unzeroed: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -137,12 +142,18 @@ enum Pending {
     SetLen(u64),
 }
 
+/// What [`DiskStats::large_writes_unzeroed`] counts as a large write.
+pub const LARGE_WRITE: usize = 64 << 10;
+
 #[derive(Clone, Debug, Default)]
 struct Inode {
     live: Vec<u8>,
     durable: Vec<u8>,
     pending: Vec<Pending>,
     sync_failed: bool,
+    /// The end of the furthest write a successful sync made durable (cut
+    /// back by a durable truncation).
+    synced_to: u64,
 }
 
 #[derive(Debug)]
@@ -458,6 +469,7 @@ impl SimDisk {
             inodes.insert(
                 ino,
                 Inode {
+                    synced_to: inode.synced_to.min(image.len() as u64),
                     live: image.clone(),
                     durable: image,
                     pending: Vec::new(),
@@ -870,17 +882,37 @@ impl StorageFile for SimFile {
             inode.sync_failed |= dropped_data;
             return Err(errno(5));
         }
+        let mut zeros_only = false;
+        let mut large_past = false;
+        for op in &inode.pending {
+            if let Pending::Write { at, data } = op {
+                if data.iter().all(|&b| b == 0) {
+                    zeros_only = true;
+                } else if data.len() >= LARGE_WRITE && at + data.len() as u64 > inode.synced_to {
+                    large_past = true;
+                }
+            }
+        }
         // Only what was written since the last sync reaches the durable image:
         // data dropped by a failed sync stays lost though reads still see it.
         for op in std::mem::take(&mut inode.pending) {
             match op {
-                Pending::Write { at, data } => write_into(&mut inode.durable, at, &data),
-                Pending::SetLen(len) => inode.durable.resize(len as usize, 0),
+                Pending::Write { at, data } => {
+                    inode.synced_to = inode.synced_to.max(at + data.len() as u64);
+                    write_into(&mut inode.durable, at, &data);
+                }
+                Pending::SetLen(len) => {
+                    inode.synced_to = inode.synced_to.min(len);
+                    inode.durable.resize(len as usize, 0);
+                }
             }
         }
         // Once what reads see is durable again, the file is trustworthy again.
-        if inode.live == inode.durable {
+        if inode.sync_failed && inode.live == inode.durable {
             inode.sync_failed = false;
+        }
+        if large_past && !zeros_only {
+            s.stats.large_writes_unzeroed += 1;
         }
         Ok(())
     }
