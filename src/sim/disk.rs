@@ -882,12 +882,12 @@ impl StorageFile for SimFile {
             inode.sync_failed |= dropped_data;
             return Err(errno(5));
         }
-        let mut zeros_only = false;
+        let mut zeros_written = false;
         let mut large_past = false;
         for op in &inode.pending {
             if let Pending::Write { at, data } = op {
                 if data.iter().all(|&b| b == 0) {
-                    zeros_only = true;
+                    zeros_written = true;
                 } else if data.len() >= LARGE_WRITE && at + data.len() as u64 > inode.synced_to {
                     large_past = true;
                 }
@@ -911,7 +911,7 @@ impl StorageFile for SimFile {
         if inode.sync_failed && inode.live == inode.durable {
             inode.sync_failed = false;
         }
-        if large_past && !zeros_only {
+        if large_past && !zeros_written {
             s.stats.large_writes_unzeroed += 1;
         }
         Ok(())

@@ -177,7 +177,7 @@ fn crash_at_every_io_step_while_stragglers_are_relocated() {
 
 /// Large writes under crashes: appends of 64 to 128 KiB, whose frames the
 /// writer puts straight into space never written, with no zeros ahead (the
-/// workloads of the test above write far less at a time). Every invariant
+/// random and straggler workloads write far less at a time). Every invariant
 /// holds at every crash point; and such batches do happen.
 #[test]
 fn crash_at_every_io_step_with_large_writes() {
