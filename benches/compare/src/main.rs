@@ -7,6 +7,7 @@ mod asyncs;
 mod engines;
 mod measure;
 mod nats;
+mod open;
 mod report;
 mod workload;
 
@@ -197,6 +198,19 @@ struct Args {
     /// runtime (append_async) against as many threads (append)
     #[arg(long = "async")]
     asyncs: bool,
+    /// only the open workload: `Outbox::open` of a million pending records
+    /// after a crash, the page cache dropped (needs root) and not, taking
+    /// turns (default 5 rounds of each; 1 with --quick, which does not drop
+    /// the page cache)
+    #[arg(long)]
+    open: bool,
+    /// (internal) fill DIR with --fill-records pending records in this
+    /// process and exit without closing: the open workload's child
+    #[arg(long, value_name = "DIR", hide = true)]
+    fill_crashed: Option<PathBuf>,
+    /// (internal) records the child of --fill-crashed appends
+    #[arg(long, value_name = "N", hide = true, default_value_t = 0)]
+    fill_records: u64,
 }
 
 /// One name of `--only`: an engine's name as the tables write it.
@@ -241,6 +255,16 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<()> {
+    if let Some(dir) = &args.fill_crashed {
+        open::fill_crashed(dir, args.fill_records);
+    }
+    if args.open {
+        let rounds = args
+            .rounds
+            .map_or(if args.quick { 1 } else { 5 }, NonZeroUsize::get);
+        let tmp = args.tmp.clone().unwrap_or_else(std::env::temp_dir);
+        return open::run(args.quick, rounds, &tmp, args.out.as_deref());
+    }
     if let Some(url) = &args.nats {
         let rounds = args
             .rounds
