@@ -1066,8 +1066,12 @@ impl Outbox {
     /// (or [`discard`ed](Outbox::discard)), survives restarts, and is listed by
     /// [`dead_letters`](Outbox::dead_letters) with `reason` (cut to
     /// [`REASON_BYTES_MAX`](crate::REASON_BYTES_MAX) bytes) and its attempts.
-    /// Durable like an acknowledgement. A dead letter keeps its segment on
-    /// disk. [`Error::NotClaimed`] if `seq` is not held by a claim.
+    /// Durable like an acknowledgement. A dead letter does not pin its
+    /// segment: once the log takes more than twice the bytes of its live
+    /// frames plus two segments, the writer copies the few records that keep
+    /// the oldest segment, dead letters among them, forward into the active
+    /// one, and the old segment is deleted (relocation, docs/GUARANTEES.md,
+    /// section 7). [`Error::NotClaimed`] if `seq` is not held by a claim.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
