@@ -55,7 +55,10 @@ pub enum Error {
     ///
     /// After a failed fsync the page cache can no longer be trusted, so segwal
     /// never retries one. Claims and acknowledgements of records already durable
-    /// go on working; reopening the directory recovers from what is on disk.
+    /// go on working, except those that must write before they return: a claim
+    /// under `Options::max_attempts` and an acknowledgement under
+    /// `ack_durability(Sync)` fail with this error too. Reopening the directory
+    /// recovers from what is on disk.
     /// Appends that failed with this error are *in doubt*: they may or may not be
     /// delivered after the reopen.
     Poisoned {

@@ -62,10 +62,13 @@ pub enum Durability {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum RecoveryMode {
-    /// Truncate a torn tail (damage inside the last, never-acknowledged write batch
-    /// of the last segment); any other damage fails the open with
-    /// [`Error::Corrupt`] naming the file and offset, and nothing is changed on
-    /// disk. Nothing that was acknowledged to a producer is ever dropped.
+    /// Truncate a torn tail (damage inside the last write batch of the last
+    /// segment, whose fsync never completed); any other damage fails the open
+    /// with [`Error::Corrupt`] naming the file and offset, and nothing is
+    /// changed on disk. Nothing whose fsync completed is ever dropped: under
+    /// the default [`Durability::Sync`], no append a producer was told
+    /// succeeded (under [`Durability::Buffered`] producers are answered before
+    /// the fsync, and a power cut can tear their batch).
     #[default]
     Strict,
     /// For operators, after `Strict` refused to open: truncate the log at the first
@@ -82,14 +85,15 @@ pub enum RecoveryMode {
 /// meets one fails with [`Error::Corrupt`] naming the file,
 /// offset and seq, and sets the record aside. The modes differ in *when* damage in
 /// a sealed segment is found. The segment holding the newest frames is always
-/// read whole, since that is where a crash can leave a torn tail.
+/// read frame by frame, from its last index checkpoint on (docs/FORMAT.md,
+/// "Index checkpoints"), since that is where a crash can leave a torn tail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OpenCheck {
     /// Read each sealed segment's header and its seal frame, which carries the
     /// offset of every frame of the segment under its own checksum
     /// (docs/FORMAT.md, "The seal index"), and not the frames themselves. Opening
-    /// costs about four bytes read per record instead of every byte; a record
+    /// costs about eight bytes read per record instead of every byte; a record
     /// damaged at rest in a sealed segment is reported when it is claimed. A
     /// segment whose seal or index does not check is read whole, as under
     /// `EveryFrame`.
@@ -203,7 +207,10 @@ impl Options {
     /// age after the last record of a segment is acknowledged. Each rotation costs
     /// one file creation and two fsyncs; every 10 minutes that is nothing, while a
     /// quiet service never holds more than 10 minutes of acknowledged data. A
-    /// segment holding no record (only internal frames) is never rotated by age.
+    /// segment holding neither a record nor delivery state (acknowledgements,
+    /// releases, dead letters, attempts), only the frames that move the log's
+    /// start, is never rotated by age: rotating it would write another such
+    /// frame, and an idle outbox would rotate for ever.
     pub fn segment_age(mut self, age: Duration) -> Options {
         self.segment_age = age;
         self
@@ -246,9 +253,11 @@ impl Options {
         self
     }
 
-    /// Encoded bytes the writer gathers into one write and one fsync at most.
-    /// Default 4 MiB; from 1 to [`BATCH_BYTES_MAX`]. A single request larger than
-    /// this is written in a batch of its own.
+    /// Encoded bytes after which the writer stops gathering requests into one
+    /// write and one fsync (the request that reaches the limit is the last one
+    /// gathered, so a batch can pass it by one request). Default 4 MiB; from 1
+    /// to [`BATCH_BYTES_MAX`]. A single request larger than this is written in a
+    /// batch of its own.
     pub fn batch_bytes(mut self, bytes: usize) -> Options {
         self.batch_bytes = bytes;
         self
@@ -312,10 +321,13 @@ impl Options {
         self
     }
 
-    /// Under [`Durability::Buffered`], the longest time written records wait for
-    /// their fsync. Default 100 ms; at least 1 ms, no upper bound: an interval too
-    /// long to represent as an instant means only `sync`, rotation and close
-    /// fsync. Ignored under `Sync`.
+    /// The longest time written frames wait for their fsync when nothing else
+    /// fsyncs them: appends under [`Durability::Buffered`], and
+    /// acknowledgements and other delivery-state changes under
+    /// [`ack_durability`](Options::ack_durability)`(Buffered)`, the default.
+    /// Default 100 ms; at least 1 ms, no upper bound: an interval too long to
+    /// represent as an instant means only `sync`, rotation, the next batch of
+    /// appends under `Sync`, and close fsync them.
     pub fn buffered_sync_interval(mut self, interval: Duration) -> Options {
         self.buffered_sync_interval = interval;
         self

@@ -650,8 +650,11 @@ impl Outbox {
     /// before newer ones. A claimed record stays claimed until it is acknowledged,
     /// released or dead-lettered, or its lease ([`Options::lease`](crate::Options::lease))
     /// runs out; after a reopen every record not acknowledged is pending again
-    /// (or delayed, or dead, as the log recorded). Never waits for an fsync in progress; returns
-    /// an empty vector when nothing is pending.
+    /// (or delayed, or dead, as the log recorded). Never waits for an fsync in
+    /// progress, except under
+    /// [`Options::max_attempts`](crate::Options::max_attempts), where each
+    /// delivery's number is made durable (a [`sync`](Outbox::sync)) before the
+    /// records are handed out; returns an empty vector when nothing is pending.
     ///
     /// If a record's frame fails its checksum, the claim fails with
     /// [`Error::Corrupt`] naming the file, offset and seq; that record is set aside
@@ -893,8 +896,10 @@ impl Outbox {
     }
 
     /// Acknowledges a claimed record: it is delivered and will not be handed out
-    /// again. Once every record of a sealed segment is acknowledged, the writer
-    /// deletes the segment file.
+    /// again. Once every record of the oldest sealed segments is acknowledged,
+    /// the writer deletes their files, oldest first (one may be kept, renamed,
+    /// to be written again as the next segment:
+    /// [`Options::recycle_segments`](crate::Options::recycle_segments)).
     ///
     /// Acknowledging a record already acknowledged (or deleted) is Ok, so a relay
     /// may retry. A record that is pending (never claimed, or released) fails
@@ -1486,8 +1491,11 @@ impl DeadLetter {
         self.record.seq()
     }
 
-    /// How many times it was delivered before it died (in this process; a
-    /// restart counts deliveries from 1 again).
+    /// How many times it was delivered before it died, written to the log
+    /// with the dead letter and kept across restarts. Deliveries are counted
+    /// as [`Record::attempt`] counts them: in memory, from 1 again after a
+    /// restart, unless [`Options::max_attempts`](crate::Options::max_attempts)
+    /// is set.
     pub fn attempts(&self) -> u32 {
         self.attempts
     }

@@ -107,8 +107,12 @@ impl Record {
 
     /// Which delivery of the record this is: 1 the first time it is handed
     /// out, one more each time it comes back (released, or its lease ran out)
-    /// and is handed out again. Counted in memory: after a restart a record
-    /// starts again at 1.
+    /// and is handed out again. Counted in memory, so that after a restart a
+    /// record starts again at 1, unless
+    /// [`Options::max_attempts`](crate::Options::max_attempts) is set: then
+    /// every delivery's number is written to the log before the record is
+    /// handed out, and the count goes on after a restart. A record relocated
+    /// forward keeps its count.
     pub fn attempt(&self) -> u32 {
         self.attempt
     }

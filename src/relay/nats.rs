@@ -1,19 +1,21 @@
 //! A [`Publisher`] into NATS JetStream (feature `nats`): [`JetStream`].
 //!
 //! Every record becomes one message on a subject made from a template (fixed,
-//! or with the record's key in it), with two headers: `Nats-Msg-Id`, the
+//! or with the record's key in it), with three headers: `Nats-Msg-Id`, the
 //! outbox's identity and the record's seq (`<32 hex digits>-<seq>`), which
-//! JetStream deduplicates within the stream's duplicate window, and
-//! `Segwal-Seq`, the seq alone. A batch is published pipelined on one
+//! JetStream deduplicates within the stream's duplicate window,
+//! `Segwal-Seq`, the seq alone, and `Segwal-Crc32`, the CRC-32 of the
+//! payload (eight hex digits). A batch is published pipelined on one
 //! connection (up to [`JetStreamOptions::in_flight`] acknowledgements
 //! outstanding) and each record's outcome comes from its own `PubAck`.
 //!
 //! Beyond the duplicate window, deduplication is this publisher's: before its
 //! first publish it reads the last [`JetStreamOptions::reconcile_depth`]
 //! messages of the stream and answers [`Outcome::Duplicate`], without
-//! publishing, for every record of this outbox already among them: the
-//! records a crash left stored in the stream but not acknowledged in the
-//! outbox (docs/RELAY.md, "records in doubt").
+//! publishing, for every record of this outbox already among them with the
+//! same payload checksum (its id, its `Segwal-Seq` and its `Segwal-Crc32`
+//! agreeing): the records a crash left stored in the stream but not
+//! acknowledged in the outbox (docs/RELAY.md, "records in doubt").
 //!
 //! The client is `async-nats` on a current-thread tokio runtime owned by the
 //! publisher: [`Publisher::publish`] blocks the relay's thread while a batch

@@ -15,12 +15,16 @@ use crate::options::RecoveryMode;
 pub struct RecoveryReport {
     /// Segment files found in the directory.
     pub segments_found: usize,
-    /// Records handed back to the relay: every record in the log whose
-    /// acknowledgement the log does not record (acknowledgements become
-    /// durable with the writer's group commit: see `Options::ack_durability`).
+    /// Records pending after the open, as [`Stats::pending`](crate::Stats::pending)
+    /// counts them: every record in the log whose acknowledgement the log does
+    /// not record (acknowledgements become durable with the writer's group
+    /// commit: see `Options::ack_durability`), except the delayed ones, the
+    /// dead letters and those held back behind an earlier record of their key.
     pub records_recovered: u64,
     /// A torn tail truncated from the last segment: bytes of a write batch whose
-    /// fsync never completed, so no producer was told it succeeded.
+    /// fsync never completed, so under the default `Durability::Sync` no
+    /// producer was told it succeeded (under `Durability::Buffered` producers
+    /// are answered before the fsync).
     pub torn_tail: Option<TornTail>,
     /// Segment files removed because they were already fully acknowledged when the
     /// previous run was deleting them, or (the newest) provably held nothing:
