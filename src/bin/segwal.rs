@@ -5,14 +5,15 @@
 //! segwal inspect DIR [--json]
 //! segwal verify DIR [--json]
 //! segwal dump DIR [--from SEQ] [--limit N] [--format text|json|hex] [--state]
-//! segwal dead-letters DIR list [--json] | requeue SEQ... | discard SEQ...
-//! segwal repair DIR [--yes]
+//! segwal dead-letters DIR list [--json] | requeue SEQ... [--json] | discard SEQ... [--json]
+//! segwal repair DIR [--yes] [--json]
 //! ```
 //!
 //! `inspect`, `verify` and `dump` are read-only: they never write, never
 //! take the directory's lock, and work while the owner process runs.
-//! `dead-letters` and `repair` open the outbox, taking its lock: refused,
-//! naming the owner's pid, while the owner runs.
+//! `dead-letters` and `repair --yes` open the outbox, taking its lock:
+//! refused, naming the owner's pid, while the owner runs (`repair` before it
+//! copies anything aside).
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -369,15 +370,44 @@ fn inspect(v: &Verification) {
 /// holds it.
 fn open(dir: &std::path::Path) -> Result<segwal::Outbox, ExitCode> {
     segwal::Outbox::open(dir, segwal::Options::default()).map_err(|e| {
-        match &e {
-            segwal::Error::Locked { pid: Some(pid), .. } => eprintln!(
-                "segwal: {} is open in process {pid}: stop it first (read-only commands: inspect, verify, dump)",
-                dir.display()
-            ),
-            _ => eprintln!("segwal: {e}"),
-        }
+        say_open_failed(dir, &e);
         ExitCode::from(2)
     })
+}
+
+/// Says why a command that changes the outbox could not open it, naming the
+/// process that holds it where the error knows.
+fn say_open_failed(dir: &std::path::Path, e: &segwal::Error) {
+    match e {
+        segwal::Error::Locked { pid, .. } => say_held(dir, *pid),
+        _ => eprintln!("segwal: {e}"),
+    }
+}
+
+/// The refusal of a command that changes the outbox while its owner runs.
+fn say_held(dir: &std::path::Path, pid: Option<u32>) {
+    let who = pid.map_or_else(|| "another process".to_owned(), |p| format!("process {p}"));
+    eprintln!(
+        "segwal: {} is open in {who}: stop it first (read-only commands: inspect, verify, dump)",
+        dir.display()
+    );
+}
+
+/// Whether a process holds the outbox open, probed without changing
+/// anything: `Outbox::open` takes an exclusive `flock` on the directory
+/// itself (docs/FORMAT.md, "The directory"), so a lock that cannot be taken
+/// now is held by an owner. The probe lets go at once. `Some(pid)` from the
+/// `OWNER` file when it names one.
+fn held_by_owner(dir: &std::path::Path) -> Option<Option<u32>> {
+    let handle = std::fs::File::open(dir).ok()?;
+    match handle.try_lock() {
+        Err(std::fs::TryLockError::WouldBlock) => Some(
+            std::fs::read_to_string(dir.join("OWNER"))
+                .ok()
+                .and_then(|t| t.trim().parse().ok()),
+        ),
+        _ => None,
+    }
 }
 
 /// A payload as text for a listing: UTF-8 escaped, at most 80 characters.
@@ -576,6 +606,12 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         out.say("nothing changed: run again with --yes to repair");
         return out.finish(1);
     }
+    // Refused while the owner runs, before anything is copied; the lossy open
+    // below refuses in turn if one started meanwhile.
+    if let Some(pid) = held_by_owner(&found.dir) {
+        say_held(&found.dir, pid);
+        return out.finish(2);
+    }
     // Every damaged file copied aside first: the repair truncates them.
     let aside = found.dir.join(segwal::QUARANTINE_DIR);
     let stamp = std::time::SystemTime::now()
@@ -618,7 +654,7 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
     let outbox = match segwal::Outbox::open(&found.dir, options) {
         Ok(outbox) => outbox,
         Err(e) => {
-            eprintln!("segwal: {e}");
+            say_open_failed(&found.dir, &e);
             return out.finish(2);
         }
     };

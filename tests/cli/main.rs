@@ -339,21 +339,59 @@ fn repair_says_what_it_drops_then_keeps_the_damaged_file_aside() {
     outbox.close().expect("close");
 }
 
+#[test]
+fn repair_is_refused_while_the_owner_runs_before_anything_is_copied() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    // A record's frame in the oldest segment (the acknowledgements' frames
+    // went into the newest, and the block after the middle is no index
+    // checkpoint's: an open reads both kinds): the owner opens the damaged
+    // log, since under the default `SealIndex` a sealed segment is read
+    // through its index and the flipped bit waits for a claim.
+    damage_sealed_segment_from_end(&dir, usize::MAX, 1);
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let before = snapshot(&dir);
+    let out = segwal(&["repair", d, "--yes"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("is open in process {}", std::process::id())),
+        "{stderr}"
+    );
+    assert_eq!(snapshot(&dir), before, "nothing changed");
+    assert!(
+        !dir.join(segwal::QUARANTINE_DIR).exists(),
+        "nothing copied aside"
+    );
+    outbox.close().expect("close");
+    // Once the owner is gone the same command repairs.
+    let out = segwal(&["repair", d, "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
 /// A closed outbox of several segments (`written`) with one bit flipped in
 /// the middle of a sealed segment: a repair drops from there on. Returns the
 /// damaged segment's bytes.
 fn damage_a_sealed_segment(dir: &Path) -> Vec<u8> {
+    damage_sealed_segment_from_end(dir, 2, 0)
+}
+
+/// As [`damage_a_sealed_segment`], in the segment `back` from the end of
+/// the log (the newest, an empty active segment after the close, is 1; a
+/// `back` past the oldest is the oldest), in the frame that starts the block
+/// `blocks` after the middle one.
+fn damage_sealed_segment_from_end(dir: &Path, back: usize, blocks: usize) -> Vec<u8> {
     written(dir);
-    // The newest segment is the next one.
     let segs = segments(dir);
     assert!(segs.len() >= 2, "{segs:?}");
-    let sealed = segs[segs.len() - 2].clone();
+    let sealed = segs[segs.len() - back.min(segs.len())].clone();
     let mut bytes = std::fs::read(&sealed).expect("read");
     // 100 bytes into the frame that starts the block in the middle of the
     // file: a block boundary before the seal is never padding, whereas the
     // middle byte itself can be (a record alone in its sync group leaves
     // the rest of its block as padding, where a flipped bit is no damage).
-    let at = bytes.len() / 2 / 4096 * 4096 + 100;
+    let at = (bytes.len() / 2 / 4096 + blocks) * 4096 + 100;
     bytes[at] ^= 0x40;
     std::fs::write(&sealed, &bytes).expect("write");
     bytes

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use segwal::sim::{Fault, FaultRule, SimDisk};
-use segwal::{Error, Options, Outbox, RecoveryMode};
+use segwal::{Error, OpenCheck, Options, Outbox, RecoveryMode};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
@@ -99,6 +99,7 @@ fn main() {
     poisoning(&events);
     relocation(&events);
     quarantine(&events);
+    lossy_drop(&events);
     println!("tracing: every event seen");
 }
 
@@ -310,5 +311,48 @@ fn quarantine(events: &Events) {
             && has(&aside[0], "to"),
         "{aside:?}"
     );
+    outbox.close().expect("close");
+}
+
+/// A lossy open of a log damaged in the middle drops the records from the
+/// damage on, and says which, where.
+fn lossy_drop(events: &Events) {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    // Small segments without index checkpoints: each record, appended alone,
+    // starts a block of its own.
+    let options = Options::default()
+        .segment_bytes(64 << 10)
+        .checkpoint_bytes(0);
+    let outbox = Outbox::open(tmp.path(), options.clone()).expect("open");
+    for i in 0..40u8 {
+        outbox.append(&[i; 200]).expect("append");
+    }
+    outbox.close().expect("close");
+    let mut segs: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segs.sort();
+    // A bit of the fifth record's payload in the oldest, sealed segment.
+    let mut bytes = std::fs::read(&segs[0]).expect("read");
+    let at = 4096 * 5 + 100;
+    bytes[at] ^= 0x10;
+    std::fs::write(&segs[0], &bytes).expect("write");
+    events.take("");
+    let lossy = options
+        .recovery(RecoveryMode::Lossy)
+        .open_check(OpenCheck::EveryFrame);
+    let outbox = Outbox::open(tmp.path(), lossy).expect("lossy open");
+    let dropped = events.take("lossy recovery dropped records");
+    assert_eq!(dropped.len(), 1, "{:?}", outbox.recovery_report());
+    assert_eq!(dropped[0].level, tracing::Level::ERROR);
+    assert!(
+        ["path", "offset", "first_seq", "last_seq"]
+            .iter()
+            .all(|f| has(&dropped[0], f)),
+        "{dropped:?}"
+    );
+    assert!(outbox.recovery_report().dropped.is_some());
     outbox.close().expect("close");
 }
