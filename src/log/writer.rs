@@ -360,8 +360,9 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Seals the newest recovered segment if recovery says so, and returns the
-    /// writer, ready to run on the active segment recovery prepared.
+    /// Returns the writer, ready to run on the active segment recovery
+    /// prepared (the open has already sealed the newest recovered segment if
+    /// it needed a seal: `recover_and_seal` in `outbox.rs`).
     pub(crate) fn start(
         shared: Arc<Shared>,
         rx: Receiver<Request>,
