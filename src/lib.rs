@@ -1,9 +1,12 @@
 //! segwal: a durable outbox for producer processes, on a segmented write-ahead log.
 //!
 //! A service that must not lose an event appends it to an [`Outbox`]; `append`
-//! returns once the record is on stable storage. A relay in the same process
-//! claims records, publishes them, and acknowledges them; a segment file is
-//! deleted once every record in it is acknowledged.
+//! returns once the record is on stable storage (under the default
+//! [`Durability::Sync`]). A relay in the same process claims records,
+//! publishes them, and acknowledges them; sealed segment files are deleted,
+//! oldest first, once every record in them is acknowledged (one may be kept to
+//! be written again as the next segment:
+//! [`Options::recycle_segments`]).
 //!
 //! ```
 //! use segwal::{Options, Outbox};

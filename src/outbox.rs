@@ -96,7 +96,9 @@ pub struct Stats {
     /// Claimed records whose lease ran out (they went back to pending) since
     /// the outbox was opened.
     pub claimed_expired: u64,
-    /// Payload bytes of the records not yet acknowledged.
+    /// Bytes of the records not yet acknowledged: their payloads and their
+    /// optional fields (key, not-before time, deduplication id), frame
+    /// headers not counted.
     pub backlog_bytes: u64,
     /// Segment files in the log.
     pub segments: usize,
@@ -110,9 +112,11 @@ pub struct Stats {
     /// active segment's. This is what `du` counts (and, on tmpfs, memory).
     pub allocated_bytes: u64,
     /// Bytes of memory held by the state table (about 4.25 per record of the
-    /// segments on disk, plus a fixed amount per segment).
+    /// segments on disk, plus a fixed amount per segment), its index of
+    /// ordering keys, and the deduplication ids remembered.
     pub state_bytes: u64,
-    /// Oldest record not yet acknowledged (pending or claimed).
+    /// Oldest record not yet acknowledged: pending, claimed, delayed, held
+    /// back behind its key, or a dead letter.
     pub first_seq: Option<Seq>,
     /// Newest durable record or internal frame.
     pub last_seq: Option<Seq>,
@@ -130,8 +134,9 @@ pub struct Stats {
         serde(rename = "oldest_pending_age_us", serialize_with = "micros")
     )]
     pub oldest_pending_age: Option<Duration>,
-    /// Age of the oldest record not yet acknowledged (pending or claimed),
-    /// measured as [`oldest_pending_age`](Stats::oldest_pending_age) is.
+    /// Age of the oldest record not yet acknowledged (as
+    /// [`first_seq`](Stats::first_seq) counts them), measured as
+    /// [`oldest_pending_age`](Stats::oldest_pending_age) is.
     #[cfg_attr(
         feature = "json",
         serde(rename = "oldest_unacked_age_us", serialize_with = "micros")

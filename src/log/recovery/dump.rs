@@ -187,9 +187,11 @@ struct Cursor {
 /// Reads the records of the outbox directory `dir` in seq order, changing
 /// nothing (no lock taken, every file opened read-only), so it can run while
 /// the owner appends. Without [`DumpOptions::with_states`] its memory does
-/// not grow with the log. An error is returned only when the directory
-/// cannot be read (or, with states, when an open would refuse the log);
-/// damage met on the way ends the iterator with an [`Error::Corrupt`].
+/// not grow with the log. An error is returned when the directory cannot be
+/// read, when a dump from before the oldest segment (the default) meets a
+/// segment it cannot read while it looks for relocated copies, or, with
+/// states, when an open would refuse the log; damage met while reading the
+/// records ends the iterator with an [`Error::Corrupt`].
 ///
 /// ```
 /// # fn main() -> segwal::Result<()> {

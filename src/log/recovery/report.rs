@@ -72,19 +72,25 @@ pub struct TornTail {
 pub struct Dropped {
     /// The segment file holding the first damage.
     pub path: PathBuf,
-    /// The offset of the first damage; the file was truncated there.
+    /// The start of the write batch holding the first damage: the file was cut
+    /// there, or, when nothing of it was kept before, set aside whole (then
+    /// also in [`segments_set_aside`](Dropped::segments_set_aside)).
     pub offset: u64,
     /// What the damage was.
     pub cause: Corruption,
-    /// First dropped sequence number: the one expected at the damage.
+    /// First dropped sequence number: the first of the batch cut (the one
+    /// expected at the damage, or lower when the damage lies inside a batch).
     pub first: Seq,
-    /// Last dropped sequence number: the highest found in any valid frame after
-    /// the damage. `None` when no valid frame followed it: then the damaged bytes
-    /// held no complete record. Every number in `first..=last` is dropped, and
-    /// none of them will be assigned again.
+    /// Last dropped sequence number: the highest number the dropped bytes
+    /// could hold, as recovery bounds it (valid frames after the damage, the
+    /// headers and names of the files dropped, and a bound from the damaged
+    /// bytes themselves), so it may lie above any record that was written.
+    /// `None` only when nothing bounds it. Every number in `first..=last` is
+    /// dropped, and none of them will be assigned again.
     pub last: Option<Seq>,
-    /// Later segment files dropped whole: moved into the `quarantine` folder
-    /// (each also listed in [`RecoveryReport::quarantined`]), never deleted.
+    /// Segment files dropped whole (later segments, and the damaged one when
+    /// nothing of it is kept): moved into the `quarantine` folder (each also
+    /// listed in [`RecoveryReport::quarantined`]), never deleted.
     pub segments_set_aside: Vec<PathBuf>,
 }
 

@@ -117,9 +117,10 @@ pub struct StateCounts {
     pub delayed: u64,
     /// Dead letters.
     pub dead: u64,
-    /// Records acknowledged whose frames are still on disk (their segment
-    /// also holds a live record, or is the newest; or a relocated copy of
-    /// them lies in such a segment).
+    /// Records acknowledged whose frames are still on disk: their segment also
+    /// holds a live record, or is the newest, or lies after a segment that
+    /// does (segments are deleted oldest first); or a relocated copy of them
+    /// lies in such a segment.
     pub acknowledged: u64,
     /// The oldest pending record: its seq and when it was appended (its
     /// frame's timestamp, microseconds since the Unix epoch).
@@ -167,7 +168,9 @@ pub struct Verification {
     /// Every segment file, oldest first.
     pub segments: Vec<SegmentSummary>,
     /// What an open would refuse (empty when the log is clean). Recovery
-    /// stops at the first problem, so this lists at most one per segment.
+    /// stops at a segment's first damage, so this lists at most one damage per
+    /// segment, besides what concerns the log's chain (a missing segment, a
+    /// broken link, another outbox's file), which may name the same file.
     pub problems: Vec<Problem>,
     /// A torn write at the end of the newest segment (a crash in the middle
     /// of a write batch): not damage, it is what the next open truncates.
@@ -233,8 +236,9 @@ fn problem(error: Error) -> std::result::Result<Problem, Error> {
 /// truncated, synced or removed, so it can run while the owner process
 /// appends (it then sees the log as far as it was written when each file was
 /// read; a tail being written can read as torn). Damage is listed in
-/// [`Verification::problems`] with file, offset, seq and kind; an error is
-/// returned only when the directory cannot be read at all.
+/// [`Verification::problems`] with file, offset, seq and kind. An error is
+/// returned when the directory or one of its segment files cannot be read, or
+/// a segment file is too long to be one (over 4 GiB, `Error::Corrupt`).
 ///
 /// ```
 /// # fn main() -> segwal::Result<()> {
@@ -256,9 +260,10 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<Verification> {
 
 /// [`verify`], telling `progress` how far it got: after each segment file
 /// read, the bytes of segment files read so far and the bytes of all of them
-/// (as listed when the pass began). A pass made again, when the log changed
-/// under the first (see [`verify`]), reports from 0 again. For a progress
-/// bar: `progress` is called once per segment file, and once with 0 first.
+/// (as listed when the pass began). A pass that finds a problem is made
+/// again, to tell damage from a log that changed under the first pass, and
+/// reports from 0 again. For a progress bar: `progress` is called once per
+/// segment file, and once with 0 first, in each pass.
 pub fn verify_with_progress(
     dir: impl AsRef<Path>,
     mut progress: impl FnMut(u64, u64),
