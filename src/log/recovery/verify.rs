@@ -84,8 +84,10 @@ pub struct SegmentSummary {
     /// When the segment was created (its header), milliseconds since the
     /// Unix epoch; `None` when the header does not check.
     pub created_unix_ms: Option<u64>,
-    /// Of its records, those not acknowledged (pending, delayed, held back
-    /// by a key, dead letters), as an open would count them; `None` when the
+    /// The records it holds not yet acknowledged (pending, delayed, held back
+    /// by a key, dead letters), as an open would count them, relocated copies
+    /// (kind 4 frames, not counted in [`records`](SegmentSummary::records))
+    /// included, so this may exceed `records`; `None` when the
     /// log is too damaged to plan an open, or the open would not keep the
     /// segment (a leftover below the log start, an empty file).
     pub live_records: Option<u64>,
