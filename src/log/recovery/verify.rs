@@ -133,7 +133,9 @@ pub struct StateCounts {
     pub held_by_records: u64,
     /// Ordering keys with a record held back behind an earlier one of the key.
     pub blocked_keys: u64,
-    /// Payload bytes of the records not acknowledged.
+    /// Bytes of the records not acknowledged: their payloads and optional
+    /// fields, as [`Stats::backlog_bytes`](crate::Stats::backlog_bytes) counts
+    /// them.
     pub backlog_bytes: u64,
     /// The oldest record not acknowledged (pending, held back, delayed or
     /// dead): its seq and its frame's timestamp, as for
