@@ -258,26 +258,22 @@ fn run(args: Args) -> Result<()> {
     if let Some(dir) = &args.fill_crashed {
         open::fill_crashed(dir, args.fill_records);
     }
+    // The workloads of their own: rounds as asked, else one under --quick
+    // and `full` otherwise.
+    let rounds = |full: usize| {
+        args.rounds
+            .map_or(if args.quick { 1 } else { full }, NonZeroUsize::get)
+    };
+    let tmp = || args.tmp.clone().unwrap_or_else(std::env::temp_dir);
+    let out = args.out.as_deref();
     if args.open {
-        let rounds = args
-            .rounds
-            .map_or(if args.quick { 1 } else { 5 }, NonZeroUsize::get);
-        let tmp = args.tmp.clone().unwrap_or_else(std::env::temp_dir);
-        return open::run(args.quick, rounds, &tmp, args.out.as_deref());
+        return open::run(args.quick, rounds(5), &tmp(), out);
     }
     if let Some(url) = &args.nats {
-        let rounds = args
-            .rounds
-            .map_or(if args.quick { 1 } else { 3 }, NonZeroUsize::get);
-        let tmp = args.tmp.clone().unwrap_or_else(std::env::temp_dir);
-        return nats::run(url, args.quick, rounds, &tmp, args.out.as_deref());
+        return nats::run(url, args.quick, rounds(3), &tmp(), out);
     }
     if args.asyncs {
-        let rounds = args
-            .rounds
-            .map_or(if args.quick { 1 } else { 3 }, NonZeroUsize::get);
-        let tmp = args.tmp.clone().unwrap_or_else(std::env::temp_dir);
-        return asyncs::run(args.quick, rounds, &tmp, args.out.as_deref());
+        return asyncs::run(args.quick, rounds(3), &tmp(), out);
     }
     let mut plan = if args.quick {
         Plan::quick()
