@@ -85,8 +85,9 @@ pub struct Dropped {
     /// could hold, as recovery bounds it (valid frames after the damage, the
     /// headers and names of the files dropped, and a bound from the damaged
     /// bytes themselves), so it may lie above any record that was written.
-    /// `None` only when nothing bounds it. Every number in `first..=last` is
-    /// dropped, and none of them will be assigned again.
+    /// `None` when nothing recovery saw reaches `first`: the damaged bytes held
+    /// no complete record. Every number in `first..=last` is dropped, and none
+    /// of them will be assigned again.
     pub last: Option<Seq>,
     /// Segment files dropped whole (later segments, and the damaged one when
     /// nothing of it is kept): moved into the `quarantine` folder (each also
