@@ -366,10 +366,13 @@ impl Options {
         self
     }
 
-    /// An append that would take the payload bytes of the records not yet
+    /// An append that would take the bytes of the records not yet
     /// acknowledged (dead letters included) past `bytes` fails at once with
     /// [`Error::QuotaExceeded`]; nothing is written. Default: no quota.
-    /// Acknowledged records free room at once.
+    /// Acknowledged records free room at once. A record counts its payload
+    /// and its optional fields (key, not-before time, deduplication id), not
+    /// its frame header: the bytes [`Stats::backlog_bytes`](crate::Stats::backlog_bytes)
+    /// counts, before its sync as after it.
     pub fn max_backlog_bytes(mut self, bytes: u64) -> Options {
         self.max_backlog_bytes = Some(bytes);
         self

@@ -839,7 +839,8 @@ impl Writer {
         self.active.records += records;
         self.active.state_frames += internal.len() as u64;
         self.unpublished.0 += records;
-        self.unpublished.1 += records_bytes;
+        // The table's backlog leaves the frame headers out; so does this.
+        self.unpublished.1 += records_bytes - records * frame::FRAME_HEADER_LEN as u64;
         if records > 0 {
             Counters::add(&self.shared.counters.batches, 1);
         }
@@ -921,7 +922,7 @@ impl Writer {
             let (mut new_records, mut new_bytes) = (0u64, 0u64);
             local.clear();
             let mut seq = next;
-            for (k, (_, payload)) in payloads.iter().enumerate() {
+            for (k, (ext, payload)) in payloads.iter().enumerate() {
                 let dedup = payloads.fields(k).and_then(|f| f.dedup);
                 let seen = match dedup {
                     None => Seen::New,
@@ -938,7 +939,9 @@ impl Writer {
                             local.push((d, Seq::from(seq)));
                         }
                         new_records += 1;
-                        new_bytes += payload.len() as u64;
+                        // Counted as the table counts its backlog: payload
+                        // and optional fields, no frame header.
+                        new_bytes += (ext.len() + payload.len()) as u64;
                         seq += 1;
                         Verdict::Written(Seq::from(seq - 1))
                     }

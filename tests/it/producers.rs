@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use segwal::sim::SimDisk;
-use segwal::{Appended, Error, Message, Options, Outbox, Seq};
+use segwal::{Appended, Durability, Error, Message, Options, Outbox, Seq};
 
 use crate::{small_segments, tmp};
 
@@ -397,6 +397,64 @@ fn backlog_quotas_refuse_an_append_at_once_and_writing_nothing() {
         })
     ));
     outbox.append_batch(&[[0u8; 10]; 3]).expect("append_batch");
+    outbox.close().expect("close");
+}
+
+/// The byte quota counts an append as `Stats::backlog_bytes` counts the
+/// backlog (payload and optional fields, no frame header), whether the records
+/// before it are synced or still waiting for their sync.
+#[test]
+fn the_byte_quota_counts_an_append_as_the_backlog_counts_it() {
+    let (t, _) = tmp();
+    let dir = t.path();
+    // 90 bytes of payload fit a quota of 100; with a 20-byte key (23 bytes
+    // of optional fields) the record is 113 bytes, and is refused.
+    let outbox = Outbox::open(dir.join("keyed"), options().max_backlog_bytes(100)).expect("open");
+    match outbox.append_message(&Message::new(&[7u8; 90]).key(&[b'k'; 20])) {
+        Err(Error::QuotaExceeded {
+            quota,
+            limit,
+            current,
+        }) => assert_eq!((quota, limit, current), ("max_backlog_bytes", 100, 0)),
+        other => panic!("a keyed record over the quota: {other:?}"),
+    }
+    outbox
+        .append_message(&Message::new(&[7u8; 77]).key(&[b'k'; 20]))
+        .expect("77 + 23 bytes: exactly the quota");
+    assert_eq!(outbox.stats().backlog_bytes, 100);
+    outbox.close().expect("close");
+
+    // Buffered appends are counted before their sync as after it: ten
+    // records of 100 bytes fill a quota of 1000, the eleventh is refused.
+    let outbox = Outbox::open(
+        dir.join("buffered"),
+        options()
+            .max_backlog_bytes(1000)
+            .durability(Durability::Buffered)
+            .buffered_sync_interval(Duration::from_secs(3600)),
+    )
+    .expect("open, buffered");
+    for i in 0..10u8 {
+        outbox.append(&[i; 100]).expect("within the quota");
+    }
+    match outbox.append(&[10u8; 100]) {
+        Err(Error::QuotaExceeded {
+            quota,
+            limit,
+            current,
+        }) => assert_eq!((quota, limit, current), ("max_backlog_bytes", 1000, 1000)),
+        other => panic!("the eleventh record: {other:?}"),
+    }
+    outbox.sync().expect("sync");
+    assert_eq!(outbox.stats().backlog_bytes, 1000);
+    assert!(matches!(
+        outbox.append(&[10u8; 1]),
+        Err(Error::QuotaExceeded {
+            quota: "max_backlog_bytes",
+            current: 1000,
+            ..
+        })
+    ));
     outbox.close().expect("close");
 }
 
