@@ -100,6 +100,7 @@ fn main() {
     relocation(&events);
     quarantine(&events);
     lossy_drop(&events);
+    leftover(&events);
     println!("tracing: every event seen");
 }
 
@@ -354,5 +355,51 @@ fn lossy_drop(events: &Events) {
         "{dropped:?}"
     );
     assert!(outbox.recovery_report().dropped.is_some());
+    outbox.close().expect("close");
+}
+
+/// A leftover: a fully acknowledged segment whose deletion a crash cut short
+/// (the log start moved past it, the file stayed) is removed by the next
+/// open, which names it. The file left behind is made by putting back a copy
+/// of the oldest segment, taken before its records were acknowledged.
+fn leftover(events: &Events) {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let options = Options::default()
+        .segment_bytes(16 * 4096)
+        .recycle_segments(false);
+    let outbox = Outbox::open(tmp.path(), options.clone()).expect("open");
+    for i in 0..40u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    let oldest = tmp.path().join("00000000000000000001.seg");
+    let copy = std::fs::read(&oldest).expect("the oldest segment, sealed");
+    loop {
+        let batch = outbox.claim(100).expect("claim");
+        if batch.is_empty() {
+            break;
+        }
+        for r in &batch {
+            outbox.ack(r.seq()).expect("ack");
+        }
+    }
+    outbox.sync().expect("sync");
+    events.wait_for("acknowledged segment deleted");
+    outbox.close().expect("close");
+    assert!(!oldest.exists(), "deleted once acknowledged");
+    std::fs::write(&oldest, &copy).expect("put the copy back");
+    events.take("");
+    let outbox = Outbox::open(tmp.path(), options).expect("reopen");
+    let removed = events.take("leftover segment removed");
+    assert_eq!(removed.len(), 1, "{:?}", outbox.recovery_report());
+    assert_eq!(removed[0].level, tracing::Level::INFO);
+    assert!(
+        removed[0]
+            .fields
+            .iter()
+            .any(|f| f.starts_with("path=") && f.contains("00000000000000000001.seg")),
+        "{removed:?}"
+    );
+    assert!(!oldest.exists(), "removed again");
+    assert_eq!(outbox.stats().pending, 0, "nothing comes back");
     outbox.close().expect("close");
 }
