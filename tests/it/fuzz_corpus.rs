@@ -67,7 +67,22 @@ fn engine_made_recovery_seeds_open_and_hand_out_records() {
             "{} gave {records:?}",
             path.display()
         );
+        // verify and dump agree with the open on a log it accepts.
+        assert!(
+            harness::check_offline_tools_bytes(&data),
+            "{}: the open refused it after the offline tools read it",
+            path.display()
+        );
     }
+}
+
+/// The offline tools read the `recovery` inputs too (the `offline_tools`
+/// target has no corpus of its own to check in: it is run from `recovery`'s).
+#[test]
+fn recovery_corpus_replays_clean_through_the_offline_tools() {
+    replay("recovery", |data| {
+        let _ = harness::check_offline_tools_bytes(data);
+    });
 }
 
 #[test]

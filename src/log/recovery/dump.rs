@@ -132,7 +132,7 @@ pub struct DumpedRecord {
 /// [`dump`]. It ends after the last record, or after the first damage, which
 /// it yields as an [`Error::Corrupt`] naming the file, offset and seq.
 pub struct Dump {
-    storage: StdStorage,
+    storage: Arc<dyn Storage>,
     dir: PathBuf,
     from: u64,
     /// Segments still to read, oldest first, and how many of their frames
@@ -218,8 +218,17 @@ pub fn dump(dir: impl AsRef<Path>, options: DumpOptions) -> Result<Dump> {
         });
     }
     let dir = std::fs::canonicalize(dir).map_err(|e| Error::io("resolve directory", dir, e))?;
+    dump_with(Arc::new(StdStorage::new()), dir, options)
+}
+
+/// [`dump`] through `storage` (the fuzz target's simulated disk).
+pub(crate) fn dump_with(
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    options: DumpOptions,
+) -> Result<Dump> {
     let mut out = Dump {
-        storage: StdStorage::new(),
+        storage,
         dir,
         from: options.from,
         segments: VecDeque::new(),
@@ -255,7 +264,7 @@ fn gone(e: &Error) -> bool {
 impl Dump {
     /// The segment files of the directory, in log order.
     fn list(&self) -> Result<Vec<SegmentId>> {
-        let names = ReadOnly(&self.storage)
+        let names = ReadOnly(&*self.storage)
             .list(&self.dir)
             .map_err(|e| Error::io("list directory", &self.dir, e))?;
         let mut ids: Vec<SegmentId> = names.iter().filter_map(|n| SegmentId::parse(n)).collect();
@@ -273,7 +282,7 @@ impl Dump {
             OpenCheck::SealIndex
         };
         match scan::scan_file(
-            &ReadOnly(&self.storage),
+            &ReadOnly(&*self.storage),
             &self.dir,
             id,
             check,
@@ -292,7 +301,7 @@ impl Dump {
     /// The log as an open would keep it, and its state table: the segments
     /// with how many of their frames it keeps.
     fn snapshot(&self) -> Result<(Vec<(SegmentId, usize)>, Table)> {
-        let storage = ReadOnly(&self.storage);
+        let storage = ReadOnly(&*self.storage);
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -339,7 +348,7 @@ impl Dump {
     /// Finds the relocated copies of records numbered below `oldest` (and at
     /// or after `from`), the newest copy of each, in seq order.
     fn find_copies(&mut self, oldest: Seq) -> Result<()> {
-        let storage = ReadOnly(&self.storage);
+        let storage = ReadOnly(&*self.storage);
         let mut copies = Vec::new();
         let mut damage = None;
         let count = self.segments.len();
@@ -436,7 +445,7 @@ impl Dump {
     /// Reads the relocated copy `c`; `None` if its file is gone.
     fn read_copy(&self, c: &Copy) -> Option<Result<DumpedRecord>> {
         let path = crate::io::segment_file::SegmentFile::path_of(&self.dir, c.id);
-        let file = match ReadOnly(&self.storage).open_read(&path) {
+        let file = match ReadOnly(&*self.storage).open_read(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
             Err(e) => return Some(Err(Error::io("open segment", &path, e))),
@@ -474,7 +483,7 @@ impl Dump {
             let Some(scan) = self.scan_segment(id, newest)? else {
                 continue;
             };
-            let file = match ReadOnly(&self.storage).open_read(&scan.path) {
+            let file = match ReadOnly(&*self.storage).open_read(&scan.path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(Error::io("open segment", &scan.path, e)),
@@ -515,23 +524,41 @@ impl Dump {
             // With states, the snapshot ended here.
             return None;
         }
-        if damage.tearable && cursor.newest {
-            // A batch being written, or torn by a crash: the end of the log.
+        let (newest, again) = (cursor.newest, cursor.again);
+        if damage.tearable && (newest || self.later_hold_no_frames()) {
+            // A batch being written, or torn by a crash, in the newest
+            // segment holding frames: the end of the log, as at recovery.
             self.finished = true;
             return None;
         }
-        if damage.tearable && !cursor.again {
+        if damage.tearable && !again {
             // A seal being written by a rotation looks torn for a moment.
             std::thread::sleep(std::time::Duration::from_millis(20));
             return self.read_again();
         }
         self.finished = true;
+        let path = self.current.as_ref()?.path.to_path_buf();
         Some(Err(Error::Corrupt {
-            path: cursor.path.to_path_buf(),
+            path,
             offset: damage.offset,
             seq: Some(damage.expected),
             kind: damage.cause,
         }))
+    }
+
+    /// Whether no segment after the current one holds a frame (each is a
+    /// header with nothing after it, or gone): a crash left a new segment
+    /// before anything was written to it, and the current segment is the
+    /// newest holding frames, where recovery reads damage as a torn tail.
+    fn later_hold_no_frames(&self) -> bool {
+        let count = self.segments.len();
+        self.segments.iter().enumerate().all(|(k, &(id, _))| {
+            match self.scan_segment(id, k + 1 == count) {
+                Ok(Some(scan)) => scan.frames.is_empty(),
+                Ok(None) => true,
+                Err(_) => false,
+            }
+        })
     }
 
     /// Scans the current segment again, going on where it stopped.
