@@ -77,12 +77,14 @@ fn engine_made_recovery_seeds_open_and_hand_out_records() {
 }
 
 /// The offline tools read the `recovery` inputs too (the `offline_tools`
-/// target has no corpus of its own to check in: it is run from `recovery`'s).
+/// target is run from `recovery`'s corpus), and their own regressions.
 #[test]
 fn recovery_corpus_replays_clean_through_the_offline_tools() {
-    replay("recovery", |data| {
-        let _ = harness::check_offline_tools_bytes(data);
-    });
+    for target in ["recovery", "offline_tools"] {
+        replay(target, |data| {
+            let _ = harness::check_offline_tools_bytes(data);
+        });
+    }
 }
 
 #[test]

@@ -600,6 +600,9 @@ impl Cursor {
     ) -> Result<Cursor> {
         let salt = match salt {
             Some(salt) => salt,
+            // No header that checks, and no frame to read: an empty file, or
+            // one holding only zeros, which recovery removes.
+            None if frames.is_empty() => 0,
             None => {
                 let mut head = [0u8; crate::format::segment::FRAMES_AT];
                 read_exact_at(&*file, &mut head, 0)
