@@ -133,6 +133,9 @@ pub struct DumpedRecord {
 /// it yields as an [`Error::Corrupt`] naming the file, offset and seq.
 pub struct Dump {
     storage: Arc<dyn Storage>,
+    /// How long to wait before reading again what changed under the walk
+    /// ([`SETTLE`](super::verify::SETTLE)).
+    settle: std::time::Duration,
     dir: PathBuf,
     from: u64,
     /// Segments still to read, oldest first, and how many of their frames
@@ -218,7 +221,12 @@ pub fn dump(dir: impl AsRef<Path>, options: DumpOptions) -> Result<Dump> {
         });
     }
     let dir = std::fs::canonicalize(dir).map_err(|e| Error::io("resolve directory", dir, e))?;
-    dump_with(Arc::new(StdStorage::new()), dir, options)
+    dump_with(
+        Arc::new(StdStorage::new()),
+        dir,
+        options,
+        super::verify::SETTLE,
+    )
 }
 
 /// [`dump`] through `storage` (the fuzz target's simulated disk).
@@ -226,9 +234,11 @@ pub(crate) fn dump_with(
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     options: DumpOptions,
+    settle: std::time::Duration,
 ) -> Result<Dump> {
     let mut out = Dump {
         storage,
+        settle,
         dir,
         from: options.from,
         segments: VecDeque::new(),
@@ -327,7 +337,7 @@ impl Dump {
                 Err(e)
                     if attempt < PASSES_MAX && (matches!(e, Error::Corrupt { .. }) || gone(&e)) =>
                 {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    std::thread::sleep(self.settle);
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -533,7 +543,7 @@ impl Dump {
         }
         if damage.tearable && !again {
             // A seal being written by a rotation looks torn for a moment.
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(self.settle);
             return self.read_again();
         }
         self.finished = true;

@@ -13,6 +13,12 @@ use crate::options::{OpenCheck, RecoveryMode};
 
 use super::{plan, rebuild, scan, state};
 
+/// How long the offline tools wait before they read a log again that
+/// changed under them or showed a problem (a rotation, a seal, a deletion by
+/// the running owner settles within it). A log that cannot change (the fuzz
+/// target's simulated disk) is read again without waiting.
+pub(crate) const SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The storage seen through a pass that must change nothing: files open
 /// read-only, and every call that would create, remove, rename, sync or lock
 /// fails, so no code path below can write, whatever it tries.
@@ -281,7 +287,7 @@ pub fn verify_with_progress(
         });
     }
     let dir = std::fs::canonicalize(dir).map_err(|e| Error::io("resolve directory", dir, e))?;
-    verify_with(&crate::io::StdStorage::new(), &dir, &mut progress)
+    verify_with(&crate::io::StdStorage::new(), &dir, &mut progress, SETTLE)
 }
 
 /// [`verify`] through `storage`. A log being written changes while it is
@@ -293,6 +299,7 @@ pub(crate) fn verify_with(
     storage: &dyn Storage,
     dir: &Path,
     progress: &mut dyn FnMut(u64, u64),
+    settle: std::time::Duration,
 ) -> Result<Verification> {
     let storage = ReadOnly(storage);
     let mut previous: Option<Verification> = None;
@@ -316,7 +323,7 @@ pub(crate) fn verify_with(
             return Ok(current);
         }
         previous = Some(current);
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(settle);
     }
     previous.ok_or_else(|| {
         Error::io(
