@@ -2192,8 +2192,9 @@ pub fn check_recovery_bytes(data: &[u8]) -> Option<u64> {
 /// `dump` (what `segwal verify` and `segwal dump` run) read the files, then an
 /// open that checks every frame reads them. Neither tool panics, and each
 /// agrees with the open: verify finds no problem exactly when the open
-/// succeeds (refused as `Corrupt` or `UnsupportedFormat` otherwise), its
-/// state counts are the open's (backlog bytes, dead letters), and a dump from
+/// succeeds (refused as `Corrupt` or `UnsupportedFormat` otherwise), the
+/// torn tail it names is the one the open cuts, its state counts are the
+/// open's (backlog bytes, dead letters), and a dump from
 /// the log's start of a log the open accepts ends without an error, with the
 /// records' states or without. Returns
 /// whether the open succeeded.
@@ -2231,6 +2232,15 @@ pub fn check_offline_tools_bytes(data: &[u8]) -> bool {
                 v.is_clean(),
                 "verify found problems in a log an open accepts: {:?}",
                 v.problems
+            );
+            assert_eq!(
+                v.torn_tail.as_ref().map(|t| (&t.path, t.offset)),
+                outbox
+                    .recovery_report()
+                    .torn_tail
+                    .as_ref()
+                    .map(|t| (&t.path, t.offset)),
+                "the torn tail verify names against the one the open cut"
             );
             if let Some(counts) = &v.states {
                 let stats = outbox.stats();
