@@ -2196,7 +2196,8 @@ pub fn check_recovery_bytes(data: &[u8]) -> Option<u64> {
 /// torn tail it names is the one the open cuts, its state counts are the
 /// open's (backlog bytes, dead letters), and a dump from
 /// the log's start of a log the open accepts ends without an error, with the
-/// records' states or without. Returns
+/// records' states or without. Where the open refuses the log, the repair
+/// verify plans is what a lossy open of the same files drops. Returns
 /// whether the open succeeded.
 pub fn check_offline_tools_bytes(data: &[u8]) -> bool {
     use crate::log::recovery::dump::{DumpOptions, dump_with};
@@ -2258,6 +2259,24 @@ pub fn check_offline_tools_bytes(data: &[u8]) -> bool {
             assert!(!v.is_clean(), "verify passed a log an open refuses: {e}");
         }
         _ => {}
+    }
+    // What a lossy repair would drop, as verify plans it, is what a lossy
+    // open of the same files drops.
+    if let (Ok(v), Err(Error::Corrupt { .. })) = (&verified, &opened) {
+        let again = SimDisk::new(0);
+        let _ = write_recovery_input(&again, data);
+        let lossy = Options::default()
+            .segment_bytes(1024)
+            .open_check(OpenCheck::EveryFrame)
+            .recovery(crate::options::RecoveryMode::Lossy);
+        if let Ok(outbox) = open(&again, lossy) {
+            assert_eq!(
+                v.repair.as_ref(),
+                outbox.recovery_report().dropped.as_ref(),
+                "the repair verify plans against what a lossy open dropped"
+            );
+            let _ = outbox.close();
+        }
     }
     match opened {
         Ok(outbox) => {
