@@ -2287,6 +2287,125 @@ pub fn check_offline_tools_bytes(data: &[u8]) -> bool {
     }
 }
 
+/// What `verify` and `dump` make of a log whose segment files the running
+/// owner cuts while they read them (a seal cuts the space reserved after it):
+/// each file reads as longer than it is until a read finds its end. A small
+/// log (sealed segments and the newest) is written on a simulated disk, then
+/// read through [`CutUnderRead`]. Returns whether `verify` found the log clean
+/// and how many records `dump` read, or the error each returned.
+pub fn offline_tools_on_files_cut_under_them() -> (Result<bool, String>, Result<u64, String>) {
+    use crate::log::recovery::dump::{DumpOptions, dump_with};
+    let disk = SimDisk::new(0);
+    let outbox = match open(&disk, Options::default().segment_bytes(16 * 4096)) {
+        Ok(outbox) => outbox,
+        Err(e) => return (Err(e.to_string()), Err(e.to_string())),
+    };
+    for i in 0..40u32 {
+        if let Err(e) = outbox.append(&i.to_le_bytes()) {
+            return (Err(e.to_string()), Err(e.to_string()));
+        }
+    }
+    let _ = outbox.close();
+    let storage = Arc::new(CutUnderRead {
+        inner: disk,
+        cut: Arc::new(parking_lot::Mutex::new(BTreeSet::new())),
+    });
+    let settle = std::time::Duration::ZERO;
+    let verified =
+        crate::log::recovery::verify::verify_with(&*storage, &dir(), &mut |_, _| {}, settle)
+            .map(|v| v.is_clean())
+            .map_err(|e| e.to_string());
+    storage.cut.lock().clear();
+    let dumped = dump_with(storage, dir(), DumpOptions::new(), settle)
+        .and_then(|walk| walk.map(|r| r.map(|_| 1u64)).sum::<Result<u64, Error>>())
+        .map_err(|e| e.to_string());
+    (verified, dumped)
+}
+
+/// A read-only view of a [`SimDisk`] where each file reads as 64 KiB longer
+/// than it is, until a read at or past its end finds that it is not: what a
+/// reader sees when the file is cut between its measure of the length and
+/// its read.
+#[derive(Debug)]
+struct CutUnderRead {
+    inner: SimDisk,
+    /// The files whose end a read has found.
+    cut: Arc<parking_lot::Mutex<BTreeSet<PathBuf>>>,
+}
+
+/// A file of [`CutUnderRead`].
+#[derive(Debug)]
+struct LongerThanItIs {
+    inner: Arc<dyn crate::io::StorageFile>,
+    path: PathBuf,
+    cut: Arc<parking_lot::Mutex<BTreeSet<PathBuf>>>,
+}
+
+fn read_only() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::PermissionDenied, "read-only")
+}
+
+impl crate::io::Storage for CutUnderRead {
+    fn create_dir(&self, _: &Path) -> std::io::Result<bool> {
+        Err(read_only())
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn create(&self, _: &Path) -> std::io::Result<Arc<dyn crate::io::StorageFile>> {
+        Err(read_only())
+    }
+    fn open(&self, path: &Path) -> std::io::Result<Arc<dyn crate::io::StorageFile>> {
+        Ok(Arc::new(LongerThanItIs {
+            inner: self.inner.open(path)?,
+            path: path.to_path_buf(),
+            cut: self.cut.clone(),
+        }))
+    }
+    fn remove(&self, _: &Path) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn rename(&self, _: &Path, _: &Path) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn sync_dir(&self, _: &Path) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn lock(&self, _: &Path) -> Result<crate::io::LockGuard, crate::io::LockError> {
+        Err(crate::io::LockError::Io(read_only()))
+    }
+}
+
+impl crate::io::StorageFile for LongerThanItIs {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        let n = self.inner.read_at(buf, offset)?;
+        if n == 0 && !buf.is_empty() {
+            self.cut.lock().insert(self.path.clone());
+        }
+        Ok(n)
+    }
+    fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<usize> {
+        Err(read_only())
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn set_len(&self, _: u64) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn allocate(&self, _: u64) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        let len = self.inner.len()?;
+        if self.cut.lock().contains(&self.path) {
+            Ok(len)
+        } else {
+            Ok(len + (64 << 10))
+        }
+    }
+}
+
 /// One file of a `recovery` fuzz input, as written.
 struct InputFile {
     path: PathBuf,

@@ -18,6 +18,7 @@ mod leases;
 mod lock;
 mod model;
 mod model_producers;
+mod offline;
 mod process;
 mod producers;
 mod recovery;

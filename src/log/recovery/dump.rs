@@ -291,20 +291,31 @@ impl Dump {
         } else {
             OpenCheck::SealIndex
         };
-        match scan::scan_file(
-            &ReadOnly(&*self.storage),
-            &self.dir,
-            id,
-            check,
-            false,
-            false,
-            &mut Vec::new(),
-        ) {
-            Ok((scan, _)) => Ok(Some(scan)),
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                Ok(None)
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match scan::scan_file(
+                &ReadOnly(&*self.storage),
+                &self.dir,
+                id,
+                check,
+                false,
+                false,
+                &mut Vec::new(),
+            ) {
+                Ok((scan, _)) => return Ok(Some(scan)),
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                    return Ok(None);
+                }
+                // Cut by the owner while it was read (a seal cuts the space
+                // reserved after it): read again, at its new length.
+                Err(Error::Io { source, .. })
+                    if super::verify::changed_under_read(&source) && attempt < PASSES_MAX =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => Err(e),
         }
     }
 

@@ -306,9 +306,11 @@ pub(crate) fn verify_with(
     for attempt in 1..=PASSES_MAX {
         let current = match pass(&storage, dir, progress) {
             Ok(v) => v,
-            // A file deleted (or replaced) by the running owner mid-pass.
+            // A file deleted (or replaced) by the running owner mid-pass, or
+            // cut under the read (a seal cuts the preallocated space after
+            // it): it ends before the length measured when its read began.
             Err(Error::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound && attempt < PASSES_MAX =>
+                if changed_under_read(&source) && attempt < PASSES_MAX =>
             {
                 continue;
             }
@@ -332,6 +334,17 @@ pub(crate) fn verify_with(
             std::io::Error::from(std::io::ErrorKind::NotFound),
         )
     })
+}
+
+/// Whether a read failed because the running owner changed the file under
+/// it: deleted it (every record acknowledged), or cut it shorter than the
+/// length measured when the read began (a seal cuts the space reserved after
+/// it). A pass that meets one is made again.
+pub(super) fn changed_under_read(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::UnexpectedEof
+    )
 }
 
 /// One pass over `dir`.
