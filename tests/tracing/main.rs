@@ -87,6 +87,21 @@ impl Events {
     }
 }
 
+/// Claims and acknowledges every record handed out, then waits for the
+/// acknowledgements (and the deletions they allow) to be durable.
+fn ack_everything(outbox: &Outbox) {
+    loop {
+        let batch = outbox.claim(100).expect("claim");
+        if batch.is_empty() {
+            break;
+        }
+        for r in &batch {
+            outbox.ack(r.seq()).expect("ack");
+        }
+    }
+    outbox.sync().expect("sync");
+}
+
 fn has(e: &Seen, field: &str) -> bool {
     e.fields.iter().any(|f| f.starts_with(&format!("{field}=")))
 }
@@ -164,16 +179,7 @@ fn life_cycle(events: &Events) {
     outbox.release(next[0].seq()).expect("release");
 
     // Deletion: everything else acknowledged.
-    loop {
-        let batch = outbox.claim(100).expect("claim");
-        if batch.is_empty() {
-            break;
-        }
-        for r in &batch {
-            outbox.ack(r.seq()).expect("ack");
-        }
-    }
-    outbox.sync().expect("sync");
+    ack_everything(&outbox);
     let deleted = events.wait_for("acknowledged segment deleted");
     assert!(!deleted.is_empty());
     assert!(has(&deleted[0], "path") && has(&deleted[0], "log_start"));
@@ -373,16 +379,7 @@ fn leftover(events: &Events) {
     }
     let oldest = tmp.path().join("00000000000000000001.seg");
     let copy = std::fs::read(&oldest).expect("the oldest segment, sealed");
-    loop {
-        let batch = outbox.claim(100).expect("claim");
-        if batch.is_empty() {
-            break;
-        }
-        for r in &batch {
-            outbox.ack(r.seq()).expect("ack");
-        }
-    }
-    outbox.sync().expect("sync");
+    ack_everything(&outbox);
     events.wait_for("acknowledged segment deleted");
     outbox.close().expect("close");
     assert!(!oldest.exists(), "deleted once acknowledged");
