@@ -293,8 +293,9 @@ pub fn verify_with_progress(
 /// [`verify`] through `storage`. A log being written changes while it is
 /// read (a rotation, a seal, a deletion, a batch landing): a pass that finds
 /// a problem, or a file gone or cut under the read, is made again, and a
-/// problem is reported only once two passes in a row find it (real damage is durable and does not
-/// move; an artefact of a concurrent write does not repeat).
+/// problem is reported only once two passes in a row find it (real damage is
+/// durable and does not move; an artefact of a concurrent write does not
+/// repeat).
 pub(crate) fn verify_with(
     storage: &dyn Storage,
     dir: &Path,
