@@ -93,6 +93,14 @@ pub enum Kind {
     /// The same writer overwriting a region written and synced at open: not a
     /// limit, a diagnostic of what a data-only `fdatasync` allows.
     RawOverwrite,
+    /// The raw writer with its `fdatasync` on a second thread, so that the
+    /// next batch is written while the last one syncs: run only when named,
+    /// a diagnostic of what overlapping the two allows.
+    RawPipelined,
+    /// segwal with a linger (`Options::linger`, [`segwal::LINGER`]): batches
+    /// that hold every producer, at the cost of the wait. Run only when named,
+    /// a diagnostic of what bigger batches give.
+    SegwalLinger,
     /// segwal with default options (`Durability::Sync`).
     Segwal,
     /// segwal with segment recycling off (`Options::recycle_segments(false)`):
@@ -118,11 +126,13 @@ pub enum Kind {
 
 impl Kind {
     /// Every engine, in running order.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 13] = [
         Kind::Raw,
         Kind::RawGrowing,
         Kind::RawOverwrite,
+        Kind::RawPipelined,
         Kind::Segwal,
+        Kind::SegwalLinger,
         Kind::SegwalNewFiles,
         Kind::SegwalNoCheckpoints,
         Kind::SegwalDedup,
@@ -151,6 +161,8 @@ impl Kind {
             Kind::Raw => "raw limit",
             Kind::RawGrowing => "raw (growing file)",
             Kind::RawOverwrite => "raw (overwrite)",
+            Kind::RawPipelined => "raw (pipelined sync)",
+            Kind::SegwalLinger => "segwal linger",
             Kind::Segwal => "segwal",
             Kind::SegwalNewFiles => "segwal new files",
             Kind::SegwalNoCheckpoints => "segwal no checkpoints",
@@ -185,6 +197,8 @@ impl Kind {
             Kind::Raw => Box::new(raw::Raw::open(dir, raw::Layout::Fallocated)?),
             Kind::RawGrowing => Box::new(raw::Raw::open(dir, raw::Layout::Growing)?),
             Kind::RawOverwrite => Box::new(raw::Raw::open(dir, raw::Layout::Overwrite)?),
+            Kind::SegwalLinger => Box::new(segwal::Segwal::open_linger(dir)?),
+            Kind::RawPipelined => Box::new(raw::Raw::open(dir, raw::Layout::Pipelined)?),
             Kind::Segwal => Box::new(segwal::Segwal::open(dir)?),
             Kind::SegwalNewFiles => Box::new(segwal::Segwal::open_new_files(dir)?),
             Kind::SegwalNoCheckpoints => Box::new(segwal::Segwal::open_no_checkpoints(dir)?),

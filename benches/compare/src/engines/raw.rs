@@ -35,6 +35,9 @@ pub enum Layout {
     /// A region of [`OVERWRITE_BYTES`] written with zeros and synced at open,
     /// then overwritten round and round.
     Overwrite,
+    /// Preallocated as `Fallocated`, with each batch's `fdatasync` called by a
+    /// second thread while the writer writes the next batch.
+    Pipelined,
 }
 
 /// The region the overwrite variant writes into, round and round.
@@ -76,7 +79,7 @@ impl Raw {
             .create_new(true)
             .open(&path)?;
         match layout {
-            Layout::Fallocated => allocate(&file, 0, ALLOCATE_BYTES)?,
+            Layout::Fallocated | Layout::Pipelined => allocate(&file, 0, ALLOCATE_BYTES)?,
             Layout::Growing => {}
             Layout::Overwrite => {
                 let zeros = vec![0u8; 1 << 20];
@@ -105,7 +108,13 @@ impl Raw {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("raw-writer".into())
-                .spawn(move || write_loop(&shared, file, layout))?
+                .spawn(move || {
+                    if layout == Layout::Pipelined {
+                        write_loop_pipelined(&shared, file)
+                    } else {
+                        write_loop(&shared, file, layout)
+                    }
+                })?
         };
         Ok(Raw {
             shared,
@@ -185,6 +194,103 @@ fn write_loop(shared: &Shared, file: File, layout: Layout) {
             return;
         }
     }
+}
+
+/// The writer of [`Layout::Pipelined`]: batch `n + 1` is written while a
+/// second thread syncs batch `n`; a batch is durable once a `fdatasync` that
+/// began after its write returned.
+fn write_loop_pipelined(shared: &Shared, file: File) {
+    let file = std::sync::Arc::new(file);
+    // One message a sync: the syncer calls `fdatasync` and sends its outcome.
+    let (to_syncer, syncs) = std::sync::mpsc::channel::<()>();
+    let (synced_tx, synced) = std::sync::mpsc::channel::<std::io::Result<()>>();
+    let syncer = {
+        let file = file.clone();
+        std::thread::spawn(move || {
+            for () in syncs {
+                if synced_tx.send(file.sync_data()).is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    let mut batch = Vec::new();
+    let mut offset = 0u64;
+    let mut allocated = ALLOCATE_BYTES;
+    // The batch whose sync is in flight: its number and records.
+    let mut in_flight: Option<(u64, u64)> = None;
+    let finish = |in_flight: &mut Option<(u64, u64)>| -> bool {
+        let Some((number, records)) = in_flight.take() else {
+            return true;
+        };
+        let outcome = synced
+            .recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("syncer gone")));
+        let mut state = shared.lock();
+        match outcome {
+            Ok(()) => {
+                state.durable = number;
+                state.counters.records += records;
+                state.counters.batches += 1;
+                state.counters.fsyncs += 1;
+            }
+            Err(e) => state.failed = Some(format!("raw writer: {e}")),
+        }
+        let ok = state.failed.is_none();
+        drop(state);
+        shared.durable.notify_all();
+        ok
+    };
+    loop {
+        let mut state = shared.lock();
+        if state.buf.is_empty() && in_flight.is_some() {
+            drop(state);
+            if !finish(&mut in_flight) {
+                break;
+            }
+            continue;
+        }
+        while state.buf.is_empty() && !state.closed {
+            state = shared.queued.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        if state.buf.is_empty() {
+            break;
+        }
+        std::mem::swap(&mut batch, &mut state.buf);
+        let number = state.filling;
+        let records = state.queued_records;
+        state.filling += 1;
+        state.queued_records = 0;
+        drop(state);
+
+        let len = batch.len() as u64;
+        let mut outcome = Ok(());
+        if offset + len > allocated {
+            let more = (offset + len - allocated).div_ceil(ALLOCATE_BYTES) * ALLOCATE_BYTES;
+            outcome = allocate(&file, allocated, more);
+            allocated += more;
+        }
+        let outcome = outcome.and_then(|()| file.write_all_at(&batch, offset));
+        offset += len;
+        batch.clear();
+        if let Err(e) = outcome {
+            shared.lock().failed = Some(format!("raw writer: {e}"));
+            shared.durable.notify_all();
+            break;
+        }
+        // The previous batch's sync must end before this one's begins: syncs
+        // complete in order, one at a time.
+        if !finish(&mut in_flight) {
+            break;
+        }
+        if to_syncer.send(()).is_err() {
+            break;
+        }
+        in_flight = Some((number, records));
+    }
+    finish(&mut in_flight);
+    drop(to_syncer);
+    let _ = syncer.join();
 }
 
 impl Engine for Raw {

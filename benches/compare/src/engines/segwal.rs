@@ -8,6 +8,10 @@ use segwal::{Message, Options, Outbox, Record, Seq};
 
 use super::{Counters, Engine, Queue, Result};
 
+/// The linger of the `segwal linger` diagnostic: about the time 64 producers
+/// woken by a batch take to queue again on two cores.
+pub const LINGER: Duration = Duration::from_micros(150);
+
 pub struct Segwal {
     outbox: Outbox,
     /// Appends messages, each with a deduplication id of its own, numbered
@@ -24,6 +28,15 @@ impl Segwal {
     }
 
     /// With segment recycling off: every segment a new file.
+    /// With a linger of [`LINGER`]: the writer waits that long after a batch's
+    /// first request, so that a batch holds every producer.
+    pub fn open_linger(dir: &Path) -> Result<Segwal> {
+        Ok(Segwal {
+            outbox: Outbox::open(dir, Options::default().linger(LINGER))?,
+            dedup: None,
+        })
+    }
+
     pub fn open_new_files(dir: &Path) -> Result<Segwal> {
         Ok(Segwal {
             outbox: Outbox::open(dir, Options::default().recycle_segments(false))?,
