@@ -126,6 +126,7 @@ pub struct Options {
     pub(crate) queue_bytes: u64,
     pub(crate) batch_bytes: usize,
     pub(crate) linger: Duration,
+    pub(crate) spin_wait: bool,
     pub(crate) durability: Durability,
     pub(crate) ack_durability: Durability,
     pub(crate) lease: Duration,
@@ -154,6 +155,7 @@ impl Default for Options {
             queue_bytes: 64 * MIB,
             batch_bytes: 4 * MIB as usize,
             linger: Duration::ZERO,
+            spin_wait: false,
             durability: Durability::Sync,
             ack_durability: Durability::Buffered,
             lease: Duration::from_secs(30),
@@ -270,6 +272,32 @@ impl Options {
     /// [`LINGER_MAX`] (1 s).
     pub fn linger(mut self, linger: Duration) -> Options {
         self.linger = linger;
+        self
+    }
+
+    /// Whether a producer appending alone watches for its answer on the CPU
+    /// instead of sleeping until the writer wakes it. Default `false`.
+    ///
+    /// On: a producer whose append is the only one queued, after a batch of
+    /// one, spins (yielding its CPU to any thread waiting for it) for up to
+    /// twice the recent batch fsync before it sleeps, and so does not wait
+    /// for a wake-up (a `futex` call and, on a virtual machine, often a
+    /// halted vCPU to restart). It never spins with other producers
+    /// appending, with a [`linger`](Options::linger), on one CPU, before
+    /// the first fsync, when fsyncs average over 400 µs, or when the writer
+    /// was asleep. The price is a CPU busy for the whole wait of every such
+    /// append.
+    ///
+    /// Measured on a 2-core virtual machine (docs/BENCHMARKS.md, "A lone
+    /// producer sleeps for its answer by default"): the spin lowered a lone
+    /// producer's median latency by about 15 µs, but its CPU per append
+    /// rose from about 50 to 150-200 µs, and the host, which caps the
+    /// machine's CPU, took the time back as stalls of several milliseconds
+    /// (p99.9 8 to 15 ms against 1 to 3 ms), so that its rate was no
+    /// better. Turn it on where a core is free and not capped (bare metal,
+    /// a dedicated host).
+    pub fn spin_wait(mut self, on: bool) -> Options {
+        self.spin_wait = on;
         self
     }
 

@@ -1671,3 +1671,25 @@ fn appended(v: Verdict) -> Appended {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Options, Outbox};
+
+    /// A lone producer sleeps for its answer unless `Options::spin_wait`
+    /// asks it to spin: the option reaches what the spin is decided on.
+    #[test]
+    fn a_producer_spins_for_its_answer_only_when_the_options_ask() {
+        for (options, spins) in [
+            (Options::default(), false),
+            (Options::default().spin_wait(true), true),
+            (Options::default().spin_wait(false), false),
+        ] {
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let outbox = Outbox::open(dir.path(), options).expect("open");
+            outbox.append(b"one").expect("append");
+            assert_eq!(outbox.handle.shared.spin_view().enabled, spins);
+            outbox.close().expect("close");
+        }
+    }
+}

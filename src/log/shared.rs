@@ -77,6 +77,8 @@ pub(crate) struct SpinView {
     /// The moving average of the batch fsyncs (each new one weighs an
     /// eighth), 0 before the first.
     pub fsync_recent_ns: u64,
+    /// `Options::spin_wait`.
+    pub enabled: bool,
     /// `Options::linger`.
     pub linger: Duration,
     /// The CPUs this process may use.
@@ -86,8 +88,11 @@ pub(crate) struct SpinView {
     pub writer_waiting: Option<Duration>,
 }
 
-/// How long a producer may spin for its answer. Only a producer appending
-/// alone spins: its request the only one holding queue room, and the
+/// How long a producer may spin for its answer: never unless
+/// `Options::spin_wait` asks for it (a spinner's CPU, on a virtual machine
+/// whose host caps the CPU, came back as stalls of milliseconds:
+/// docs/BENCHMARKS.md, "A lone producer sleeps for its answer by default").
+/// Then only a producer appending alone spins: its request the only one holding queue room, and the
 /// writer's last batch one append. Then the writer has another core, and the
 /// wake-up a sleeping producer needs is a cost paid on every append. With
 /// other producers, group commit shares the wake-ups and a spinner would
@@ -110,7 +115,8 @@ pub(crate) fn spin_budget(view: SpinView) -> Duration {
     let writer_asleep = view
         .writer_waiting
         .is_some_and(|waited| waited > SPIN_WRITER_WAITING_MAX);
-    if !alone || !fast || !view.linger.is_zero() || view.cores < 2 || writer_asleep {
+    if !view.enabled || !alone || !fast || !view.linger.is_zero() || view.cores < 2 || writer_asleep
+    {
         return Duration::ZERO;
     }
     Duration::from_nanos(2 * view.fsync_recent_ns)
@@ -128,6 +134,12 @@ impl Shared {
     /// the answer on the CPU before it sleeps ([`Completion::wait_spinning`]):
     /// [`spin_budget`] of what the queue and the writer show now.
     pub(crate) fn spin_for_answer(&self) -> Duration {
+        spin_budget(self.spin_view())
+    }
+
+    /// What [`spin_budget`] decides on, as the queue, the writer and the
+    /// options show it now.
+    pub(crate) fn spin_view(&self) -> SpinView {
         // The producer took its room in the queue under the budget's lock,
         // after or before the writer gave back the last batch's (under the
         // same lock, having stored that batch's size first): either way these
@@ -138,14 +150,15 @@ impl Shared {
         let since = self.writer_waiting_since_us.load(Ordering::Relaxed);
         let writer_waiting =
             (since != 0).then(|| Duration::from_micros(self.clock.now_us().saturating_sub(since)));
-        spin_budget(SpinView {
+        SpinView {
             requests,
             last_batch_appends,
             fsync_recent_ns: self.counters.fsync_recent_ns.load(Ordering::Relaxed),
+            enabled: self.options.spin_wait,
             linger: self.options.linger,
             cores: cores(),
             writer_waiting,
-        })
+        }
     }
 
     /// Fails if the outbox is closed or poisoned: the check before an append.
@@ -396,14 +409,16 @@ mod tests {
         writer.join().expect("writer");
     }
 
-    /// A producer spins only when it appends alone, on a fast disk, without
-    /// a linger, with a second CPU; for twice the recent fsync.
+    /// A producer spins only when asked to, and then only when it appends
+    /// alone, on a fast disk, without a linger, with a second CPU; for twice
+    /// the recent fsync.
     #[test]
     fn only_a_lone_producer_on_a_fast_disk_with_a_spare_cpu_spins() {
         let alone = SpinView {
             requests: 1,
             last_batch_appends: 1,
             fsync_recent_ns: 100_000,
+            enabled: true,
             linger: Duration::ZERO,
             cores: 2,
             writer_waiting: None,
@@ -455,6 +470,13 @@ mod tests {
             "a linger",
         );
         no(SpinView { cores: 1, ..alone }, "one CPU");
+        no(
+            SpinView {
+                enabled: false,
+                ..alone
+            },
+            "not asked for (the default)",
+        );
         no(
             SpinView {
                 writer_waiting: Some(Duration::from_micros(60)),

@@ -101,6 +101,9 @@ pub enum Kind {
     /// that hold every producer, at the cost of the wait. Run only when named,
     /// a diagnostic of what bigger batches give.
     SegwalLinger,
+    /// segwal with `Options::spin_wait(true)`: a producer appending alone
+    /// watches for its answer on the CPU. Run only when named.
+    SegwalSpin,
     /// segwal with default options (`Durability::Sync`).
     Segwal,
     /// segwal with segment recycling off (`Options::recycle_segments(false)`):
@@ -126,13 +129,14 @@ pub enum Kind {
 
 impl Kind {
     /// Every engine, in running order.
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 14] = [
         Kind::Raw,
         Kind::RawGrowing,
         Kind::RawOverwrite,
         Kind::RawPipelined,
         Kind::Segwal,
         Kind::SegwalLinger,
+        Kind::SegwalSpin,
         Kind::SegwalNewFiles,
         Kind::SegwalNoCheckpoints,
         Kind::SegwalDedup,
@@ -163,6 +167,7 @@ impl Kind {
             Kind::RawOverwrite => "raw (overwrite)",
             Kind::RawPipelined => "raw (pipelined sync)",
             Kind::SegwalLinger => "segwal linger",
+            Kind::SegwalSpin => "segwal spin",
             Kind::Segwal => "segwal",
             Kind::SegwalNewFiles => "segwal new files",
             Kind::SegwalNoCheckpoints => "segwal no checkpoints",
@@ -184,6 +189,7 @@ impl Kind {
         matches!(
             self,
             Kind::Segwal
+                | Kind::SegwalSpin
                 | Kind::SegwalNewFiles
                 | Kind::SegwalNoCheckpoints
                 | Kind::SqliteFull
@@ -198,6 +204,7 @@ impl Kind {
             Kind::RawGrowing => Box::new(raw::Raw::open(dir, raw::Layout::Growing)?),
             Kind::RawOverwrite => Box::new(raw::Raw::open(dir, raw::Layout::Overwrite)?),
             Kind::SegwalLinger => Box::new(segwal::Segwal::open_linger(dir)?),
+            Kind::SegwalSpin => Box::new(segwal::Segwal::open_spin(dir)?),
             Kind::RawPipelined => Box::new(raw::Raw::open(dir, raw::Layout::Pipelined)?),
             Kind::Segwal => Box::new(segwal::Segwal::open(dir)?),
             Kind::SegwalNewFiles => Box::new(segwal::Segwal::open_new_files(dir)?),

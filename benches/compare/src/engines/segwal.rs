@@ -37,6 +37,15 @@ impl Segwal {
         })
     }
 
+    /// With `Options::spin_wait`: a producer appending alone spins for its
+    /// answer.
+    pub fn open_spin(dir: &Path) -> Result<Segwal> {
+        Ok(Segwal {
+            outbox: Outbox::open(dir, Options::default().spin_wait(true))?,
+            dedup: None,
+        })
+    }
+
     pub fn open_new_files(dir: &Path) -> Result<Segwal> {
         Ok(Segwal {
             outbox: Outbox::open(dir, Options::default().recycle_segments(false))?,
