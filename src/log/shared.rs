@@ -92,10 +92,10 @@ pub(crate) struct SpinView {
 /// `Options::spin_wait` asks for it (a spinner's CPU, on a virtual machine
 /// whose host caps the CPU, came back as stalls of milliseconds:
 /// docs/BENCHMARKS.md, "A lone producer sleeps for its answer by default").
-/// Then only a producer appending alone spins: its request the only one holding queue room, and the
-/// writer's last batch one append. Then the writer has another core, and the
-/// wake-up a sleeping producer needs is a cost paid on every append. With
-/// other producers, group commit shares the wake-ups and a spinner would
+/// Then only a producer appending alone spins: its request the only one
+/// holding queue room, and the writer's last batch one append. Then the
+/// writer has another core, and the wake-up a sleeping producer needs is a
+/// cost paid on every append. With other producers, group commit shares the wake-ups and a spinner would
 /// take a core the writer and the others need (measured: 4 producers on 2
 /// cores lost a third of their rate when the first one back after each
 /// batch spun). It spins for twice the recent batch fsync; not at all before
