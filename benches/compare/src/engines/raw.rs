@@ -139,25 +139,68 @@ fn allocate(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
     }
 }
 
+/// Waits, holding `state`, until a batch is queued; swaps it into `batch`
+/// and returns its number and records, or `None` once the engine is closed
+/// with nothing queued.
+fn take_batch(
+    shared: &Shared,
+    mut state: MutexGuard<'_, State>,
+    batch: &mut Vec<u8>,
+) -> Option<(u64, u64)> {
+    while state.buf.is_empty() && !state.closed {
+        state = shared.queued.wait(state).unwrap_or_else(|e| e.into_inner());
+    }
+    if state.buf.is_empty() {
+        return None;
+    }
+    std::mem::swap(batch, &mut state.buf);
+    let number = state.filling;
+    let records = state.queued_records;
+    state.filling += 1;
+    state.queued_records = 0;
+    Some((number, records))
+}
+
+/// Reserves more of the file, 1 GiB at a time, when `len` bytes written at
+/// `offset` would pass the `allocated` end.
+fn grow(file: &File, offset: u64, len: u64, allocated: &mut u64) -> std::io::Result<()> {
+    if offset + len <= *allocated {
+        return Ok(());
+    }
+    let more = (offset + len - *allocated).div_ceil(ALLOCATE_BYTES) * ALLOCATE_BYTES;
+    let outcome = allocate(file, *allocated, more);
+    *allocated += more;
+    outcome
+}
+
+/// Publishes the outcome of batch `number`'s sync and wakes the producers;
+/// false once the writer failed.
+fn publish(shared: &Shared, number: u64, records: u64, outcome: std::io::Result<()>) -> bool {
+    let mut state = shared.lock();
+    match outcome {
+        Ok(()) => {
+            state.durable = number;
+            state.counters.records += records;
+            state.counters.batches += 1;
+            state.counters.fsyncs += 1;
+        }
+        // Fail stop: every waiting and later producer gets the error.
+        Err(e) => state.failed = Some(format!("raw writer: {e}")),
+    }
+    let ok = state.failed.is_none();
+    drop(state);
+    shared.durable.notify_all();
+    ok
+}
+
 fn write_loop(shared: &Shared, file: File, layout: Layout) {
     let mut batch = Vec::new();
     let mut offset = 0u64;
     let mut allocated = ALLOCATE_BYTES;
     loop {
-        let mut state = shared.lock();
-        while state.buf.is_empty() && !state.closed {
-            state = shared.queued.wait(state).unwrap_or_else(|e| e.into_inner());
-        }
-        if state.buf.is_empty() {
+        let Some((number, records)) = take_batch(shared, shared.lock(), &mut batch) else {
             return;
-        }
-        std::mem::swap(&mut batch, &mut state.buf);
-        let number = state.filling;
-        let records = state.queued_records;
-        state.filling += 1;
-        state.queued_records = 0;
-        drop(state);
-
+        };
         let len = batch.len() as u64;
         let mut outcome = Ok(());
         // Producers have one record each in flight, so a batch is far smaller
@@ -165,32 +208,15 @@ fn write_loop(shared: &Shared, file: File, layout: Layout) {
         if layout == Layout::Overwrite && offset + len > OVERWRITE_BYTES {
             offset = 0;
         }
-        if layout == Layout::Fallocated && offset + len > allocated {
-            let more = (offset + len - allocated).div_ceil(ALLOCATE_BYTES) * ALLOCATE_BYTES;
-            outcome = allocate(&file, allocated, more);
-            allocated += more;
+        if layout == Layout::Fallocated {
+            outcome = grow(&file, offset, len, &mut allocated);
         }
         let outcome = outcome
             .and_then(|()| file.write_all_at(&batch, offset))
             .and_then(|()| file.sync_data());
         offset += len;
         batch.clear();
-
-        let mut state = shared.lock();
-        match outcome {
-            Ok(()) => {
-                state.durable = number;
-                state.counters.records += records;
-                state.counters.batches += 1;
-                state.counters.fsyncs += 1;
-            }
-            // Fail stop: every waiting and later producer gets the error.
-            Err(e) => state.failed = Some(format!("raw writer: {e}")),
-        }
-        let stop = state.failed.is_some();
-        drop(state);
-        shared.durable.notify_all();
-        if stop {
+        if !publish(shared, number, records, outcome) {
             return;
         }
     }
@@ -226,23 +252,12 @@ fn write_loop_pipelined(shared: &Shared, file: File) {
         let outcome = synced
             .recv()
             .unwrap_or_else(|_| Err(std::io::Error::other("syncer gone")));
-        let mut state = shared.lock();
-        match outcome {
-            Ok(()) => {
-                state.durable = number;
-                state.counters.records += records;
-                state.counters.batches += 1;
-                state.counters.fsyncs += 1;
-            }
-            Err(e) => state.failed = Some(format!("raw writer: {e}")),
-        }
-        let ok = state.failed.is_none();
-        drop(state);
-        shared.durable.notify_all();
-        ok
+        publish(shared, number, records, outcome)
     };
     loop {
-        let mut state = shared.lock();
+        let state = shared.lock();
+        // Nothing queued: the sync in flight is finished first, so that its
+        // producers are not left waiting for the next batch.
         if state.buf.is_empty() && in_flight.is_some() {
             drop(state);
             if !finish(&mut in_flight) {
@@ -250,27 +265,12 @@ fn write_loop_pipelined(shared: &Shared, file: File) {
             }
             continue;
         }
-        while state.buf.is_empty() && !state.closed {
-            state = shared.queued.wait(state).unwrap_or_else(|e| e.into_inner());
-        }
-        if state.buf.is_empty() {
+        let Some((number, records)) = take_batch(shared, state, &mut batch) else {
             break;
-        }
-        std::mem::swap(&mut batch, &mut state.buf);
-        let number = state.filling;
-        let records = state.queued_records;
-        state.filling += 1;
-        state.queued_records = 0;
-        drop(state);
-
+        };
         let len = batch.len() as u64;
-        let mut outcome = Ok(());
-        if offset + len > allocated {
-            let more = (offset + len - allocated).div_ceil(ALLOCATE_BYTES) * ALLOCATE_BYTES;
-            outcome = allocate(&file, allocated, more);
-            allocated += more;
-        }
-        let outcome = outcome.and_then(|()| file.write_all_at(&batch, offset));
+        let outcome = grow(&file, offset, len, &mut allocated)
+            .and_then(|()| file.write_all_at(&batch, offset));
         offset += len;
         batch.clear();
         if let Err(e) = outcome {
