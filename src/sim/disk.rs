@@ -21,6 +21,9 @@ use crate::io::{LockError, LockGuard, Storage, StorageFile};
 /// Sector size for torn writes.
 pub const SECTOR: usize = 512;
 
+/// One sector of zeros, what `next_data` compares sectors with.
+static ZERO_SECTOR: [u8; SECTOR] = [0; SECTOR];
+
 /// A small, fast, deterministic generator (xorshift64*).
 #[derive(Clone, Debug)]
 pub struct Rng(u64);
@@ -138,17 +141,20 @@ pub struct DiskStats {
 
 #[derive(Clone, Debug)]
 enum Pending {
-    Write { at: u64, data: Vec<u8> },
+    Write { at: u64, data: Arc<[u8]> },
     SetLen(u64),
 }
 
 /// What [`DiskStats::large_writes_unzeroed`] counts as a large write.
 pub const LARGE_WRITE: usize = 64 << 10;
 
+/// A file's images are shared between the disk and its snapshots (one per
+/// mutating operation while a run is recorded) and copied only when one side
+/// writes: a snapshot costs a reference per file, not a copy of every file.
 #[derive(Clone, Debug, Default)]
 struct Inode {
-    live: Vec<u8>,
-    durable: Vec<u8>,
+    live: Arc<Vec<u8>>,
+    durable: Arc<Vec<u8>>,
     pending: Vec<Pending>,
     sync_failed: bool,
     /// The end of the furthest write a successful sync made durable (cut
@@ -355,7 +361,7 @@ impl SimDisk {
             return false;
         };
         for image in [&mut inode.live, &mut inode.durable] {
-            image.truncate(len as usize);
+            Arc::make_mut(image).truncate(len as usize);
         }
         true
     }
@@ -397,7 +403,7 @@ impl SimDisk {
         let at = offset as usize;
         let mut flipped = false;
         for image in [&mut inode.live, &mut inode.durable] {
-            if let Some(b) = image.get_mut(at) {
+            if let Some(b) = Arc::make_mut(image).get_mut(at) {
                 *b ^= 1 << (bit % 8);
                 flipped = true;
             }
@@ -437,7 +443,7 @@ impl SimDisk {
             let Some(inode) = s.inodes.get(&ino) else {
                 continue;
             };
-            let mut image = inode.durable.clone();
+            let mut image = Vec::clone(&inode.durable);
             for op in &inode.pending {
                 match op {
                     Pending::Write { at, data } => {
@@ -466,11 +472,13 @@ impl SimDisk {
                     image.push(b);
                 }
             }
+            let synced_to = inode.synced_to.min(image.len() as u64);
+            let image = Arc::new(image);
             inodes.insert(
                 ino,
                 Inode {
-                    synced_to: inode.synced_to.min(image.len() as u64),
-                    live: image.clone(),
+                    synced_to,
+                    live: Arc::clone(&image),
                     durable: image,
                     pending: Vec::new(),
                     sync_failed: false,
@@ -796,7 +804,7 @@ impl SimFile {
             return Err(errno(5));
         }
         let inode = s.inodes.get_mut(&self.ino).ok_or_else(crashed_error)?;
-        inode.live.resize(len as usize, 0);
+        Arc::make_mut(&mut inode.live).resize(len as usize, 0);
         inode.pending.push(Pending::SetLen(len));
         Ok(())
     }
@@ -843,10 +851,10 @@ impl StorageFile for SimFile {
             Some(Fault::ShortWrite) if buf.len() > 1 => &buf[..buf.len() / 2],
             _ => buf,
         };
-        write_into(&mut inode.live, offset, data);
+        write_into(Arc::make_mut(&mut inode.live), offset, data);
         inode.pending.push(Pending::Write {
             at: offset,
-            data: data.to_vec(),
+            data: Arc::from(data),
         });
         Ok(data.len())
     }
@@ -899,11 +907,11 @@ impl StorageFile for SimFile {
             match op {
                 Pending::Write { at, data } => {
                     inode.synced_to = inode.synced_to.max(at + data.len() as u64);
-                    write_into(&mut inode.durable, at, &data);
+                    write_into(Arc::make_mut(&mut inode.durable), at, &data);
                 }
                 Pending::SetLen(len) => {
                     inode.synced_to = inode.synced_to.min(len);
-                    inode.durable.resize(len as usize, 0);
+                    Arc::make_mut(&mut inode.durable).resize(len as usize, 0);
                 }
             }
         }
@@ -942,7 +950,10 @@ impl StorageFile for SimFile {
         let zero = |k: u64| {
             let from = (k * sector) as usize;
             let to = ((k + 1) * sector).min(len) as usize;
-            live.get(from..to).is_none_or(|b| b.iter().all(|&x| x == 0))
+            // Compared with a block of zeros (a `memcmp`), not byte by byte:
+            // the scan asks about every sector of every segment at each open.
+            live.get(from..to)
+                .is_none_or(|b| Some(b) == ZERO_SECTOR.get(..b.len()))
         };
         let sectors = len.div_ceil(sector);
         let mut k = offset / sector;

@@ -82,7 +82,7 @@ fn crash_at_every_io_step_regression_seeds() {
 
 #[test]
 fn crash_at_every_io_step_loses_no_acknowledged_record() {
-    let seeds = env("SEGWAL_CRASH_SEEDS", 2700);
+    let seeds = env("SEGWAL_CRASH_SEEDS", 1000);
     let first = env("SEGWAL_CRASH_FIRST_SEED", 1);
     let draws = env("SEGWAL_CRASH_DRAWS", 2);
     let steps = env("SEGWAL_CRASH_STEPS", 40) as usize;
@@ -147,7 +147,7 @@ fn crash_at_every_io_step_loses_no_acknowledged_record() {
 /// I12 (attempts never decrease); and relocation does happen.
 #[test]
 fn crash_at_every_io_step_while_stragglers_are_relocated() {
-    let seeds = env("SEGWAL_RELOCATION_SEEDS", 300);
+    let seeds = env("SEGWAL_RELOCATION_SEEDS", 100);
     let steps = env("SEGWAL_CRASH_STEPS", 40) as usize * 5 / 2;
     let started = Instant::now();
     let first = env("SEGWAL_CRASH_FIRST_SEED", 1);
