@@ -3,8 +3,10 @@
 //! and the state table's memory per pending record.
 //!
 //! `cargo bench --bench segwal` runs them; `cargo bench --bench segwal -- --test`
-//! runs each once with small sizes (what CI does, so they do not rot). The
-//! comparison with other engines is a separate crate: `benches/compare`.
+//! runs each once with small sizes, and so does
+//! `cargo test --features cli --bench segwal -- --test` on the test profile
+//! (what CI does, so they do not rot). The comparison with other engines is a
+//! separate crate: `benches/compare`.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
