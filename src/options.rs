@@ -127,6 +127,7 @@ pub struct Options {
     pub(crate) batch_bytes: usize,
     pub(crate) linger: Duration,
     pub(crate) spin_wait: bool,
+    pub(crate) caller_writes: bool,
     pub(crate) durability: Durability,
     pub(crate) ack_durability: Durability,
     pub(crate) lease: Duration,
@@ -156,6 +157,7 @@ impl Default for Options {
             batch_bytes: 4 * MIB as usize,
             linger: Duration::ZERO,
             spin_wait: false,
+            caller_writes: true,
             durability: Durability::Sync,
             ack_durability: Durability::Buffered,
             lease: Duration::from_secs(30),
@@ -298,6 +300,27 @@ impl Options {
     /// a dedicated host).
     pub fn spin_wait(mut self, on: bool) -> Options {
         self.spin_wait = on;
+        self
+    }
+
+    /// Whether a producer appending alone writes and syncs its own append on
+    /// its thread, instead of handing it to the writer thread and sleeping
+    /// until the writer wakes it. Default `true`.
+    ///
+    /// On: a blocking append ([`Outbox::append`](crate::Outbox::append) and
+    /// the other appends that wait for their answer; never an async one) made
+    /// under [`Durability::Sync`] without a [`linger`](Options::linger),
+    /// which finds the queue empty, the last batch one append or none, and
+    /// the writer idle, takes the writer's lock and writes the batch itself:
+    /// the same code, the same single write and `fdatasync`, one batch at a
+    /// time as ever. It saves the two wake-ups of the hand-over (the writer's
+    /// and its own). As soon as appends meet (one finds the writer busy, or
+    /// finds others queued), they queue for the writer thread, which batches
+    /// them as before; the writer thread also keeps every timed duty.
+    ///
+    /// Off: every append goes through the writer thread.
+    pub fn caller_writes(mut self, on: bool) -> Options {
+        self.caller_writes = on;
         self
     }
 

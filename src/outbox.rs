@@ -24,9 +24,9 @@ use crate::log::clock::Clock;
 use crate::log::recovery::{self, RecoveryReport};
 use crate::log::shared::{Budget, Completion, Counters, Shared, Ticket};
 use crate::log::shared::{Verdict, Verdicts};
-use crate::log::writer::{MessageFields, OwnedMessage, Payloads, Request, Writer};
+use crate::log::writer::{self, MessageFields, OwnedMessage, Payloads, Request, Writer};
 use crate::message::{Appended, Message};
-use crate::options::Options;
+use crate::options::{Durability, Options};
 use crate::state::dedup::Dedup;
 use crate::state::table::{SlotRef, Table};
 
@@ -49,7 +49,7 @@ struct Handle {
     /// `None` once closed. Producers send under the read lock; `close` takes the
     /// write lock to drop the only sender, so that the writer drains the queue and
     /// no request can be sent after it stopped.
-    tx: RwLock<Option<Sender<Request>>>,
+    tx: RwLock<Option<ToWriter>>,
     writer: Mutex<Option<JoinHandle<Result<()>>>>,
     report: RecoveryReport,
     /// The outbox's identity (every segment header names it).
@@ -57,6 +57,13 @@ struct Handle {
     /// Held for the whole of a `close`: a second `close` returns only once the
     /// first has joined the writer and released the directory lock.
     closing: Mutex<()>,
+}
+
+/// The way to the writer: its queue, and the writer itself, which a producer
+/// appending alone runs on its own thread (`Options::caller_writes`).
+struct ToWriter {
+    tx: Sender<Request>,
+    core: Arc<Mutex<Writer>>,
 }
 
 /// What an operator needs to see whether the relay keeps up. From
@@ -146,6 +153,9 @@ pub struct Stats {
     pub records_appended: u64,
     /// Write batches since open.
     pub batches: u64,
+    /// Of those, the batches a producer appending alone wrote on its own
+    /// thread ([`Options::caller_writes`](crate::Options::caller_writes)).
+    pub caller_batches: u64,
     /// `fdatasync` calls since open (segment headers, directories and the
     /// zeros an idle writer writes ahead of its frames included).
     pub fsyncs: u64,
@@ -336,6 +346,7 @@ impl Outbox {
             waiters: Default::default(),
         });
         Counters::add(&shared.counters.fsyncs, u64::from(sealed));
+        let thread_rx = rx.clone();
         let writer = Writer::start(
             shared.clone(),
             rx,
@@ -344,9 +355,11 @@ impl Outbox {
             dedup,
             recovered.spare,
         )?;
+        let core = Arc::new(Mutex::new(writer));
+        let thread_core = core.clone();
         let thread = std::thread::Builder::new()
             .name("segwal-writer".into())
-            .spawn(move || writer.run())
+            .spawn(move || writer::run(thread_core, thread_rx))
             .map_err(|e| Error::io("spawn writer thread", &shared.dir, e))?;
         trace_open(&shared.dir, &report);
         // Kept aside for the next open that finds the disk full (best effort).
@@ -358,7 +371,7 @@ impl Outbox {
         Ok(Outbox {
             handle: Arc::new(Handle {
                 shared,
-                tx: RwLock::new(Some(tx)),
+                tx: RwLock::new(Some(ToWriter { tx, core })),
                 writer: Mutex::new(Some(thread)),
                 report,
                 outbox_id,
@@ -511,7 +524,7 @@ impl Outbox {
             ticket,
             done,
         };
-        self.send(request)?;
+        self.hand(request)?;
         completion.wait_spinning(self.handle.shared.spin_for_answer())
     }
 
@@ -630,7 +643,7 @@ impl Outbox {
     ) -> Result<(Result<Seq>, Verdicts)> {
         let ticket = Ticket::take(&self.handle.shared, bytes, true)?;
         let (completion, done) = Completion::new(&self.handle.shared.waiters);
-        self.send(Request::Append {
+        self.hand(Request::Append {
             payloads: copy(),
             ticket,
             done,
@@ -642,11 +655,40 @@ impl Outbox {
     /// Hands `request` to the writer (never waits: the queue's bounds were
     /// taken with the request's ticket).
     fn send(&self, request: Request) -> Result<()> {
-        let tx = self.handle.tx.read();
-        let Some(tx) = tx.as_ref() else {
+        let to = self.handle.tx.read();
+        let Some(to) = to.as_ref() else {
             return Err(Error::Closed);
         };
-        tx.send(request).map_err(|_| Error::Closed)
+        to.tx.send(request).map_err(|_| Error::Closed)
+    }
+
+    /// Hands a blocking append to the writer: writes it on this thread when
+    /// the producer appends alone and the writer is idle
+    /// ([`Options::caller_writes`](crate::Options::caller_writes)), else
+    /// queues it for the writer thread.
+    fn hand(&self, request: Request) -> Result<()> {
+        let shared = &self.handle.shared;
+        let to = self.handle.tx.read();
+        let Some(to) = to.as_ref() else {
+            return Err(Error::Closed);
+        };
+        let options = &shared.options;
+        let alone = options.caller_writes
+            && options.durability == Durability::Sync
+            && options.linger.is_zero()
+            && to.tx.is_empty()
+            && shared.counters.last_batch_appends.load(Ordering::Relaxed) <= 1
+            && shared.poison.get().is_none();
+        if alone && let Some(mut writer) = to.core.try_lock() {
+            // The close that follows a write lock on `tx` cannot begin while
+            // this thread holds the read lock, so the writer is not finished.
+            if writer.write_inline(request) {
+                drop(writer);
+                let _ = to.tx.try_send(Request::Reclaim);
+            }
+            return Ok(());
+        }
+        to.tx.send(request).map_err(|_| Error::Closed)
     }
 
     /// Claims up to `max_records` of the oldest pending records and returns them.
@@ -1213,8 +1255,8 @@ impl Outbox {
     /// Asks the writer to delete fully acknowledged segments. A full queue means
     /// the writer is busy and checks after its next batch anyway.
     fn nudge_writer(&self) {
-        if let Some(tx) = self.handle.tx.read().as_ref() {
-            let _ = tx.try_send(Request::Reclaim);
+        if let Some(to) = self.handle.tx.read().as_ref() {
+            let _ = to.tx.try_send(Request::Reclaim);
         }
     }
 
@@ -1275,6 +1317,7 @@ impl Outbox {
             oldest_unacked_age: age(&t.first_unacked),
             records_appended: records,
             batches,
+            caller_batches: load(&c.caller_batches),
             fsyncs: load(&c.fsyncs),
             records_per_batch: ratio(records, batches),
             records_per_fsync: ratio(records, load(&c.fsyncs)),

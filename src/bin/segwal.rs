@@ -191,6 +191,7 @@ fn stats_json(v: &Verification, now: u64) -> Value {
         "oldest_unacked_age_us": age(c.oldest_unacked),
         "records_appended": Value::Null,
         "batches": Value::Null,
+        "caller_batches": Value::Null,
         "fsyncs": Value::Null,
         "records_per_batch": Value::Null,
         "records_per_fsync": Value::Null,

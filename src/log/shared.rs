@@ -231,6 +231,9 @@ impl Wakers {
 pub(crate) struct Counters {
     pub fsyncs: AtomicU64,
     pub batches: AtomicU64,
+    /// Write batches written on a producer's own thread
+    /// (`Options::caller_writes`).
+    pub caller_batches: AtomicU64,
     pub records_appended: AtomicU64,
     pub bytes_appended: AtomicU64,
     pub segments_deleted: AtomicU64,

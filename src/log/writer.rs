@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
+use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::format::checkpoint;
@@ -357,6 +358,21 @@ pub(crate) struct Writer {
     /// durably, to be written again as the next segment (see
     /// [`Options::recycle_segments`](crate::Options::recycle_segments)).
     spare: Option<PathBuf>,
+    /// When the last batch ended, on whichever thread wrote it: an idle
+    /// writer writes the zeros ahead a grace period after it.
+    last_active: Instant,
+    /// How many grace periods the writer thread waits past `last_active`
+    /// before it writes zeros while idle: doubled each time it woke for them
+    /// and found that batches written on a producer's thread
+    /// ([`Writer::write_inline`]) kept it busy, so that a lone producer
+    /// appending without pause does not wake the thread at every append;
+    /// back to one once zeros are no longer due (written while idle or by a
+    /// batch).
+    idle_scale: u32,
+    /// Until when the writer thread sleeps, while it does: `Some(None)`
+    /// without a deadline, `None` while it is awake (and will look at the
+    /// deadlines again before it sleeps).
+    thread_sleeps_until: Option<Option<Instant>>,
 }
 
 impl Writer {
@@ -404,105 +420,149 @@ impl Writer {
             local: Vec::new(),
             inserted: Vec::new(),
             spare,
+            last_active: Instant::now(),
+            idle_scale: 1,
+            thread_sleeps_until: None,
         })
     }
 
-    /// Runs until every handle is closed and the queue is drained. Returns the
-    /// outcome of the final sync.
-    ///
-    /// If the writer panics (a bug), the outbox is poisoned and the thread goes on
-    /// answering every request with that error until the outbox is closed, so no
-    /// producer waits forever.
-    pub(crate) fn run(mut self) -> Result<()> {
-        let outcome = self.run_guarded();
-        // Every producer the writer answered is woken before the writer thread
-        // ends: a closed outbox has answered everything.
-        if let NotifierState::Running(notifier) =
-            std::mem::replace(&mut self.notifier, NotifierState::NotStarted)
-        {
-            notifier.stop();
-        }
-        outcome
-    }
-
-    fn run_guarded(&mut self) -> Result<()> {
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
-        if let Ok(outcome) = outcome {
-            return outcome;
-        }
+    /// Answers what a panic (a bug) interrupted: the outbox is poisoned and
+    /// the batch in flight fails with that error. Returns the error.
+    fn panicked(&mut self) -> Error {
         let error = Error::Poisoned {
             path: self.active.seg.path.to_path_buf(),
-            op: "write (the writer thread panicked)",
-            source: Arc::new(std::io::Error::other("the writer thread panicked")),
+            op: "write (the writer panicked)",
+            source: Arc::new(std::io::Error::other("the writer panicked")),
         };
         let _ = self.shared.poison.set(error.clone());
         let error = self.shared.poison.get().cloned().unwrap_or(error);
-        let in_flight: Vec<Request> = self.batch.drain(..).collect();
-        for r in in_flight.into_iter().chain(self.rx.iter()) {
-            match r {
-                Request::Append { done, .. } => done.complete(Err(error.clone())),
-                Request::Sync { done } => done.complete(Err(error.clone())),
-                Request::Reclaim => {}
-            }
+        for r in self.batch.drain(..) {
+            fail(r, &error);
         }
-        Err(error)
+        error
     }
 
-    fn serve(&mut self) -> Result<()> {
-        loop {
-            // Idle with zeros soon needed: they are written once no request
-            // came for a while (see `idle_grace`).
-            let idle_until = self
-                .zeros_due()
-                .then(|| Instant::now().checked_add(idle_grace(&self.shared)))
-                .flatten();
-            let deadline = match (self.deadline(), idle_until) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            // Producers spin for their answer only while the writer works
-            // or has just begun to wait (`spin_budget`).
-            let since = self.shared.clock.now_us().max(1);
-            self.shared
-                .writer_waiting_since_us
-                .store(since, std::sync::atomic::Ordering::Relaxed);
-            let got = match deadline {
-                Some(deadline) => self.rx.recv_deadline(deadline),
-                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            };
-            self.shared
-                .writer_waiting_since_us
-                .store(0, std::sync::atomic::Ordering::Relaxed);
-            let first = match got {
-                Ok(r) => r,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.on_timer();
-                    if idle_until.is_some_and(|t| Instant::now() >= t) && self.rx.is_empty() {
-                        // Busy, but not to be spun beside: the fsync of
-                        // zeros takes as long as a batch's.
-                        self.shared
-                            .writer_waiting_since_us
-                            .store(1, std::sync::atomic::Ordering::Relaxed);
-                        self.zero_ahead_idle();
-                    }
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            };
+    /// Writes `first` and whatever else is queued as one batch on the calling
+    /// thread: a producer appending alone, which finds the writer idle and
+    /// the queue empty, writes and syncs its own append instead of handing it
+    /// to the writer thread and sleeping for the answer (see
+    /// [`Options::caller_writes`](crate::Options::caller_writes)). The caller
+    /// holds the writer's lock, so batches stay one at a time. Returns true
+    /// if the writer thread, asleep until a later deadline, must be woken for
+    /// a duty the batch brought forward (a buffered sync, a rotation by age).
+    pub(crate) fn write_inline(&mut self, first: Request) -> bool {
+        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.gather(first);
             self.process_batch();
             self.on_timer();
+        }));
+        if done.is_err() {
+            self.panicked();
         }
-        // Closed: everything queued was processed, and the acknowledgements
-        // made meanwhile are written; make it all durable.
+        Counters::add(&self.shared.counters.caller_batches, 1);
+        match self.thread_sleeps_until {
+            Some(until) => {
+                let now_due = self.wait_until().0;
+                let earlier = match (now_due, until) {
+                    (Some(due), Some(until)) => due < until,
+                    (Some(_), None) => true,
+                    (None, _) => false,
+                };
+                if earlier {
+                    self.thread_sleeps_until = None;
+                }
+                earlier
+            }
+            None => false,
+        }
+    }
+
+    /// The last duties of a closed outbox: everything queued was processed,
+    /// and the acknowledgements made meanwhile are written; make it all
+    /// durable, and leave the active file at the length of its data.
+    fn finish(&mut self) -> Result<()> {
+        self.stop_notifier();
         if let Some(e) = self.shared.poison.get() {
             return Err(e.clone());
         }
         self.write_batch(&[])?;
         self.sync()?;
-        // A closed outbox leaves its files at the length of their data.
         self.active.seg.trim(self.active.len);
         Ok(())
+    }
+
+    /// Every producer the writer answered is woken before the writer thread
+    /// ends: a closed outbox has answered everything.
+    fn stop_notifier(&mut self) {
+        if let NotifierState::Running(notifier) =
+            std::mem::replace(&mut self.notifier, NotifierState::NotStarted)
+        {
+            notifier.stop();
+        }
+    }
+
+    /// Until when the writer thread may sleep: the next timed duty
+    /// ([`Writer::deadline`]) or, with zeros soon needed, the end of the
+    /// idle grace after the last batch, whichever comes first; and that end
+    /// of the grace, if any.
+    fn wait_until(&self) -> (Option<Instant>, Option<Instant>) {
+        let idle_until = self
+            .zeros_due()
+            .then(|| {
+                let grace = idle_grace(&self.shared).saturating_mul(self.idle_scale);
+                self.last_active.checked_add(grace.min(IDLE_GRACE_MAX))
+            })
+            .flatten();
+        let until = match (self.deadline(), idle_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        (until, idle_until)
+    }
+
+    /// The writer thread is about to sleep: returns until when, and the end
+    /// of the idle grace.
+    fn sleep(&mut self) -> (Option<Instant>, Option<Instant>) {
+        if !self.zeros_due() {
+            self.idle_scale = 1;
+        }
+        let (until, idle_until) = self.wait_until();
+        self.thread_sleeps_until = Some(until);
+        // Producers spin for their answer only while the writer works or has
+        // just begun to wait (`spin_budget`).
+        let since = self.shared.clock.now_us().max(1);
+        self.shared
+            .writer_waiting_since_us
+            .store(since, std::sync::atomic::Ordering::Relaxed);
+        (until, idle_until)
+    }
+
+    /// The writer thread woke.
+    fn awake(&mut self) {
+        self.thread_sleeps_until = None;
+        self.shared
+            .writer_waiting_since_us
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The writer thread woke at the end of the idle grace with no request:
+    /// writes the zeros ahead if no batch was written since, else waits
+    /// longer next time (see [`Writer::idle_scale`]).
+    fn idle(&mut self, rx: &Receiver<Request>) {
+        let (_, idle_until) = self.wait_until();
+        match idle_until {
+            Some(t) if Instant::now() >= t && rx.is_empty() => {
+                self.idle_scale = 1;
+                // Busy, but not to be spun beside: the fsync of zeros takes
+                // as long as a batch's.
+                self.shared
+                    .writer_waiting_since_us
+                    .store(1, std::sync::atomic::Ordering::Relaxed);
+                self.zero_ahead_idle();
+            }
+            Some(_) => self.idle_scale = (self.idle_scale * 2).min(IDLE_SCALE_MAX),
+            None => {}
+        }
     }
 
     /// The next time the writer must act without a request; none once poisoned.
@@ -628,6 +688,7 @@ impl Writer {
             .map(|done| (done, durable.clone().map(|()| self.last_written)))
             .collect();
         self.answer(barriers);
+        self.last_active = Instant::now();
     }
 
     /// Wakes the producers of a finished batch: directly when they are few, through
@@ -1783,6 +1844,71 @@ impl Writer {
         self.sync()
     }
 }
+
+/// The writer thread: serves the queue until every handle is closed and the
+/// queue is drained. Returns the outcome of the final sync.
+///
+/// If the writer panics (a bug), the outbox is poisoned and the thread goes on
+/// answering every request with that error until the outbox is closed, so no
+/// producer waits forever.
+pub(crate) fn run(core: Arc<Mutex<Writer>>, rx: Receiver<Request>) -> Result<()> {
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve(&core, &rx)));
+    if let Ok(outcome) = served {
+        return outcome;
+    }
+    let error = {
+        let mut writer = core.lock();
+        let error = writer.panicked();
+        writer.stop_notifier();
+        error
+    };
+    for r in rx.iter() {
+        fail(r, &error);
+    }
+    Err(error)
+}
+
+/// The writer thread's loop. The writer's lock is held while a batch or a
+/// timed duty runs, never while the thread waits for a request.
+fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
+    loop {
+        let (until, idle_until) = core.lock().sleep();
+        let got = match until {
+            Some(until) => rx.recv_deadline(until),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        let mut writer = core.lock();
+        writer.awake();
+        match got {
+            Ok(first) => {
+                writer.gather(first);
+                writer.process_batch();
+                writer.on_timer();
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                writer.on_timer();
+                if idle_until.is_some_and(|t| Instant::now() >= t) {
+                    writer.idle(rx);
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => return writer.finish(),
+        }
+    }
+}
+
+/// Answers a request the writer will not serve with `error`.
+fn fail(r: Request, error: &Error) {
+    match r {
+        Request::Append { done, .. } => done.complete(Err(error.clone())),
+        Request::Sync { done } => done.complete(Err(error.clone())),
+        Request::Reclaim => {}
+    }
+}
+
+/// The most grace periods an idle writer thread waits (see
+/// [`Writer::idle_scale`]); the wait is at most [`IDLE_GRACE_MAX`] whatever
+/// the scale.
+const IDLE_SCALE_MAX: u32 = 32;
 
 /// Encoded bytes of a request: what it takes of the queue budget and the batch.
 pub(crate) fn request_bytes(r: &Request) -> u64 {

@@ -366,3 +366,93 @@ fn an_idle_writer_writes_the_zeros_ahead_without_touching_a_record() {
     assert!(got == records, "a record came back changed or out of order");
     outbox.close().expect("close");
 }
+
+/// A producer appending alone writes and syncs its own batch
+/// (`Options::caller_writes`, on by default), and only then: with the option
+/// off, under buffered durability or with a linger, every batch is the
+/// writer thread's. Either way each append is durable when it returns and
+/// reads back in order after a reopen.
+#[test]
+fn a_lone_producer_writes_its_own_batches_only_when_the_options_allow() {
+    use segwal::Durability;
+    use std::time::Duration;
+    for (options, own) in [
+        (Options::default(), true),
+        (Options::default().caller_writes(false), false),
+        (Options::default().durability(Durability::Buffered), false),
+        (Options::default().linger(Duration::from_millis(1)), false),
+    ] {
+        let (_t, dir) = tmp();
+        let outbox = Outbox::open(&dir, options.clone()).expect("open");
+        let seqs: Vec<Seq> = (0..40u32)
+            .map(|i| outbox.append(&i.to_le_bytes()).expect("append"))
+            .collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{options:?}");
+        let stats = outbox.stats();
+        assert_eq!(stats.records_appended, 40, "{options:?}");
+        if own {
+            // The writer thread holds its lock only while it works or
+            // prepares to sleep, so most of them find it free.
+            assert!(stats.caller_batches > 0, "none written by the caller");
+            assert!(stats.caller_batches <= stats.batches);
+        } else {
+            assert_eq!(stats.caller_batches, 0, "{options:?}");
+        }
+        outbox.close().expect("close");
+        let outbox = Outbox::open(&dir, options).expect("reopen");
+        let back: Vec<(Seq, Vec<u8>)> = drain(&outbox)
+            .iter()
+            .map(|r| (r.seq(), r.payload().to_vec()))
+            .collect();
+        let wanted: Vec<(Seq, Vec<u8>)> = (0..40u32)
+            .zip(&seqs)
+            .map(|(i, &seq)| (seq, i.to_le_bytes().to_vec()))
+            .collect();
+        assert_eq!(back, wanted);
+        outbox.close().expect("close");
+    }
+}
+
+/// Producers that meet hand their appends to the writer thread while others
+/// write their own: every append gets its own sequence number and survives.
+#[test]
+fn producers_writing_their_own_batches_and_queueing_lose_nothing() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    let handles: Vec<_> = (0..3)
+        .map(|p| {
+            let outbox = outbox.clone();
+            thread::spawn(move || {
+                (0..200)
+                    .map(|i| {
+                        // Now and then alone, now and then together.
+                        if i % 7 == p {
+                            thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                        (outbox.append(&payload(p, i)).expect("append"), p, i)
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut acked: Vec<(Seq, usize, usize)> = handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("producer"))
+        .collect();
+    let stats = outbox.stats();
+    outbox.close().expect("close");
+    assert!(stats.caller_batches > 0, "no batch written by a producer");
+    assert!(
+        stats.caller_batches < stats.batches,
+        "none queued: {stats:?}"
+    );
+    acked.sort();
+    let outbox = Outbox::open(&dir, small_segments()).expect("reopen");
+    let back = drain(&outbox);
+    assert_eq!(back.len(), acked.len());
+    for (record, (seq, p, i)) in back.iter().zip(&acked) {
+        assert_eq!(record.seq(), *seq);
+        assert_eq!(record.payload(), &payload(*p, *i)[..]);
+    }
+    outbox.close().expect("close");
+}

@@ -187,6 +187,28 @@ fn an_idle_segment_rotates_by_age_so_acknowledged_space_is_freed() {
     assert_eq!(settled.len(), 1, "{settled:?}");
 }
 
+/// A segment whose first record a lone producer wrote on its own thread
+/// (`Options::caller_writes`) still rotates by age: the writer thread, asleep
+/// without a deadline, is woken for the one that batch brought.
+#[test]
+fn a_segment_a_lone_producer_wrote_itself_rotates_by_age() {
+    for _ in 0..20 {
+        let (_t, dir) = tmp();
+        let options = Options::default().segment_age(Duration::from_millis(50));
+        let outbox = Outbox::open(&dir, options).expect("open");
+        outbox.append(b"written by its producer").expect("append");
+        if outbox.stats().caller_batches == 0 {
+            // The writer thread held its lock at that moment: again.
+            continue;
+        }
+        eventually("the writer rotates the segment by age", || {
+            segment_files(&dir).len() == 2
+        });
+        return;
+    }
+    panic!("no append of 20 was written on its producer's thread");
+}
+
 #[test]
 fn stats_show_backlog_and_group_commit() {
     let (_t, dir) = tmp();

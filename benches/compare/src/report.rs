@@ -402,6 +402,7 @@ fn style(kind: Kind) -> (&'static str, &'static str, f64) {
         Kind::RawPipelined => ("#c0392b", "2 2", 2.0),
         Kind::SegwalLinger => ("#2980b9", "2 2", 2.0),
         Kind::SegwalSpin => ("#2980b9", "4 2", 2.0),
+        Kind::SegwalHandoff => ("#2980b9", "1 2", 2.0),
         Kind::Segwal => ("#1f5fbf", "", 3.0),
         Kind::SegwalNewFiles => ("#1f5fbf", "8 2", 2.0),
         Kind::SegwalNoCheckpoints => ("#1f5fbf", "1 3", 2.0),

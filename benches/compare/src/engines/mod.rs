@@ -104,6 +104,9 @@ pub enum Kind {
     /// segwal with `Options::spin_wait(true)`: a producer appending alone
     /// watches for its answer on the CPU. Run only when named.
     SegwalSpin,
+    /// segwal with `Options::caller_writes(false)`: every append handed to
+    /// the writer thread, a lone producer's included. Run only when named.
+    SegwalHandoff,
     /// segwal with default options (`Durability::Sync`).
     Segwal,
     /// segwal with segment recycling off (`Options::recycle_segments(false)`):
@@ -129,7 +132,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every engine, in running order.
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Raw,
         Kind::RawGrowing,
         Kind::RawOverwrite,
@@ -137,6 +140,7 @@ impl Kind {
         Kind::Segwal,
         Kind::SegwalLinger,
         Kind::SegwalSpin,
+        Kind::SegwalHandoff,
         Kind::SegwalNewFiles,
         Kind::SegwalNoCheckpoints,
         Kind::SegwalDedup,
@@ -168,6 +172,7 @@ impl Kind {
             Kind::RawPipelined => "raw (pipelined sync)",
             Kind::SegwalLinger => "segwal linger",
             Kind::SegwalSpin => "segwal spin",
+            Kind::SegwalHandoff => "segwal handoff",
             Kind::Segwal => "segwal",
             Kind::SegwalNewFiles => "segwal new files",
             Kind::SegwalNoCheckpoints => "segwal no checkpoints",
@@ -190,6 +195,7 @@ impl Kind {
             self,
             Kind::Segwal
                 | Kind::SegwalSpin
+                | Kind::SegwalHandoff
                 | Kind::SegwalNewFiles
                 | Kind::SegwalNoCheckpoints
                 | Kind::SqliteFull
@@ -205,6 +211,7 @@ impl Kind {
             Kind::RawOverwrite => Box::new(raw::Raw::open(dir, raw::Layout::Overwrite)?),
             Kind::SegwalLinger => Box::new(segwal::Segwal::open_linger(dir)?),
             Kind::SegwalSpin => Box::new(segwal::Segwal::open_spin(dir)?),
+            Kind::SegwalHandoff => Box::new(segwal::Segwal::open_handoff(dir)?),
             Kind::RawPipelined => Box::new(raw::Raw::open(dir, raw::Layout::Pipelined)?),
             Kind::Segwal => Box::new(segwal::Segwal::open(dir)?),
             Kind::SegwalNewFiles => Box::new(segwal::Segwal::open_new_files(dir)?),

@@ -46,6 +46,15 @@ impl Segwal {
         })
     }
 
+    /// With `Options::caller_writes(false)`: every append goes through the
+    /// writer thread, a lone producer's included.
+    pub fn open_handoff(dir: &Path) -> Result<Segwal> {
+        Ok(Segwal {
+            outbox: Outbox::open(dir, Options::default().caller_writes(false))?,
+            dedup: None,
+        })
+    }
+
     pub fn open_new_files(dir: &Path) -> Result<Segwal> {
         Ok(Segwal {
             outbox: Outbox::open(dir, Options::default().recycle_segments(false))?,
