@@ -297,7 +297,10 @@ impl Options {
     /// machine's CPU, took the time back as stalls of several milliseconds
     /// (p99.9 8 to 15 ms against 1 to 3 ms), so that its rate was no
     /// better. Turn it on where a core is free and not capped (bare metal,
-    /// a dedicated host).
+    /// a dedicated host). Under [`caller_writes`](Options::caller_writes)
+    /// (on by default) a producer appending alone mostly writes its own
+    /// batch and has no answer to wait for; the spin is then for its
+    /// appends that find the writer busy.
     pub fn spin_wait(mut self, on: bool) -> Options {
         self.spin_wait = on;
         self

@@ -343,6 +343,7 @@ impl Outbox {
             arrivals: Default::default(),
             timers: OnceLock::new(),
             writer_waiting_since_us: Default::default(),
+            writer_wants_lock: Default::default(),
             waiters: Default::default(),
         });
         Counters::add(&shared.counters.fsyncs, u64::from(sealed));
@@ -678,6 +679,7 @@ impl Outbox {
             && options.linger.is_zero()
             && to.tx.is_empty()
             && shared.counters.last_batch_appends.load(Ordering::Relaxed) <= 1
+            && !shared.writer_wants_lock.load(Ordering::Relaxed)
             && shared.poison.get().is_none();
         if alone && let Some(mut writer) = to.core.try_lock() {
             // The close that follows a write lock on `tx` cannot begin while

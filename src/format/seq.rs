@@ -11,7 +11,7 @@ pub(crate) const SEQ_MAX: u64 = 1 << 62;
 
 /// The sequence number of a record: its identity in the whole API.
 ///
-/// Assigned by the writer thread, strictly increasing, stored in the record's frame,
+/// Assigned by the writer (one batch at a time), strictly increasing, stored in the record's frame,
 /// stable across restarts and never reused. Sequence numbers start at 1. They are
 /// increasing but not always contiguous from one append to the next: the writer
 /// also numbers the few internal frames it writes (see `docs/FORMAT.md`), and a

@@ -99,7 +99,7 @@ impl Record {
         crate::format::ext::decode(ext).unwrap_or_default()
     }
 
-    /// When the writer thread wrote the record (its wall clock, microsecond
+    /// When the writer wrote the record (the wall clock, microsecond
     /// resolution).
     pub fn appended_at(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_micros(self.timestamp_us)

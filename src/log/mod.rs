@@ -1,5 +1,5 @@
-//! The log: the writer thread that appends to it and the recovery that rebuilds
-//! it at open.
+//! The log: the writer that appends to it (on its thread, or on the thread of
+//! a producer appending alone) and the recovery that rebuilds it at open.
 //!
 //! Owns every decision about what is written where and when: batching, group
 //! commit, rotation and sealing, deletion behind a log start (`writer`); what is

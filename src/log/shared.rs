@@ -45,12 +45,17 @@ pub(crate) struct Shared {
     /// The deadlines of `claim_wait_async` (a timeout, a lease running out),
     /// started by the first that needs one.
     pub timers: OnceLock<Arc<crate::log::timer::Timers>>,
-    /// When the writer began to wait for a request, on [`Clock::now_us`]
-    /// (at least 1); 0 while it works (1 while it writes zeros ahead when
-    /// idle: busy for as long as an fsync, not to be spun beside). What
-    /// [`spin_budget`] reads to tell a writer that is about to take the next
-    /// request from one asleep.
+    /// When the writer thread began to wait for a request, on
+    /// [`Clock::now_us`] (at least 1); 0 while it works (1 while it writes
+    /// zeros ahead when idle: busy for as long as an fsync, not to be spun
+    /// beside). A batch a producer writes on its own thread leaves it as it
+    /// is. What [`spin_budget`] reads to tell a writer thread that is about
+    /// to take the next request from one asleep.
     pub writer_waiting_since_us: AtomicU64,
+    /// Set by the writer thread from the moment it wakes until it sleeps
+    /// again: a producer appending alone then queues its append instead of
+    /// taking the writer's lock ahead of the thread and the request it took.
+    pub writer_wants_lock: AtomicBool,
     /// What producers blocked on an answer sleep on: one word, so that a
     /// batch's producers are woken by one system call.
     pub waiters: Arc<Waiters>,
@@ -940,8 +945,10 @@ impl Completion {
 }
 
 /// The writer's end of a [`Completion`]. Completing it wakes the producer; dropping
-/// it uncompleted (the writer stopped, or panicked) wakes the producer with
-/// [`Error::Closed`], so no waiter sleeps forever on any exit path.
+/// it uncompleted wakes the producer with [`Error::Closed`] (the writer
+/// stopped), or with [`Error::Poisoned`] if a panic of the writer drops it
+/// (the request may have been written: it is in doubt), so no waiter sleeps
+/// forever on any exit path.
 pub(crate) struct Completer(Option<Arc<Completion>>);
 
 impl Completer {
@@ -1034,7 +1041,20 @@ impl Notifier {
 impl Drop for Completer {
     fn drop(&mut self) {
         if let Some(c) = self.0.take() {
-            c.finish(Err(Error::Closed));
+            // Dropped by a panic of the writer (a bug) that interrupted its
+            // batch: the request may have been written, so its producer is
+            // told it is in doubt, as the poison tells every later append,
+            // never `Closed` (which says it never reached the writer).
+            let outcome = if std::thread::panicking() {
+                Err(Error::Poisoned {
+                    path: std::path::PathBuf::new(),
+                    op: "write (the writer panicked with this request in its batch)",
+                    source: Arc::new(std::io::Error::other("the writer panicked")),
+                })
+            } else {
+                Err(Error::Closed)
+            };
+            c.finish(outcome);
             c.wake();
         }
     }

@@ -1,18 +1,23 @@
-//! The writer thread: the only code that writes segments, calls `sync_data` and
-//! deletes segment files.
+//! The writer: the only code that writes segments, calls `sync_data` and
+//! deletes segment files, one batch at a time under its lock.
 //!
-//! It takes whatever producers queued while its previous write and fsync ran (no
-//! fixed wait, unless a linger is configured), encodes the frames into one reused
-//! buffer, issues one write and one `sync_data`, publishes the now durable records
-//! to the state table, and completes every producer of the batch (waking them is
-//! left to a second thread, the notifier, when there are many: see
-//! [`NOTIFY_ABOVE`]). After the first failed write or sync it poisons the outbox and
-//! answers every request with the error until the outbox is closed; it never
-//! retries.
+//! The writer thread takes whatever producers queued while its previous write
+//! and fsync ran (no fixed wait, unless a linger is configured), encodes the
+//! frames into one reused buffer, issues one write and one `sync_data`,
+//! publishes the now durable records to the state table, and completes every
+//! producer of the batch (waking them is left to a second thread, the notifier,
+//! when there are many: see [`NOTIFY_ABOVE`]). A producer appending alone that
+//! finds the writer idle runs that same batch on its own thread
+//! ([`Writer::write_inline`], `Options::caller_writes`), holding the writer's
+//! lock, which the writer thread holds only while it works, never while it
+//! waits for a request; the writer thread keeps every timed duty. After the
+//! first failed write or sync the writer poisons the outbox and answers every
+//! request with the error until the outbox is closed; it never retries.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -373,6 +378,8 @@ pub(crate) struct Writer {
     /// without a deadline, `None` while it is awake (and will look at the
     /// deadlines again before it sleeps).
     thread_sleeps_until: Option<Option<Instant>>,
+    /// Whether the batch being written runs on a producer's thread.
+    inline: bool,
 }
 
 impl Writer {
@@ -423,6 +430,7 @@ impl Writer {
             last_active: Instant::now(),
             idle_scale: 1,
             thread_sleeps_until: None,
+            inline: false,
         })
     }
 
@@ -451,28 +459,25 @@ impl Writer {
     /// if the writer thread, asleep until a later deadline, must be woken for
     /// a duty the batch brought forward (a buffered sync, a rotation by age).
     pub(crate) fn write_inline(&mut self, first: Request) -> bool {
+        self.inline = true;
         let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.gather(first);
             self.process_batch();
             self.on_timer();
         }));
+        self.inline = false;
         if done.is_err() {
             self.panicked();
         }
-        Counters::add(&self.shared.counters.caller_batches, 1);
+        // Every batch that brings a duty forward says so, until the thread
+        // has woken (`awake`): the `Reclaim` of one may be gathered by the
+        // next producer's batch instead of reaching the thread.
         match self.thread_sleeps_until {
-            Some(until) => {
-                let now_due = self.wait_until().0;
-                let earlier = match (now_due, until) {
-                    (Some(due), Some(until)) => due < until,
-                    (Some(_), None) => true,
-                    (None, _) => false,
-                };
-                if earlier {
-                    self.thread_sleeps_until = None;
-                }
-                earlier
-            }
+            Some(until) => match (self.wait_until().0, until) {
+                (Some(due), Some(until)) => due < until,
+                (Some(_), None) => true,
+                (None, _) => false,
+            },
             None => false,
         }
     }
@@ -534,6 +539,9 @@ impl Writer {
         self.shared
             .writer_waiting_since_us
             .store(since, std::sync::atomic::Ordering::Relaxed);
+        self.shared
+            .writer_wants_lock
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         (until, idle_until)
     }
 
@@ -904,6 +912,9 @@ impl Writer {
         self.unpublished.1 += records_bytes - records * frame::FRAME_HEADER_LEN as u64;
         if records > 0 {
             Counters::add(&self.shared.counters.batches, 1);
+            if self.inline {
+                Counters::add(&self.shared.counters.caller_batches, 1);
+            }
         }
         Counters::add(&self.shared.counters.records_appended, records);
         Counters::add(&self.shared.counters.bytes_appended, records_bytes);
@@ -1871,12 +1882,16 @@ pub(crate) fn run(core: Arc<Mutex<Writer>>, rx: Receiver<Request>) -> Result<()>
 /// The writer thread's loop. The writer's lock is held while a batch or a
 /// timed duty runs, never while the thread waits for a request.
 fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
+    let shared = core.lock().shared.clone();
     loop {
         let (until, idle_until) = core.lock().sleep();
         let got = match until {
             Some(until) => rx.recv_deadline(until),
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
+        // The lock is fair to no one: a producer's `try_lock` could take it
+        // ahead of this thread again and again (`Outbox::hand` reads this).
+        shared.writer_wants_lock.store(true, Ordering::Relaxed);
         let mut writer = core.lock();
         writer.awake();
         match got {

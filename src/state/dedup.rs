@@ -1,6 +1,7 @@
 //! The deduplication ids remembered (docs/GUARANTEES.md, section 10): owned by the
-//! writer thread, which alone decides whether an append is new, so that two
-//! producers racing with one id get one record and one duplicate answer.
+//! writer, which alone decides whether an append is new, one batch at a time
+//! under its lock, so that two producers racing with one id get one record and
+//! one duplicate answer.
 //!
 //! Ids are known by digest (`format::hash`, keyed by the outbox's identity),
 //! with the digest of the payload first appended with them. Entries are kept

@@ -413,6 +413,27 @@ fn a_lone_producer_writes_its_own_batches_only_when_the_options_allow() {
     }
 }
 
+/// A lone producer's own batch that writes nothing (its deduplication id is
+/// known) is no batch: `Stats::caller_batches` counts, among `batches`, only
+/// those that wrote records.
+#[test]
+fn a_lone_producer_s_duplicate_is_not_counted_as_a_batch() {
+    use segwal::Message;
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let m = Message::new(b"order 7781 created").dedup_id(b"order-7781");
+    let first = outbox.append_message(&m).expect("append");
+    for _ in 0..10 {
+        let again = outbox.append_message(&m).expect("append again");
+        assert!(again.duplicate);
+        assert_eq!(again.seq, first.seq);
+    }
+    let stats = outbox.stats();
+    assert_eq!((stats.records_appended, stats.batches), (1, 1));
+    assert!(stats.caller_batches <= 1, "{stats:?}");
+    outbox.close().expect("close");
+}
+
 /// Producers that meet hand their appends to the writer thread while others
 /// write their own: every append gets its own sequence number and survives.
 #[test]
