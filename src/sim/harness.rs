@@ -110,6 +110,11 @@ pub struct Workload {
     /// `Options::max_backlog_records`: set where the workload checks that a
     /// refused append writes nothing.
     pub max_backlog_records: Option<u64>,
+    /// `Options::caller_writes`: on for even seeds, off for odd ones, so
+    /// that a lone step's append is written both ways, on the stepping
+    /// thread and by the writer thread (drawn from the seed, not its random
+    /// stream, so that a seed's steps are what they were before the option).
+    pub caller_writes: bool,
 }
 
 impl Workload {
@@ -148,6 +153,7 @@ impl Workload {
             segment_age: std::time::Duration::from_secs(3600),
             max_attempts: None,
             max_backlog_records: Some(40),
+            caller_writes: seed.is_multiple_of(2),
         }
     }
 
@@ -180,6 +186,7 @@ impl Workload {
             segment_age: std::time::Duration::from_secs(3600),
             max_attempts: None,
             max_backlog_records: None,
+            caller_writes: true,
         }
     }
 
@@ -223,6 +230,7 @@ impl Workload {
             segment_age: std::time::Duration::from_secs(3600),
             max_attempts: Some(1000),
             max_backlog_records: None,
+            caller_writes: seed.is_multiple_of(2),
         }
     }
 
@@ -261,6 +269,7 @@ impl Workload {
             segment_age: std::time::Duration::from_secs(3600),
             max_attempts: None,
             max_backlog_records: None,
+            caller_writes: seed.is_multiple_of(2),
         }
     }
 
@@ -322,7 +331,8 @@ impl Workload {
             .segment_bytes(self.segment_bytes)
             .segment_age(self.segment_age)
             .open_check(self.open_check)
-            .checkpoint_bytes(checkpoint_bytes);
+            .checkpoint_bytes(checkpoint_bytes)
+            .caller_writes(self.caller_writes);
         let options = match self.max_attempts {
             Some(max) => options.max_attempts(max),
             None => options,
