@@ -313,7 +313,8 @@ impl Options {
     /// On: a blocking append ([`Outbox::append`](crate::Outbox::append) and
     /// the other appends that wait for their answer; never an async one) made
     /// under [`Durability::Sync`] without a [`linger`](Options::linger),
-    /// which finds the queue empty, the last batch one append or none, and
+    /// which finds no other append queued or in the writer's hands, the
+    /// last batch one append or none, and
     /// the writer idle, takes the writer's lock and writes the batch itself:
     /// the same code, the same single write and `fdatasync`, one batch at a
     /// time as ever. It saves the two wake-ups of the hand-over (the writer's

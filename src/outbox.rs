@@ -678,6 +678,7 @@ impl Outbox {
             && options.durability == Durability::Sync
             && options.linger.is_zero()
             && to.tx.is_empty()
+            && shared.budget.requests() <= 1
             && shared.counters.last_batch_appends.load(Ordering::Relaxed) <= 1
             && !shared.writer_wants_lock.load(Ordering::Relaxed)
             && shared.poison.get().is_none();
