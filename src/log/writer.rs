@@ -905,6 +905,9 @@ impl Writer {
             self.next_seq = seq.next();
         }
         self.write_buf()?;
+        if records > 0 && crate::injected!(self.shared.options, WriterPanics) {
+            panic!("injected: the writer panics after a batch's write");
+        }
         self.active.records += records;
         self.active.state_frames += internal.len() as u64;
         self.unpublished.0 += records;

@@ -70,6 +70,13 @@ pub enum Bug {
     /// after a crash takes the internal frames before the last checkpoint
     /// (acks, fields, log starts) for records.
     CheckpointHidesInternal,
+    /// The writer panics in the middle of a batch, after its write and
+    /// before its sync (a bug of any kind in the batch code). Not one for
+    /// the crash harness: `faults::a_writer_panic_tells_its_batch_in_doubt`
+    /// checks that every producer of the batch is told its append is in
+    /// doubt (`Error::Poisoned`, never `Error::Closed`), on the writer
+    /// thread and on a producer's own, and that a reopen recovers.
+    WriterPanics,
 }
 
 impl Options {

@@ -725,3 +725,40 @@ fn under_buffered_a_failed_fsync_takes_back_the_appends_since_the_last_one() {
         "the numbers of taken-back appends are given again: {next}"
     );
 }
+
+/// A panic of the writer in the middle of a batch (a bug, injected after the
+/// batch's write and before its sync) tells the batch's producer that its
+/// append is in doubt (`Poisoned`: it may have been written), never `Closed`
+/// (which says it never reached the writer); the outbox is poisoned, later
+/// appends fail with the poison, and a reopen recovers. The same on the
+/// writer thread and on the thread of a producer appending alone
+/// (`Options::caller_writes`).
+#[test]
+fn a_writer_panic_tells_its_batch_in_doubt() {
+    use segwal::sim::Bug;
+    for caller_writes in [true, false] {
+        let (_t, dir) = tmp();
+        let options = Options::default()
+            .caller_writes(caller_writes)
+            .inject_bug(Bug::WriterPanics);
+        let outbox = Outbox::open(&dir, options).expect("open");
+        let e = outbox.append(b"in doubt").expect_err("the writer panicked");
+        assert!(
+            matches!(e, Error::Poisoned { .. }),
+            "{caller_writes}: {e:?}"
+        );
+        assert!(outbox.stats().poisoned);
+        let later = outbox.append(b"after").expect_err("poisoned");
+        assert!(matches!(later, Error::Poisoned { .. }), "{later:?}");
+        assert!(matches!(outbox.close(), Err(Error::Poisoned { .. })));
+        let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+        let back = drain(&outbox);
+        // In doubt: delivered or not, but nothing else.
+        assert!(back.len() <= 1, "{back:?}");
+        if let Some(r) = back.first() {
+            assert_eq!(r.payload(), b"in doubt");
+        }
+        outbox.append(b"again").expect("append after the reopen");
+        outbox.close().expect("close");
+    }
+}
