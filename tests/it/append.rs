@@ -13,20 +13,7 @@ fn many_producers_appends_survive_reopen_intact_and_in_order() {
     let outbox = Outbox::open(&dir, small_segments()).expect("open");
     let producers = 8;
     let per = 300;
-    let handles: Vec<_> = (0..producers)
-        .map(|p| {
-            let outbox = outbox.clone();
-            thread::spawn(move || {
-                (0..per)
-                    .map(|i| (outbox.append(&payload(p, i)).expect("append"), p, i))
-                    .collect::<Vec<_>>()
-            })
-        })
-        .collect();
-    let mut acked: Vec<(Seq, usize, usize)> = handles
-        .into_iter()
-        .flat_map(|h| h.join().expect("producer"))
-        .collect();
+    let mut acked = append_from_threads(&outbox, producers, per, |_, _| false);
     outbox.close().expect("close");
 
     // Every producer's own appends got increasing sequence numbers.
@@ -440,26 +427,8 @@ fn a_lone_producer_s_duplicate_is_not_counted_as_a_batch() {
 fn producers_writing_their_own_batches_and_queueing_lose_nothing() {
     let (_t, dir) = tmp();
     let outbox = Outbox::open(&dir, small_segments()).expect("open");
-    let handles: Vec<_> = (0..3)
-        .map(|p| {
-            let outbox = outbox.clone();
-            thread::spawn(move || {
-                (0..200)
-                    .map(|i| {
-                        // Now and then alone, now and then together.
-                        if i % 7 == p {
-                            thread::sleep(std::time::Duration::from_millis(1));
-                        }
-                        (outbox.append(&payload(p, i)).expect("append"), p, i)
-                    })
-                    .collect::<Vec<_>>()
-            })
-        })
-        .collect();
-    let mut acked: Vec<(Seq, usize, usize)> = handles
-        .into_iter()
-        .flat_map(|h| h.join().expect("producer"))
-        .collect();
+    // Now and then alone, now and then together.
+    let mut acked = append_from_threads(&outbox, 3, 200, |p, i| i % 7 == p);
     let stats = outbox.stats();
     outbox.close().expect("close");
     assert!(stats.caller_batches > 0, "no batch written by a producer");
@@ -476,4 +445,34 @@ fn producers_writing_their_own_batches_and_queueing_lose_nothing() {
         assert_eq!(record.payload(), &payload(*p, *i)[..]);
     }
     outbox.close().expect("close");
+}
+
+/// Appends `per` records (`payload(p, i)`) from each of `producers` threads,
+/// producer `p` pausing 1 ms before its append `i` where `pause(p, i)`;
+/// returns each append's sequence number, producer and index.
+fn append_from_threads(
+    outbox: &Outbox,
+    producers: usize,
+    per: usize,
+    pause: fn(usize, usize) -> bool,
+) -> Vec<(Seq, usize, usize)> {
+    let handles: Vec<_> = (0..producers)
+        .map(|p| {
+            let outbox = outbox.clone();
+            thread::spawn(move || {
+                (0..per)
+                    .map(|i| {
+                        if pause(p, i) {
+                            thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                        (outbox.append(&payload(p, i)).expect("append"), p, i)
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("producer"))
+        .collect()
 }
