@@ -320,7 +320,9 @@ impl Options {
     /// time as ever. It saves the two wake-ups of the hand-over (the writer's
     /// and its own). As soon as appends meet (one finds the writer busy, or
     /// finds others queued), they queue for the writer thread, which batches
-    /// them as before; the writer thread also keeps every timed duty.
+    /// them as before; the writer thread also keeps every timed duty, and
+    /// deletes acknowledged segments and carries stragglers forward after a
+    /// producer's batch, which returns once it is answered.
     ///
     /// Off: every append goes through the writer thread.
     pub fn caller_writes(mut self, on: bool) -> Options {

@@ -682,7 +682,10 @@ impl Outbox {
             && shared.counters.last_batch_appends.load(Ordering::Relaxed) <= 1
             && !shared.writer_wants_lock.load(Ordering::Relaxed)
             && shared.poison.get().is_none();
-        if alone && let Some(mut writer) = to.core.try_lock() {
+        if alone
+            && let Some(mut writer) = to.core.try_lock()
+            && shared.poison.get().is_none()
+        {
             // The close that follows a write lock on `tx` cannot begin while
             // this thread holds the read lock, so the writer is not finished.
             if writer.write_inline(request) {

@@ -10,7 +10,8 @@
 //! finds the writer idle runs that same batch on its own thread
 //! ([`Writer::write_inline`], `Options::caller_writes`), holding the writer's
 //! lock, which the writer thread holds only while it works, never while it
-//! waits for a request; the writer thread keeps every timed duty. After the
+//! waits for a request; the writer thread keeps every timed duty, and the
+//! deletion and relocation that follow a batch. After the
 //! first failed write or sync the writer poisons the outbox and answers every
 //! request with the error until the outbox is closed; it never retries.
 
@@ -462,24 +463,49 @@ impl Writer {
         self.inline = true;
         let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.gather(first);
-            self.process_batch();
-            self.on_timer();
+            // Deletions, relocation and the timed duties are the writer
+            // thread's: the producer returns once its batch is answered.
+            self.process(false);
         }));
         self.inline = false;
         if done.is_err() {
             self.panicked();
+            return false;
         }
-        // Every batch that brings a duty forward says so, until the thread
-        // has woken (`awake`): the `Reclaim` of one may be gathered by the
-        // next producer's batch instead of reaching the thread.
-        match self.thread_sleeps_until {
+        // Every batch that brings a duty forward, or leaves segments to
+        // delete or records to carry forward, says so until the thread has
+        // woken (`awake`): the `Reclaim` of one may be gathered by the next
+        // producer's batch instead of reaching the thread.
+        let brought_forward = match self.thread_sleeps_until {
             Some(until) => match (self.wait_until().0, until) {
                 (Some(due), Some(until)) => due < until,
                 (Some(_), None) => true,
                 (None, _) => false,
             },
             None => false,
+        };
+        // A thread awake but not yet asleep looks at its deadlines again
+        // before it sleeps, not at the work of reclaiming: that is asked
+        // for whatever the thread is doing.
+        brought_forward || self.reclaim_due()
+    }
+
+    /// Whether [`Writer::reclaim`] has work: a fully acknowledged front to
+    /// delete, or records to carry forward out of the oldest segment.
+    fn reclaim_due(&self) -> bool {
+        if self.shared.poison.get().is_some() {
+            return false;
         }
+        let table = self.shared.table.lock();
+        table.reclaimable().is_some()
+            || table
+                .stragglers(
+                    self.shared.options.segment_bytes,
+                    RELOCATE_BYTES,
+                    self.shared.clock.now_us(),
+                    now_us(),
+                )
+                .is_some()
     }
 
     /// The last duties of a closed outbox: everything queued was processed,
@@ -639,6 +665,13 @@ impl Writer {
     /// answers its producers, deletes what acknowledgements freed, then answers
     /// its sync barriers.
     fn process_batch(&mut self) {
+        self.process(true);
+    }
+
+    /// [`Writer::process_batch`], deleting and relocating after it only if
+    /// `reclaim` or the batch holds a sync barrier (which completes after
+    /// the deletions its batch allows).
+    fn process(&mut self, reclaim: bool) {
         let mut batch = std::mem::take(&mut self.batch);
         let durability = self.shared.options.durability;
         let written = self.write_batch(&batch);
@@ -688,7 +721,9 @@ impl Writer {
         if answer_first && written.is_ok() {
             let _ = self.sync();
         }
-        self.reclaim();
+        if reclaim || !barriers.is_empty() {
+            self.reclaim();
+        }
         // A sync request is a barrier: it completes after everything queued before
         // it, deletions included.
         let barriers = barriers
@@ -1895,7 +1930,7 @@ fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
         // The lock is fair to no one: a producer's `try_lock` could take it
         // ahead of this thread again and again (`Outbox::hand` reads this).
         shared.writer_wants_lock.store(true, Ordering::Relaxed);
-        let mut writer = core.lock();
+        let mut writer = PoisonOnPanic(core.lock());
         writer.awake();
         match got {
             Ok(first) => {
@@ -1911,6 +1946,33 @@ fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
             }
             Err(RecvTimeoutError::Disconnected) => return writer.finish(),
         }
+    }
+}
+
+/// The writer thread's hold on the writer's lock: a panic while it is held
+/// poisons the outbox before the lock goes, so that no producer takes the
+/// lock and writes a batch on the state the panic left half changed (a
+/// producer checks the poison before it writes its own batch).
+struct PoisonOnPanic<'a>(parking_lot::MutexGuard<'a, Writer>);
+
+impl Drop for PoisonOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.panicked();
+        }
+    }
+}
+
+impl std::ops::Deref for PoisonOnPanic<'_> {
+    type Target = Writer;
+    fn deref(&self) -> &Writer {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for PoisonOnPanic<'_> {
+    fn deref_mut(&mut self) -> &mut Writer {
+        &mut self.0
     }
 }
 

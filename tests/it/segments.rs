@@ -209,6 +209,35 @@ fn a_segment_a_lone_producer_wrote_itself_rotates_by_age() {
     panic!("no append of 20 was written on its producer's thread");
 }
 
+/// A segment acknowledged while it was still the active one goes once a
+/// lone producer's own batch rotates past it: that batch leaves the deletion
+/// to the writer thread (its producer returns once answered) and wakes the
+/// thread for it, with no acknowledgement or sync to nudge it.
+#[test]
+fn a_segment_a_lone_producer_rotated_past_is_deleted_by_the_writer_thread() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, crate::small_segments()).expect("open");
+    // Fourteen records and an acks frame fill the first segment
+    // (`small_segments`: a header block and fifteen blocks).
+    for i in 0..14u8 {
+        outbox.append(&[i; 100]).expect("append");
+    }
+    let first_file = segment_files(&dir)[0].clone();
+    assert_eq!(segment_files(&dir).len(), 1);
+    let claimed = outbox.claim(100).expect("claim");
+    assert_eq!(claimed.len(), 14);
+    outbox.ack_through(claimed[13].seq()).expect("ack");
+    outbox.sync().expect("sync");
+    assert!(first_file.exists(), "the active segment is never deleted");
+    // Written by this thread (the writer idle, nothing else queued): the
+    // batch rotates, seals the acknowledged segment and returns.
+    outbox.append(b"the next segment's first").expect("append");
+    eventually("the acknowledged segment is deleted", || {
+        !first_file.exists()
+    });
+    outbox.close().expect("close");
+}
+
 #[test]
 fn stats_show_backlog_and_group_commit() {
     let (_t, dir) = tmp();
