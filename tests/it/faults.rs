@@ -747,7 +747,13 @@ fn a_writer_panic_tells_its_batch_in_doubt() {
             matches!(e, Error::Poisoned { .. }),
             "{caller_writes}: {e:?}"
         );
-        assert!(outbox.stats().poisoned);
+        // The batch's answers are left as the panic unwinds; the writer
+        // thread poisons the outbox a moment later, before its lock goes.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !outbox.stats().poisoned {
+            assert!(std::time::Instant::now() < deadline, "never poisoned");
+            thread::sleep(Duration::from_millis(1));
+        }
         let later = outbox.append(b"after").expect_err("poisoned");
         assert!(matches!(later, Error::Poisoned { .. }), "{later:?}");
         assert!(matches!(outbox.close(), Err(Error::Poisoned { .. })));
