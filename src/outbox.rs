@@ -1,7 +1,7 @@
 //! [`Outbox`]: the public handle, and how it opens and closes a directory.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -344,6 +344,7 @@ impl Outbox {
             timers: OnceLock::new(),
             writer_waiting_since_us: Default::default(),
             writer_wants_lock: Default::default(),
+            writer_sleeps_until_us: AtomicU64::new(crate::log::shared::WRITER_AWAKE),
             waiters: Default::default(),
         });
         Counters::add(&shared.counters.fsyncs, u64::from(sealed));
@@ -988,12 +989,12 @@ impl Outbox {
     pub fn ack_many(&self, seqs: &[Seq]) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (reclaim, first) = {
+        let (reclaim, wake) = {
             let mut table = shared.table.lock();
-            let first = !table.has_unwritten();
-            (table.ack(seqs)?, first)
+            let reclaim = table.ack(seqs)?;
+            (reclaim, shared.state_noted(&mut table))
         };
-        self.acknowledged(reclaim, first)
+        self.acknowledged(reclaim, wake)
     }
 
     /// Acknowledges every claimed record numbered at or below `seq`, and
@@ -1017,22 +1018,22 @@ impl Outbox {
     pub fn ack_through(&self, seq: Seq) -> Result<u64> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (count, reclaim, first) = {
+        let (count, reclaim, wake) = {
             let mut table = shared.table.lock();
-            let first = !table.has_unwritten();
             let (count, reclaim) = table.ack_through(seq);
-            (count, reclaim, first)
+            (count, reclaim, shared.state_noted(&mut table))
         };
         if count > 0 {
-            self.acknowledged(reclaim, first)?;
+            self.acknowledged(reclaim, wake)?;
         }
         Ok(count)
     }
 
     /// After acknowledgements: waits for their fsync under
-    /// `ack_durability(Sync)`; otherwise wakes the writer to write them (when
-    /// they are the first since its last batch) or to delete what they freed.
-    fn acknowledged(&self, reclaim: bool, first_unwritten: bool) -> Result<()> {
+    /// `ack_durability(Sync)`; otherwise wakes the writer thread to delete
+    /// what they freed, or when it would not come to them within the sync
+    /// interval (`wake`, from [`Shared::state_noted`](crate::log::shared::Shared::state_noted)).
+    fn acknowledged(&self, reclaim: bool, wake: bool) -> Result<()> {
         let shared = &self.handle.shared;
         if shared.poison.get().is_some() {
             // No writer will write them: a poisoned outbox keeps serving claims
@@ -1043,7 +1044,7 @@ impl Outbox {
         if shared.options.ack_durability == crate::Durability::Sync {
             return self.sync();
         }
-        if reclaim || first_unwritten {
+        if reclaim || wake {
             self.nudge_writer();
         }
         Ok(())
@@ -1108,15 +1109,14 @@ impl Outbox {
         let due = Clock::lease_deadline(now, delay);
         let not_before = crate::io::segment_file::now_us()
             .saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX));
-        let first = {
+        let wake = {
             let mut table = shared.table.lock();
-            let first = !table.has_unwritten();
             table.release_after(seq, due, now, not_before, reason)?;
-            first
+            shared.state_noted(&mut table)
         };
         // Claimable at once: wake a waiting relay.
         shared.notify_arrived(true);
-        self.acknowledged(false, first)
+        self.acknowledged(false, wake)
     }
 
     /// Parks the claimed record `seq` as a dead letter: the far side refused
@@ -1149,14 +1149,13 @@ impl Outbox {
     pub fn dead_letter(&self, seq: Seq, reason: &str) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let first = {
+        let wake = {
             let mut table = shared.table.lock();
-            let first = !table.has_unwritten();
             table.dead_letter(seq, reason, crate::io::segment_file::now_us())?;
-            first
+            shared.state_noted(&mut table)
         };
         crate::event!(warn, seq = seq.get(), reason, "dead letter");
-        self.acknowledged(false, first)
+        self.acknowledged(false, wake)
     }
 
     /// The dead letters, oldest first, at most `max`, with their payloads
@@ -1221,14 +1220,13 @@ impl Outbox {
     pub fn requeue(&self, seq: Seq) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let first = {
+        let wake = {
             let mut table = shared.table.lock();
-            let first = !table.has_unwritten();
             table.requeue(seq)?;
-            first
+            shared.state_noted(&mut table)
         };
         shared.notify_arrived(true);
-        self.acknowledged(false, first)
+        self.acknowledged(false, wake)
     }
 
     /// Acknowledges the dead letter `seq`: done for good, as if delivered.
@@ -1250,12 +1248,12 @@ impl Outbox {
     pub fn discard(&self, seq: Seq) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (reclaim, first) = {
+        let (reclaim, wake) = {
             let mut table = shared.table.lock();
-            let first = !table.has_unwritten();
-            (table.discard(seq)?, first)
+            let reclaim = table.discard(seq)?;
+            (reclaim, shared.state_noted(&mut table))
         };
-        self.acknowledged(reclaim, first)
+        self.acknowledged(reclaim, wake)
     }
 
     /// Asks the writer to delete fully acknowledged segments. A full queue means

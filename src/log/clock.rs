@@ -75,6 +75,14 @@ impl Clock {
         self.start.checked_add(Duration::from_micros(us))
     }
 
+    /// `t` in microseconds after the open (the inverse of
+    /// [`Clock::instant_at`]); 1 for an instant before the open.
+    pub(crate) fn us_at(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.start).as_micros())
+            .unwrap_or(u64::MAX - 1)
+            .max(1)
+    }
+
     /// The deadline of a lease of `lease` granted at `now` (µs), or
     /// [`NEVER`](crate::state::leases::NEVER) for a lease too long to reach.
     pub(crate) fn lease_deadline(now: u64, lease: Duration) -> u64 {

@@ -56,6 +56,13 @@ pub(crate) struct Shared {
     /// again: a producer appending alone then queues its append instead of
     /// taking the writer's lock ahead of the thread and the request it took.
     pub writer_wants_lock: AtomicBool,
+    /// Until when the writer thread sleeps, on the outbox's clock
+    /// ([`WRITER_AWAKE`] while it works, [`WRITER_NO_DEADLINE`] if it sleeps
+    /// until a request). Set under the table's lock together with the
+    /// deadline it computed from the table, so that a change of delivery
+    /// state can tell whether the thread will come to it in time
+    /// ([`Shared::state_noted`]).
+    pub writer_sleeps_until_us: AtomicU64,
     /// What producers blocked on an answer sleep on: one word, so that a
     /// batch's producers are woken by one system call.
     pub waiters: Arc<Waiters>,
@@ -166,6 +173,26 @@ impl Shared {
         }
     }
 
+    /// After a change of delivery state made under the table's lock (`table`
+    /// is that lock's guard): notes it, and returns true if the writer
+    /// thread must be woken for it. Not if an older change already waits
+    /// (its maker saw to it), nor if the thread is awake (it looks at the
+    /// table before it sleeps again) or sleeps until no later than the
+    /// change's sync deadline (it looks then). A lone producer's batches
+    /// take the changes along meanwhile, so a relay acknowledging as fast
+    /// as records arrive wakes the thread about once a sync interval, not
+    /// once an acknowledgement.
+    pub(crate) fn state_noted(&self, table: &mut crate::state::table::Table) -> bool {
+        let now = self.clock.now_us();
+        if !table.note_unwritten(now) {
+            return false;
+        }
+        let interval =
+            u64::try_from(self.options.buffered_sync_interval.as_micros()).unwrap_or(u64::MAX);
+        let until = self.writer_sleeps_until_us.load(Ordering::Acquire);
+        until != WRITER_AWAKE && until > now.saturating_add(interval)
+    }
+
     /// Fails if the outbox is closed or poisoned: the check before an append.
     pub(crate) fn check_usable(&self) -> Result<()> {
         self.check_open()?;
@@ -207,6 +234,11 @@ impl Shared {
         Some(self.timers.get_or_init(|| started))
     }
 }
+
+/// [`Shared::writer_sleeps_until_us`] while the writer thread works.
+pub(crate) const WRITER_AWAKE: u64 = 0;
+/// [`Shared::writer_sleeps_until_us`] while it sleeps until a request.
+pub(crate) const WRITER_NO_DEADLINE: u64 = u64::MAX;
 
 /// Tasks waiting for something, each woken once when it happens (a task
 /// that wants to wait again registers again when it is polled).

@@ -34,7 +34,8 @@ use crate::format::seq::{SegmentId, Seq};
 use crate::io;
 use crate::io::segment_file::{FreshSegment, SegmentFile, Successor, now_us};
 use crate::log::shared::{
-    Answers, Completer, Counters, Notifier, Shared, Ticket, Verdict, Verdicts, deliver,
+    Answers, Completer, Counters, Notifier, Shared, Ticket, Verdict, Verdicts, WRITER_AWAKE,
+    WRITER_NO_DEADLINE, deliver,
 };
 use crate::options::Durability;
 use crate::state::dedup::{Dedup, Seen};
@@ -172,7 +173,10 @@ pub(crate) enum Request {
     },
     /// Make everything written so far durable.
     Sync { done: Completer },
-    /// The oldest segment may be fully acknowledged: delete what can be.
+    /// A nudge to the writer thread: the oldest segment may be fully
+    /// acknowledged (delete what can be), a producer's batch brought a
+    /// timed duty forward, or a change of delivery state needs a deadline
+    /// the thread does not have yet. Alone in the queue, it writes nothing.
     Reclaim,
 }
 
@@ -533,10 +537,17 @@ impl Writer {
     }
 
     /// Until when the writer thread may sleep: the next timed duty
-    /// ([`Writer::deadline`]) or, with zeros soon needed, the end of the
+    /// ([`Writer::deadline_given`]) or, with zeros soon needed, the end of the
     /// idle grace after the last batch, whichever comes first; and that end
     /// of the grace, if any.
     fn wait_until(&self) -> (Option<Instant>, Option<Instant>) {
+        let state = StateTimes::of(&self.shared.table.lock());
+        self.wait_until_given(state)
+    }
+
+    /// [`Writer::wait_until`], with the times of the delivery-state changes
+    /// read from the table.
+    fn wait_until_given(&self, state: StateTimes) -> (Option<Instant>, Option<Instant>) {
         let idle_until = self
             .zeros_due()
             .then(|| {
@@ -544,7 +555,7 @@ impl Writer {
                 self.last_active.checked_add(grace.min(IDLE_GRACE_MAX))
             })
             .flatten();
-        let until = match (self.deadline(), idle_until) {
+        let until = match (self.deadline_given(state), idle_until) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -557,7 +568,17 @@ impl Writer {
         if !self.zeros_due() {
             self.idle_scale = 1;
         }
-        let (until, idle_until) = self.wait_until();
+        // Computed and published under the table's lock: a change of
+        // delivery state made after this sees the deadline, one made before
+        // is in it (`Shared::state_noted`).
+        let shared = self.shared.clone();
+        let table = shared.table.lock();
+        let (until, idle_until) = self.wait_until_given(StateTimes::of(&table));
+        let published = until.map_or(WRITER_NO_DEADLINE, |t| shared.clock.us_at(t));
+        shared
+            .writer_sleeps_until_us
+            .store(published, std::sync::atomic::Ordering::Release);
+        drop(table);
         self.thread_sleeps_until = Some(until);
         // Producers spin for their answer only while the writer works or has
         // just begun to wait (`spin_budget`).
@@ -574,6 +595,9 @@ impl Writer {
     /// The writer thread woke.
     fn awake(&mut self) {
         self.thread_sleeps_until = None;
+        self.shared
+            .writer_sleeps_until_us
+            .store(WRITER_AWAKE, std::sync::atomic::Ordering::Release);
         self.shared
             .writer_waiting_since_us
             .store(0, std::sync::atomic::Ordering::Relaxed);
@@ -599,8 +623,13 @@ impl Writer {
         }
     }
 
-    /// The next time the writer must act without a request; none once poisoned.
-    fn deadline(&self) -> Option<Instant> {
+    /// The next time the writer must act without a request; none once
+    /// poisoned. Delivery-state changes not yet written are due to be
+    /// written and fsynced a sync interval after the oldest of them; while
+    /// changes keep coming, written by batches meanwhile, the thread looks
+    /// again a sync interval after the last, so that the next one finds it
+    /// covered and need not wake it (`Shared::state_noted`).
+    fn deadline_given(&self, state: StateTimes) -> Option<Instant> {
         if self.shared.poison.get().is_some() {
             return None;
         }
@@ -613,10 +642,30 @@ impl Writer {
         let sync = self
             .unsynced_since
             .and_then(|t| t.checked_add(opts.buffered_sync_interval));
-        match (rotate, sync) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        let interval = u64::try_from(opts.buffered_sync_interval.as_micros()).ok();
+        let now = self.shared.clock.now_us();
+        let state = match (state.since, state.last) {
+            (Some(since), _) => interval.and_then(|i| since.checked_add(i)),
+            (None, Some(last)) => interval
+                .and_then(|i| last.checked_add(i))
+                .filter(|&t| t > now),
+            (None, None) => None,
         }
+        .and_then(|us| self.shared.clock.instant_at(us));
+        [rotate, sync, state].into_iter().flatten().min()
+    }
+
+    /// Whether changes of delivery state have waited a sync interval for a
+    /// batch to take them ([`Writer::deadline_given`]).
+    fn state_due(&self) -> bool {
+        let Some(since) = self.shared.table.lock().unwritten_since_us() else {
+            return false;
+        };
+        let interval = self.shared.options.buffered_sync_interval;
+        u64::try_from(interval.as_micros())
+            .ok()
+            .and_then(|i| since.checked_add(i))
+            .is_some_and(|due| self.shared.clock.now_us() >= due)
     }
 
     /// Timed duties: the buffered sync interval and rotation by age.
@@ -625,6 +674,14 @@ impl Writer {
             return;
         }
         let interval = self.shared.options.buffered_sync_interval;
+        if self.state_due() {
+            // Changes of delivery state no batch took within the interval:
+            // a batch of their own, fsynced at once.
+            self.process(false);
+            if self.unsynced_since.is_some() {
+                let _ = self.sync();
+            }
+        }
         if self.unsynced_since.is_some_and(|t| t.elapsed() >= interval) {
             let _ = self.sync();
         }
@@ -775,7 +832,8 @@ impl Writer {
         // "Frame kinds").
         let (acks, changes, backlog) = {
             let mut table = self.shared.table.lock();
-            (table.take_acks(), table.take_changes(), table.backlog())
+            let (acks, changes) = table.take_unwritten();
+            (acks, changes, table.backlog())
         };
         let mut internal: Vec<(FrameKind, Vec<u8>)> = Vec::new();
         if !acks.is_empty() {
@@ -1933,6 +1991,14 @@ fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
         let mut writer = PoisonOnPanic(core.lock());
         writer.awake();
         match got {
+            // A nudge alone, with no batch to write: what it asks for is
+            // reclaiming (deletions, relocation) or a look at the deadlines,
+            // which the next sleep takes. Changes of delivery state wait for
+            // their deadline (`on_timer`) or the next batch, whichever is first.
+            Ok(Request::Reclaim) if rx.is_empty() => {
+                writer.reclaim();
+                writer.on_timer();
+            }
             Ok(first) => {
                 writer.gather(first);
                 writer.process_batch();
@@ -1973,6 +2039,25 @@ impl std::ops::Deref for PoisonOnPanic<'_> {
 impl std::ops::DerefMut for PoisonOnPanic<'_> {
     fn deref_mut(&mut self) -> &mut Writer {
         &mut self.0
+    }
+}
+
+/// When changes of delivery state were noted, as the writer's deadlines
+/// need them ([`Writer::deadline_given`]).
+#[derive(Clone, Copy)]
+struct StateTimes {
+    /// The oldest change not yet written, if one waits.
+    since: Option<u64>,
+    /// The last change noted, written or not.
+    last: Option<u64>,
+}
+
+impl StateTimes {
+    fn of(table: &crate::state::table::Table) -> StateTimes {
+        StateTimes {
+            since: table.unwritten_since_us(),
+            last: table.last_noted_us(),
+        }
     }
 }
 

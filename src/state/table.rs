@@ -288,6 +288,14 @@ pub(crate) struct Table {
     /// Changes of delivery state other than acknowledgements, in the order
     /// made, for the writer to record in the log.
     unwritten: Vec<Change>,
+    /// When the oldest change not yet written was noted
+    /// ([`Table::note_unwritten`]), on the outbox's monotonic clock: the
+    /// writer has it written and fsynced within the buffered sync interval
+    /// of that time, if no batch takes it first.
+    unwritten_since_us: Option<u64>,
+    /// When a change of delivery state was last noted, written or not: the
+    /// writer thread keeps a sync deadline while changes keep coming.
+    last_noted_us: Option<u64>,
     /// Records released with a delay: (due, seq), due on the outbox's
     /// monotonic clock. They hold the claimed bit (not claimable) until due.
     delayed: BTreeSet<(u64, u64)>,
@@ -352,6 +360,8 @@ impl Table {
             unwritten_acks: Vec::new(),
             leases: Leases::default(),
             unwritten: Vec::new(),
+            unwritten_since_us: None,
+            last_noted_us: None,
             delayed: BTreeSet::new(),
             due: HashMap::new(),
             dead: BTreeMap::new(),
@@ -364,10 +374,37 @@ impl Table {
         }
     }
 
-    /// Takes the changes of delivery state (other than acknowledgements) not
-    /// yet written to the log, for the writer.
-    pub(crate) fn take_changes(&mut self) -> Vec<Change> {
-        std::mem::take(&mut self.unwritten)
+    /// Takes the acknowledgements and the other changes of delivery state
+    /// not yet written to the log, for the writer's next batch.
+    pub(crate) fn take_unwritten(&mut self) -> (Vec<(Seq, Seq)>, Vec<Change>) {
+        self.unwritten_since_us = None;
+        (
+            std::mem::take(&mut self.unwritten_acks),
+            std::mem::take(&mut self.unwritten),
+        )
+    }
+
+    /// Notes that changes made at `now_us` wait to be written, unless older
+    /// ones already wait. Returns true if this is the first since the writer
+    /// last took them: the caller then makes sure the writer knows
+    /// ([`Shared::state_noted`](crate::log::shared::Shared::state_noted)).
+    pub(crate) fn note_unwritten(&mut self, now_us: u64) -> bool {
+        self.last_noted_us = Some(now_us);
+        if self.unwritten_since_us.is_some() || !self.has_unwritten() {
+            return false;
+        }
+        self.unwritten_since_us = Some(now_us);
+        true
+    }
+
+    /// When the oldest noted change not yet written was made, if one waits.
+    pub(crate) fn unwritten_since_us(&self) -> Option<u64> {
+        self.unwritten_since_us
+    }
+
+    /// When the last change of delivery state was noted, written or not.
+    pub(crate) fn last_noted_us(&self) -> Option<u64> {
+        self.last_noted_us
     }
 
     /// Whether anything waits to be written to the log.

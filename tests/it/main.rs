@@ -33,6 +33,18 @@ use segwal::{Corruption, Error, Options, Outbox, Record, Seq};
 
 /// A fresh temporary directory; the outbox lives in a subdirectory that does not
 /// exist yet, so `open` also exercises directory creation.
+/// Waits (without asserting on time) until `cond` holds; panics after a minute.
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never happened: {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 pub fn tmp() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("outbox");

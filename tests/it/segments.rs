@@ -1,20 +1,11 @@
 //! Segments: rotation by size and by age, deletion once fully acknowledged and
 //! not before, and what `stats` reports about them.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use segwal::{Options, Outbox, Seq};
 
-use crate::{drain, segment_files, small_segments, tmp};
-
-/// Waits (without asserting on time) until `cond` holds; panics after a minute.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !cond() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+use crate::{drain, eventually, segment_files, small_segments, tmp};
 
 #[test]
 fn segments_rotate_by_size_and_are_named_by_their_first_seq() {
