@@ -345,6 +345,7 @@ impl Outbox {
             writer_waiting_since_us: Default::default(),
             writer_wants_lock: Default::default(),
             writer_sleeps_until_us: AtomicU64::new(crate::log::shared::WRITER_AWAKE),
+            caller_batch_end_us: AtomicU64::new(0),
             waiters: Default::default(),
         });
         Counters::add(&shared.counters.fsyncs, u64::from(sealed));

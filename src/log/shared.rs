@@ -63,6 +63,10 @@ pub(crate) struct Shared {
     /// state can tell whether the thread will come to it in time
     /// ([`Shared::state_noted`]).
     pub writer_sleeps_until_us: AtomicU64,
+    /// When a producer appending alone last finished a batch it wrote
+    /// itself, on the outbox's clock (0: never): while it keeps writing, its
+    /// next batch takes the changes of delivery state along.
+    pub caller_batch_end_us: AtomicU64,
     /// What producers blocked on an answer sleep on: one word, so that a
     /// batch's producers are woken by one system call.
     pub waiters: Arc<Waiters>,
@@ -175,22 +179,34 @@ impl Shared {
 
     /// After a change of delivery state made under the table's lock (`table`
     /// is that lock's guard): notes it, and returns true if the writer
-    /// thread must be woken for it. Not if an older change already waits
-    /// (its maker saw to it), nor if the thread is awake (it looks at the
-    /// table before it sleeps again) or sleeps until no later than the
-    /// change's sync deadline (it looks then). A lone producer's batches
-    /// take the changes along meanwhile, so a relay acknowledging as fast
-    /// as records arrive wakes the thread about once a sync interval, not
-    /// once an acknowledgement.
+    /// thread must be woken to write it. Not if an older change already
+    /// waits (its maker saw to it), nor if the thread is awake (it looks at
+    /// the table before it sleeps, and writes what waits: `Writer::sleep`),
+    /// nor while a producer appending alone is writing its own batches, the
+    /// next of which takes the change along, if the thread looks again
+    /// within [`PRODUCER_WRITING_WITHIN_US`] anyway (and writes the change
+    /// then if that producer stopped). So a relay acknowledging as fast as a
+    /// lone producer appends wakes the thread a few times a second, not once
+    /// an acknowledgement; otherwise a change reaches the file at once, as
+    /// it always did, and is fsynced within the sync interval.
     pub(crate) fn state_noted(&self, table: &mut crate::state::table::Table) -> bool {
         let now = self.clock.now_us();
         if !table.note_unwritten(now) {
             return false;
         }
-        let interval =
-            u64::try_from(self.options.buffered_sync_interval.as_micros()).unwrap_or(u64::MAX);
         let until = self.writer_sleeps_until_us.load(Ordering::Acquire);
-        until != WRITER_AWAKE && until > now.saturating_add(interval)
+        if until == WRITER_AWAKE {
+            return false;
+        }
+        !(self.producer_writing(now) && until <= now.saturating_add(PRODUCER_WRITING_WITHIN_US))
+    }
+
+    /// Whether a producer appending alone finished a batch of its own within
+    /// the last [`PRODUCER_WRITING_WITHIN_US`]: it is appending back to back,
+    /// and its next batch comes about that soon.
+    pub(crate) fn producer_writing(&self, now_us: u64) -> bool {
+        let end = self.caller_batch_end_us.load(Ordering::Relaxed);
+        end != 0 && now_us.saturating_sub(end) <= PRODUCER_WRITING_WITHIN_US
     }
 
     /// Fails if the outbox is closed or poisoned: the check before an append.
@@ -234,6 +250,13 @@ impl Shared {
         Some(self.timers.get_or_init(|| started))
     }
 }
+
+/// How recently a producer appending alone must have written a batch of its
+/// own for the next one to be counted on to take changes of delivery state
+/// along ([`Shared::producer_writing`]): several batch times (an `fdatasync`
+/// is 0.1 to 1 ms), and short enough that a producer that stopped leaves
+/// them to the writer thread soon. 5 ms.
+pub(crate) const PRODUCER_WRITING_WITHIN_US: u64 = 5_000;
 
 /// [`Shared::writer_sleeps_until_us`] while the writer thread works.
 pub(crate) const WRITER_AWAKE: u64 = 0;

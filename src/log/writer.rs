@@ -34,8 +34,8 @@ use crate::format::seq::{SegmentId, Seq};
 use crate::io;
 use crate::io::segment_file::{FreshSegment, SegmentFile, Successor, now_us};
 use crate::log::shared::{
-    Answers, Completer, Counters, Notifier, Shared, Ticket, Verdict, Verdicts, WRITER_AWAKE,
-    WRITER_NO_DEADLINE, deliver,
+    Answers, Completer, Counters, Notifier, PRODUCER_WRITING_WITHIN_US, Shared, Ticket, Verdict,
+    Verdicts, WRITER_AWAKE, WRITER_NO_DEADLINE, deliver,
 };
 use crate::options::Durability;
 use crate::state::dedup::{Dedup, Seen};
@@ -175,8 +175,10 @@ pub(crate) enum Request {
     Sync { done: Completer },
     /// A nudge to the writer thread: the oldest segment may be fully
     /// acknowledged (delete what can be), a producer's batch brought a
-    /// timed duty forward, or a change of delivery state needs a deadline
-    /// the thread does not have yet. Alone in the queue, it writes nothing.
+    /// timed duty forward or left reclaiming to do, or a change of delivery
+    /// state waits to be written. Alone in the queue, it runs no batch of
+    /// appends: the thread reclaims, runs its timed duties, and writes what
+    /// delivery state waits before it sleeps.
     Reclaim,
 }
 
@@ -476,6 +478,10 @@ impl Writer {
             self.panicked();
             return false;
         }
+        let now = self.shared.clock.now_us();
+        self.shared
+            .caller_batch_end_us
+            .store(now, std::sync::atomic::Ordering::Relaxed);
         // Every batch that brings a duty forward, or leaves segments to
         // delete or records to carry forward, says so until the thread has
         // woken (`awake`): the `Reclaim` of one may be gathered by the next
@@ -570,9 +576,25 @@ impl Writer {
         }
         // Computed and published under the table's lock: a change of
         // delivery state made after this sees the deadline, one made before
-        // is in it (`Shared::state_noted`).
+        // is in it (`Shared::state_noted`). Changes that wait are written
+        // first (to the file, fsynced by the timer a sync interval after
+        // they were made), so that a crash of the process does not lose
+        // them, unless a producer appending alone is writing its own
+        // batches, which take them along.
         let shared = self.shared.clone();
-        let table = shared.table.lock();
+        let mut table = shared.table.lock();
+        loop {
+            let state = StateTimes::of(&table);
+            if state.since.is_none()
+                || shared.poison.get().is_some()
+                || shared.producer_writing(shared.clock.now_us())
+            {
+                break;
+            }
+            drop(table);
+            self.process(true);
+            table = shared.table.lock();
+        }
         let (until, idle_until) = self.wait_until_given(StateTimes::of(&table));
         let published = until.map_or(WRITER_NO_DEADLINE, |t| shared.clock.us_at(t));
         shared
@@ -644,11 +666,22 @@ impl Writer {
             .and_then(|t| t.checked_add(opts.buffered_sync_interval));
         let interval = u64::try_from(opts.buffered_sync_interval.as_micros()).ok();
         let now = self.shared.clock.now_us();
+        let within = PRODUCER_WRITING_WITHIN_US;
         let state = match (state.since, state.last) {
-            (Some(since), _) => interval.and_then(|i| since.checked_add(i)),
-            (None, Some(last)) => interval
-                .and_then(|i| last.checked_add(i))
-                .filter(|&t| t > now),
+            // Waiting (a producer appending alone was to take them): fsynced
+            // an interval after the first at the latest, and looked at again
+            // soon, in case that producer stopped.
+            (Some(since), _) => [
+                interval.and_then(|i| since.checked_add(i)),
+                now.checked_add(within),
+            ]
+            .into_iter()
+            .flatten()
+            .min(),
+            // Taken by batches, but still coming: looked at again soon, so
+            // that the next one finds the thread's deadline near enough not
+            // to wake it (`Shared::state_noted`).
+            (None, Some(last)) => last.checked_add(within).filter(|&t| t > now),
             (None, None) => None,
         }
         .and_then(|us| self.shared.clock.instant_at(us));
@@ -677,7 +710,7 @@ impl Writer {
         if self.state_due() {
             // Changes of delivery state no batch took within the interval:
             // a batch of their own, fsynced at once.
-            self.process(false);
+            self.process(true);
             if self.unsynced_since.is_some() {
                 let _ = self.sync();
             }
@@ -830,9 +863,11 @@ impl Writer {
         // one, after its records: what producers said of the records, an acks
         // frame, then the other changes in the order made (docs/FORMAT.md,
         // "Frame kinds").
+        let state_since;
         let (acks, changes, backlog) = {
             let mut table = self.shared.table.lock();
-            let (acks, changes) = table.take_unwritten();
+            let (acks, changes, since) = table.take_unwritten();
+            state_since = since.and_then(|us| self.shared.clock.instant_at(us));
             (acks, changes, table.backlog())
         };
         let mut internal: Vec<(FrameKind, Vec<u8>)> = Vec::new();
@@ -998,6 +1033,13 @@ impl Writer {
             self.next_seq = seq.next();
         }
         self.write_buf()?;
+        // Changes of delivery state noted before this batch are due for
+        // their fsync a sync interval after they were noted, not after the
+        // batch that took them (under `Durability::Buffered`, the next fsync
+        // may be a timer's).
+        if let (Some(since), Some(unsynced)) = (state_since, self.unsynced_since) {
+            self.unsynced_since = Some(unsynced.min(since));
+        }
         if records > 0 && crate::injected!(self.shared.options, WriterPanics) {
             panic!("injected: the writer panics after a batch's write");
         }
@@ -1992,9 +2034,9 @@ fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
         writer.awake();
         match got {
             // A nudge alone, with no batch to write: what it asks for is
-            // reclaiming (deletions, relocation) or a look at the deadlines,
-            // which the next sleep takes. Changes of delivery state wait for
-            // their deadline (`on_timer`) or the next batch, whichever is first.
+            // reclaiming (deletions, relocation) or a look at the deadlines;
+            // changes of delivery state are written by `sleep` (or left to a
+            // producer writing its own batches).
             Ok(Request::Reclaim) if rx.is_empty() => {
                 writer.reclaim();
                 writer.on_timer();

@@ -376,11 +376,13 @@ impl Table {
 
     /// Takes the acknowledgements and the other changes of delivery state
     /// not yet written to the log, for the writer's next batch.
-    pub(crate) fn take_unwritten(&mut self) -> (Vec<(Seq, Seq)>, Vec<Change>) {
-        self.unwritten_since_us = None;
+    /// Also returns when the oldest of them was noted, if it was: their
+    /// fsync is due a sync interval after that, not after this batch.
+    pub(crate) fn take_unwritten(&mut self) -> (Vec<(Seq, Seq)>, Vec<Change>, Option<u64>) {
         (
             std::mem::take(&mut self.unwritten_acks),
             std::mem::take(&mut self.unwritten),
+            self.unwritten_since_us.take(),
         )
     }
 
@@ -389,8 +391,11 @@ impl Table {
     /// last took them: the caller then makes sure the writer knows
     /// ([`Shared::state_noted`](crate::log::shared::Shared::state_noted)).
     pub(crate) fn note_unwritten(&mut self, now_us: u64) -> bool {
+        if !self.has_unwritten() {
+            return false;
+        }
         self.last_noted_us = Some(now_us);
-        if self.unwritten_since_us.is_some() || !self.has_unwritten() {
+        if self.unwritten_since_us.is_some() {
             return false;
         }
         self.unwritten_since_us = Some(now_us);

@@ -31,8 +31,6 @@ use std::path::{Path, PathBuf};
 
 use segwal::{Corruption, Error, Options, Outbox, Record, Seq};
 
-/// A fresh temporary directory; the outbox lives in a subdirectory that does not
-/// exist yet, so `open` also exercises directory creation.
 /// Waits (without asserting on time) until `cond` holds; panics after a minute.
 pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -45,6 +43,8 @@ pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// A fresh temporary directory; the outbox lives in a subdirectory that does not
+/// exist yet, so `open` also exercises directory creation.
 pub fn tmp() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("outbox");
