@@ -186,9 +186,9 @@ impl Shared {
     /// next of which takes the change along, if the thread looks again
     /// within [`PRODUCER_WRITING_WITHIN_US`] anyway (and writes the change
     /// then if that producer stopped). So a relay acknowledging as fast as a
-    /// lone producer appends wakes the thread a few times a second, not once
-    /// an acknowledgement; otherwise a change reaches the file at once, as
-    /// it always did, and is fsynced within the sync interval.
+    /// lone producer appends wakes the thread about every 5 ms, not once an
+    /// acknowledgement; otherwise a change reaches the file at once, as it
+    /// always did, and is fsynced within the sync interval.
     pub(crate) fn state_noted(&self, table: &mut crate::state::table::Table) -> bool {
         let now = self.clock.now_us();
         if !table.note_unwritten(now) {

@@ -546,8 +546,11 @@ impl Writer {
     /// ([`Writer::deadline_given`]) or, with zeros soon needed, the end of the
     /// idle grace after the last batch, whichever comes first; and that end
     /// of the grace, if any.
+    /// Leaves out the looks at delivery state the thread takes while it
+    /// sleeps (see [`StateTimes::look_again`]): a producer's batch that took
+    /// the changes brings no duty forward.
     fn wait_until(&self) -> (Option<Instant>, Option<Instant>) {
-        let state = StateTimes::of(&self.shared.table.lock());
+        let state = StateTimes::of(&self.shared.table.lock(), false);
         self.wait_until_given(state)
     }
 
@@ -581,21 +584,33 @@ impl Writer {
         // they were made), so that a crash of the process does not lose
         // them, unless a producer appending alone is writing its own
         // batches, which take them along.
+        // One such write at a time: if more came meanwhile, or a request
+        // waits, the thread comes back at once, through its queue and its
+        // timed duties.
         let shared = self.shared.clone();
         let mut table = shared.table.lock();
+        let mut wrote = false;
+        let mut again = false;
         loop {
-            let state = StateTimes::of(&table);
-            if state.since.is_none()
+            if table.unwritten_since_us().is_none()
                 || shared.poison.get().is_some()
                 || shared.producer_writing(shared.clock.now_us())
             {
                 break;
             }
+            if wrote || !self.rx.is_empty() {
+                again = true;
+                break;
+            }
             drop(table);
             self.process(true);
+            wrote = true;
             table = shared.table.lock();
         }
-        let (until, idle_until) = self.wait_until_given(StateTimes::of(&table));
+        let (mut until, idle_until) = self.wait_until_given(StateTimes::of(&table, true));
+        if again {
+            until = Some(Instant::now());
+        }
         let published = until.map_or(WRITER_NO_DEADLINE, |t| shared.clock.us_at(t));
         shared
             .writer_sleeps_until_us
@@ -647,10 +662,12 @@ impl Writer {
 
     /// The next time the writer must act without a request; none once
     /// poisoned. Delivery-state changes not yet written are due to be
-    /// written and fsynced a sync interval after the oldest of them; while
-    /// changes keep coming, written by batches meanwhile, the thread looks
-    /// again a sync interval after the last, so that the next one finds it
-    /// covered and need not wake it (`Shared::state_noted`).
+    /// fsynced a sync interval after the oldest of them. With `look_again`,
+    /// the thread also looks at them within [`PRODUCER_WRITING_WITHIN_US`]
+    /// while they wait (a producer writing its own batches was to take
+    /// them; if it stopped, the thread writes them), and as long after the
+    /// last one while they keep coming, so that the next one finds the
+    /// thread's deadline near and need not wake it (`Shared::state_noted`).
     fn deadline_given(&self, state: StateTimes) -> Option<Instant> {
         if self.shared.poison.get().is_some() {
             return None;
@@ -667,7 +684,8 @@ impl Writer {
         let interval = u64::try_from(opts.buffered_sync_interval.as_micros()).ok();
         let now = self.shared.clock.now_us();
         let within = PRODUCER_WRITING_WITHIN_US;
-        let state = match (state.since, state.last) {
+        let state = match (state.since, state.last.filter(|_| state.look_again)) {
+            (Some(since), _) if !state.look_again => interval.and_then(|i| since.checked_add(i)),
             // Waiting (a producer appending alone was to take them): fsynced
             // an interval after the first at the latest, and looked at again
             // soon, in case that producer stopped.
@@ -2022,7 +2040,7 @@ pub(crate) fn run(core: Arc<Mutex<Writer>>, rx: Receiver<Request>) -> Result<()>
 fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
     let shared = core.lock().shared.clone();
     loop {
-        let (until, idle_until) = core.lock().sleep();
+        let (until, idle_until) = PoisonOnPanic(core.lock()).sleep();
         let got = match until {
             Some(until) => rx.recv_deadline(until),
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
@@ -2092,13 +2110,21 @@ struct StateTimes {
     since: Option<u64>,
     /// The last change noted, written or not.
     last: Option<u64>,
+    /// Whether the deadline includes the thread's looks at the changes
+    /// within [`PRODUCER_WRITING_WITHIN_US`] (the thread about to sleep), or
+    /// only their fsync an interval after the first (a producer's batch
+    /// asking whether it brought a duty forward: its looks are the
+    /// thread's business, and counting them would wake the thread once a
+    /// batch).
+    look_again: bool,
 }
 
 impl StateTimes {
-    fn of(table: &crate::state::table::Table) -> StateTimes {
+    fn of(table: &crate::state::table::Table, look_again: bool) -> StateTimes {
         StateTimes {
             since: table.unwritten_since_us(),
             last: table.last_noted_us(),
+            look_again,
         }
     }
 }

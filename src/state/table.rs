@@ -294,7 +294,7 @@ pub(crate) struct Table {
     /// of that time, if no batch takes it first.
     unwritten_since_us: Option<u64>,
     /// When a change of delivery state was last noted, written or not: the
-    /// writer thread keeps a sync deadline while changes keep coming.
+    /// writer thread keeps a near deadline while changes keep coming.
     last_noted_us: Option<u64>,
     /// Records released with a delay: (due, seq), due on the outbox's
     /// monotonic clock. They hold the claimed bit (not claimable) until due.
