@@ -546,6 +546,7 @@ impl Writer {
     /// ([`Writer::deadline_given`]) or, with zeros soon needed, the end of the
     /// idle grace after the last batch, whichever comes first; and that end
     /// of the grace, if any.
+    ///
     /// Leaves out the looks at delivery state the thread takes while it
     /// sleeps (see [`StateTimes::look_again`]): a producer's batch that took
     /// the changes brings no duty forward.
@@ -583,10 +584,9 @@ impl Writer {
         // first (to the file, fsynced by the timer a sync interval after
         // they were made), so that a crash of the process does not lose
         // them, unless a producer appending alone is writing its own
-        // batches, which take them along.
-        // One such write at a time: if more came meanwhile, or a request
-        // waits, the thread comes back at once, through its queue and its
-        // timed duties.
+        // batches, which take them along. One such write at a time: if more
+        // came meanwhile, or a request waits, the thread comes back at once,
+        // through its queue and its timed duties.
         let shared = self.shared.clone();
         let mut table = shared.table.lock();
         let mut wrote = false;
