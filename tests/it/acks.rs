@@ -12,6 +12,45 @@ fn seqs_of(records: &[segwal::Record]) -> Vec<Seq> {
     records.iter().map(segwal::Record::seq).collect()
 }
 
+/// A power cut that keeps nothing that was not fsynced.
+const POWER_CUT: CrashModel = CrashModel {
+    write_kept: 0,
+    write_torn: 0,
+    grown_tail: 0,
+    dir_change_kept: 0,
+    block_garbled: 0,
+};
+
+/// A crash of the process: every write kept, synced or not.
+const PROCESS_KILLED: CrashModel = CrashModel {
+    write_kept: 100,
+    write_torn: 0,
+    grown_tail: 0,
+    dir_change_kept: 100,
+    block_garbled: 0,
+};
+
+/// Waits until a copy of `disk` taken now, crashed as `model` and reopened,
+/// delivers `left` and nothing else: until what the outbox still runs on
+/// `disk` is made durable against that crash.
+fn eventually_a_crash_leaves(
+    disk: &SimDisk,
+    options: &Options,
+    model: CrashModel,
+    left: &[Seq],
+    what: &str,
+) {
+    let mut fork = 0;
+    eventually(what, || {
+        fork += 1;
+        let copy = disk.fork(fork);
+        copy.crash(model);
+        let reopened = Outbox::open_with_storage("/outbox", options.clone(), Arc::new(copy))
+            .expect("open the copy");
+        seqs_of(&drain(&reopened)) == left
+    });
+}
+
 #[test]
 fn a_record_acknowledged_before_a_close_is_not_delivered_after_it() {
     let (_t, dir) = tmp();
@@ -82,14 +121,6 @@ fn a_durable_acknowledgement_survives_a_power_cut() {
 /// keeps it (whether the producer appended on its own thread or not).
 #[test]
 fn a_buffered_acknowledgement_alone_is_made_durable_after_the_sync_interval() {
-    // A power cut that keeps nothing that was not fsynced.
-    let power_cut = CrashModel {
-        write_kept: 0,
-        write_torn: 0,
-        grown_tail: 0,
-        dir_change_kept: 0,
-        block_garbled: 0,
-    };
     for lone_producer in [true, false] {
         let disk = SimDisk::new(11);
         let options = small_segments()
@@ -102,15 +133,13 @@ fn a_buffered_acknowledgement_alone_is_made_durable_after_the_sync_interval() {
             .collect();
         let first = outbox.claim(4).expect("claim");
         outbox.ack_many(&seqs_of(&first)).expect("ack");
-        let mut fork = 0;
-        eventually("the acknowledgement fsynced", || {
-            fork += 1;
-            let copy = disk.fork(fork);
-            copy.crash(power_cut);
-            let reopened = Outbox::open_with_storage("/outbox", options.clone(), Arc::new(copy))
-                .expect("open the copy");
-            seqs_of(&drain(&reopened)) == seqs[4..]
-        });
+        eventually_a_crash_leaves(
+            &disk,
+            &options,
+            POWER_CUT,
+            &seqs[4..],
+            "the acknowledgement fsynced",
+        );
         outbox.close().expect("close");
     }
 }
@@ -132,23 +161,13 @@ fn a_buffered_acknowledgement_reaches_the_file_at_once_when_no_producer_writes()
         .collect();
     let first = outbox.claim(4).expect("claim");
     outbox.ack_many(&seqs_of(&first)).expect("ack");
-    // A process killed now: every write kept, synced or not.
-    let killed = CrashModel {
-        write_kept: 100,
-        write_torn: 0,
-        grown_tail: 0,
-        dir_change_kept: 100,
-        block_garbled: 0,
-    };
-    let mut fork = 0;
-    eventually("the acknowledgement written to the file", || {
-        fork += 1;
-        let copy = disk.fork(fork);
-        copy.crash(killed);
-        let reopened = Outbox::open_with_storage("/outbox", options.clone(), Arc::new(copy))
-            .expect("open the copy");
-        seqs_of(&drain(&reopened)) == seqs[4..]
-    });
+    eventually_a_crash_leaves(
+        &disk,
+        &options,
+        PROCESS_KILLED,
+        &seqs[4..],
+        "the acknowledgement written to the file",
+    );
     outbox.close().expect("close");
 }
 
@@ -180,13 +199,7 @@ fn a_relay_s_acknowledgements_ride_with_a_lone_producer_s_batches() {
     assert_eq!(stats.records_appended, u64::from(rounds));
     assert!(stats.caller_batches > 0, "none written by the producer");
     std::mem::forget(outbox);
-    disk.crash(CrashModel {
-        write_kept: 0,
-        write_torn: 0,
-        grown_tail: 0,
-        dir_change_kept: 0,
-        block_garbled: 0,
-    });
+    disk.crash(POWER_CUT);
     let outbox = open();
     let left = seqs_of(&drain(&outbox));
     assert!(
