@@ -150,6 +150,9 @@ pub struct Run {
     pub cells: Vec<Cell>,
     pub elapsed: Duration,
     pub started_unix: u64,
+    /// The share of the machine's CPU time stolen by the hypervisor during
+    /// the whole run, where the kernel tells.
+    pub steal: Option<f64>,
     /// Most payload bytes filled for a timed drain.
     pub drain_max_bytes: u64,
     /// Rounds of each append cell.
@@ -312,6 +315,7 @@ fn run(args: Args) -> Result<()> {
 
 fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
     let started = Instant::now();
+    let ticks0 = measure::CpuTicks::now();
     let started_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -467,6 +471,7 @@ fn run_in(plan: &Plan, tmp: &Path, out: &Path) -> Result<()> {
         rounds: plan.rounds,
         elapsed: started.elapsed(),
         started_unix,
+        steal: measure::CpuTicks::stolen_share(ticks0, measure::CpuTicks::now()),
         drain_max_bytes: plan.drain_max_bytes,
     };
     report::write_all(&run, out)?;
@@ -495,12 +500,15 @@ fn progress_round(
 ) {
     if rounds > 1 {
         eprintln!(
-            "  round {}/{rounds} {:>13} {:>2}p {:>4} B: {:>9.0} records/s",
+            "  round {}/{rounds} {:>13} {:>2}p {:>4} B: {:>9.0} records/s{}",
             round + 1,
             kind.name(),
             producers,
             size,
-            s.records_per_s()
+            s.records_per_s(),
+            s.steal
+                .map(|share| format!(", steal {:.1} %", share * 100.0))
+                .unwrap_or_default(),
         );
     }
 }
@@ -595,7 +603,7 @@ fn progress(cell: &Cell) {
         })
         .unwrap_or_default();
     eprintln!(
-        "{:?} {:>13} {:>2}p {:>4} B: {:>9.0} records/s in {:.2} s, p50 {:.0} µs, p99 {:.0} µs, {:.1} CPU µs/record{}{}{}{}",
+        "{:?} {:>13} {:>2}p {:>4} B: {:>9.0} records/s in {:.2} s, p50 {:.0} µs, p99 {:.0} µs, {:.1} CPU µs/record{}{}{}{}{}",
         cell.workload,
         cell.engine.name(),
         cell.producers,
@@ -619,6 +627,9 @@ fn progress(cell: &Cell) {
         per_fsync,
         s.device_bytes_per_record()
             .map(|b| format!(", {:.2} device KiB/record", b / 1024.0))
+            .unwrap_or_default(),
+        s.steal
+            .map(|share| format!(", steal {:.1} %", share * 100.0))
             .unwrap_or_default(),
     );
 }

@@ -22,6 +22,42 @@ pub fn cpu_time() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// The machine's CPU time so far, in clock ticks of all its processors
+/// together, from the first line of /proc/stat: all of it, and what the
+/// hypervisor gave to other guests while this one had work to run ("steal").
+#[derive(Clone, Copy, Debug)]
+pub struct CpuTicks {
+    pub total: u64,
+    pub steal: u64,
+}
+
+impl CpuTicks {
+    /// Now; `None` where /proc/stat does not tell (not Linux).
+    pub fn now() -> Option<CpuTicks> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let line = stat.lines().next()?.strip_prefix("cpu ")?;
+        // user nice system idle iowait irq softirq steal (guest time is
+        // already counted in user and nice).
+        let fields: Vec<u64> = line
+            .split_whitespace()
+            .take(8)
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        (fields.len() == 8).then(|| CpuTicks {
+            total: fields.iter().sum(),
+            steal: fields[7],
+        })
+    }
+
+    /// The share of the machine's CPU time stolen between `before` and
+    /// `after` (0 to 1); `None` if either is unknown or no tick passed.
+    pub fn stolen_share(before: Option<CpuTicks>, after: Option<CpuTicks>) -> Option<f64> {
+        let (a, b) = (before?, after?);
+        let total = b.total.checked_sub(a.total).filter(|&t| t > 0)?;
+        Some(b.steal.saturating_sub(a.steal) as f64 / total as f64)
+    }
+}
+
 /// Latency percentiles in microseconds, from samples in nanoseconds.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Percentiles {

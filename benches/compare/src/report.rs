@@ -86,7 +86,7 @@ fn table_row(out: &mut String, cell: &Cell) {
     };
     let _ = writeln!(
         out,
-        "| {} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {:.1} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {:.1} | {} | {} | {} |",
         engine_label(cell.engine),
         cell.producers,
         size_label(cell.record_bytes),
@@ -99,10 +99,17 @@ fn table_row(out: &mut String, cell: &Cell) {
         s.cpu_us_per_record(),
         ratio,
         per_fsync,
+        steal_pct(s.steal),
     );
 }
 
-const TABLE_HEAD: &str = "| engine | producers | record size | records/s | rounds' range | MB/s | p50 µs | p99 µs | p99.9 µs | CPU µs/record | ratio to raw | records/fsync |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n";
+/// A share of CPU time stolen, as a percentage for a table; a dash where the
+/// kernel does not tell.
+fn steal_pct(share: Option<f64>) -> String {
+    share.map_or_else(|| "–".into(), |s| format!("{:.1}", s * 100.0))
+}
+
+const TABLE_HEAD: &str = "| engine | producers | record size | records/s | rounds' range | MB/s | p50 µs | p99 µs | p99.9 µs | CPU µs/record | ratio to raw | records/fsync | steal % |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n";
 
 fn results_md(run: &Run) -> String {
     let mut out = String::new();
@@ -144,6 +151,10 @@ fn results_md(run: &Run) -> String {
          producers and record size, median round over median round, in the same run.\n\
          - **records/fsync**: records per `fdatasync`, for the engines that count \
          them (segwal's count includes segment headers and directories).\n\
+         - **steal %**: the share of the machine's CPU time (all its processors, \
+         from /proc/stat) that the hypervisor gave to other guests during the \
+         timed part: on a shared virtual machine, a cell with more than a few \
+         percent measured the host's load as much as the engine.\n\
          - **raw limit**: producers queue their payload for one writer thread that \
          takes everything queued, writes it with one `pwrite` into a file \
          preallocated with `fallocate`, calls `fdatasync` once and wakes that \
@@ -328,6 +339,9 @@ struct JsonLine {
     /// Bytes the device wrote per record during the cell (the whole
     /// device's), where it tells.
     device_bytes_per_record: Option<f64>,
+    /// The share of the machine's CPU time stolen by the hypervisor during
+    /// the timed part, in percent, where the kernel tells.
+    steal_pct: Option<f64>,
     quick: bool,
 }
 
@@ -379,6 +393,7 @@ impl JsonLine {
                 .append_only_per_s
                 .and_then(|alone| rounded(s.records_per_s() / alone)),
             device_bytes_per_record: s.device_bytes_per_record().and_then(rounded),
+            steal_pct: s.steal.and_then(|share| rounded(share * 100.0)),
             quick,
         }
     }
@@ -689,6 +704,13 @@ fn machine_md(run: &Run) -> String {
         run.elapsed.as_secs_f64()
     );
     let _ = writeln!(out, "| cores | {cores} ({model}); shared with other work |");
+    if let Some(share) = run.steal {
+        let _ = writeln!(
+            out,
+            "| CPU time stolen by the hypervisor | {:.1} % of the machine's during the run (per cell: the steal % column of results.md) |",
+            share * 100.0
+        );
+    }
     let _ = writeln!(out, "| memory | {memory} |");
     let _ = writeln!(out, "| kernel | Linux {kernel} |");
     let _ = writeln!(out, "| engine directories | `{}` |", run.tmp.display());

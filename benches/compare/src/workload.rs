@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::engines::{Counters, Engine, Queue, Result};
-use crate::measure::{Percentiles, cpu_time};
+use crate::measure::{CpuTicks, Percentiles, cpu_time};
 
 /// What one timed run measured.
 #[derive(Clone, Debug)]
@@ -27,6 +27,10 @@ pub struct Sample {
     /// Bytes the device holding the engine's directory wrote during the run
     /// (the whole device's: the machine should be quiet), where it tells.
     pub device_bytes: Option<u64>,
+    /// The share of the machine's CPU time the hypervisor gave to other
+    /// guests during the run (0 to 1), where the kernel tells: a cell run
+    /// while the host was busy elsewhere measures that, not the engine.
+    pub steal: Option<f64>,
 }
 
 impl Sample {
@@ -101,7 +105,7 @@ pub fn append(
     let finished = AtomicBool::new(false);
     let producers_done = AtomicBool::new(false);
     let counters_before = engine.counters();
-    let (wall, cpu, per_thread, relayed) = std::thread::scope(|scope| {
+    let (wall, cpu, steal, per_thread, relayed) = std::thread::scope(|scope| {
         let relay_thread = relay.map(|(queue, batch)| {
             let start_line = &start_line;
             let producers_done = &producers_done;
@@ -154,6 +158,7 @@ pub fn append(
         start_line.wait();
         let t0 = Instant::now();
         let cpu0 = cpu_time();
+        let ticks0 = CpuTicks::now();
         if let Stop::After(d) = stop {
             std::thread::sleep(d);
             finished.store(true, Ordering::Relaxed);
@@ -164,10 +169,11 @@ pub fn append(
             .collect();
         let wall = t0.elapsed();
         let cpu = cpu_time().saturating_sub(cpu0);
+        let steal = CpuTicks::stolen_share(ticks0, CpuTicks::now());
         producers_done.store(true, Ordering::Relaxed);
         let relayed =
             relay_thread.map(|t| t.join().unwrap_or_else(|_| Err("relay panicked".into())));
-        (wall, cpu, per_thread, relayed)
+        (wall, cpu, steal, per_thread, relayed)
     });
     let mut latencies = Vec::new();
     for thread in per_thread {
@@ -188,6 +194,7 @@ pub fn append(
         counters,
         relayed,
         device_bytes: None,
+        steal,
     })
 }
 
@@ -202,6 +209,7 @@ pub fn paced(engine: &dyn Engine, size: usize, count: u64, pace: Duration) -> Re
     let counters_before = engine.counters();
     let t0 = Instant::now();
     let cpu0 = cpu_time();
+    let ticks0 = CpuTicks::now();
     for i in 0..count {
         if !pace.is_zero() {
             std::thread::sleep(pace);
@@ -215,6 +223,7 @@ pub fn paced(engine: &dyn Engine, size: usize, count: u64, pace: Duration) -> Re
     }
     let wall = t0.elapsed();
     let cpu = cpu_time().saturating_sub(cpu0);
+    let steal = CpuTicks::stolen_share(ticks0, CpuTicks::now());
     let counters = match (counters_before, engine.counters()) {
         (Some(before), Some(after)) => Some(before.delta(after)),
         _ => None,
@@ -228,6 +237,7 @@ pub fn paced(engine: &dyn Engine, size: usize, count: u64, pace: Duration) -> Re
         counters,
         relayed: None,
         device_bytes: None,
+        steal,
     })
 }
 
@@ -239,6 +249,7 @@ pub fn drain(queue: &dyn Queue, count: u64, size: usize, batch: usize) -> Result
     let mut drained = 0u64;
     let t0 = Instant::now();
     let cpu0 = cpu_time();
+    let ticks0 = CpuTicks::now();
     while drained < count {
         let t = Instant::now();
         let n = queue.drain(batch)?;
@@ -250,6 +261,7 @@ pub fn drain(queue: &dyn Queue, count: u64, size: usize, batch: usize) -> Result
     }
     let wall = t0.elapsed();
     let cpu = cpu_time().saturating_sub(cpu0);
+    let steal = CpuTicks::stolen_share(ticks0, CpuTicks::now());
     if queue.drain(batch)? != 0 {
         return Err(format!("drain found more than the {count} records filled").into());
     }
@@ -262,5 +274,6 @@ pub fn drain(queue: &dyn Queue, count: u64, size: usize, batch: usize) -> Result
         counters: None,
         relayed: None,
         device_bytes: None,
+        steal,
     })
 }
