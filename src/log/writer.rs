@@ -379,8 +379,15 @@ pub(crate) struct Writer {
     /// ([`Writer::write_inline`]) kept it busy, so that a lone producer
     /// appending without pause does not wake the thread at every append;
     /// back to one once zeros are no longer due (written while idle or by a
-    /// batch).
+    /// batch), or once a batch followed a pause of a grace period or more
+    /// (`quiet_before_last`), so that a producer that slows down after a
+    /// burst finds the zeros written in its pauses again.
     idle_scale: u32,
+    /// How long the writer was quiet before the last batch began (from the
+    /// end of the batch before): a producer pausing at least a grace period
+    /// between its batches leaves the thread room for the zeros, one
+    /// appending without pause does not ([`Writer::idle`]).
+    quiet_before_last: Duration,
     /// Until when the writer thread sleeps, while it does: `Some(None)`
     /// without a deadline, `None` while it is awake (and will look at the
     /// deadlines again before it sleeps).
@@ -436,6 +443,7 @@ impl Writer {
             spare,
             last_active: Instant::now(),
             idle_scale: 1,
+            quiet_before_last: Duration::ZERO,
             thread_sleeps_until: None,
             inline: false,
         })
@@ -655,6 +663,11 @@ impl Writer {
                     .store(1, std::sync::atomic::Ordering::Relaxed);
                 self.zero_ahead_idle();
             }
+            // A batch came first. Its producer paused a grace period or
+            // more before it: the next pause will leave room, so the thread
+            // looks a grace period after the batch, as it did at first.
+            // Batches back to back: it waits longer next time.
+            Some(_) if self.quiet_before_last >= idle_grace(&self.shared) => self.idle_scale = 1,
             Some(_) => self.idle_scale = (self.idle_scale * 2).min(IDLE_SCALE_MAX),
             None => {}
         }
@@ -780,6 +793,7 @@ impl Writer {
     /// `reclaim` or the batch holds a sync barrier (which completes after
     /// the deletions its batch allows).
     fn process(&mut self, reclaim: bool) {
+        self.quiet_before_last = self.last_active.elapsed();
         let mut batch = std::mem::take(&mut self.batch);
         let durability = self.shared.options.durability;
         let written = self.write_batch(&batch);

@@ -354,6 +354,41 @@ fn an_idle_writer_writes_the_zeros_ahead_without_touching_a_record() {
     outbox.close().expect("close");
 }
 
+/// The writer thread backs off from the zeros while a producer appending
+/// alone writes its batches back to back (it would wake for nothing at
+/// every append), but not for good: once that producer pauses longer than
+/// the grace the thread waits before it writes zeros while idle, though
+/// shorter than the longest back-off (5 ms), the thread writes them in its
+/// pauses again instead of leaving them to the producer's batches. On the
+/// simulated disk, whose instant `fdatasync` makes the grace its least
+/// (200 µs).
+#[test]
+fn a_producer_pausing_after_a_burst_finds_the_zeros_written_while_idle() {
+    let disk = segwal::sim::SimDisk::new(31);
+    let outbox =
+        Outbox::open_with_storage("/outbox", Options::default(), Arc::new(disk)).expect("open");
+    // Back to back: the thread finds a batch written whenever it wakes for
+    // the zeros, and waits longer each time.
+    for i in 0..2_000usize {
+        outbox.append(&payload(0, i)).expect("append");
+    }
+    let before = outbox.stats();
+    for i in 0..100usize {
+        thread::sleep(std::time::Duration::from_millis(3));
+        outbox.append(&payload(1, i)).expect("append");
+    }
+    let after = outbox.stats();
+    // 100 appends of one block each use up the 256 KiB of zeros ahead at
+    // least once; every batch has one fsync, so any fsync beyond them made
+    // zeros durable while the writer was idle.
+    let idle_fills = (after.fsyncs - before.fsyncs).saturating_sub(after.batches - before.batches);
+    assert!(
+        idle_fills >= 1,
+        "the zeros were left to the producer's batches: {before:?} -> {after:?}"
+    );
+    outbox.close().expect("close");
+}
+
 /// A producer appending alone writes and syncs its own batch
 /// (`Options::caller_writes`, on by default), and only then: with the option
 /// off, under buffered durability or with a linger, every batch is the
