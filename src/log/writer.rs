@@ -379,14 +379,17 @@ pub(crate) struct Writer {
     /// ([`Writer::write_inline`]) kept it busy, so that a lone producer
     /// appending without pause does not wake the thread at every append;
     /// back to one once zeros are no longer due (written while idle or by a
-    /// batch), or once a batch followed a pause of a grace period or more
-    /// (`quiet_before_last`), so that a producer that slows down after a
-    /// burst finds the zeros written in its pauses again.
+    /// batch), or when the thread, woken for the zeros, finds that the batch
+    /// written meanwhile followed a pause longer than the grace plus how late
+    /// the thread woke (`quiet_before_last`, [`Writer::idle`]): at one grace
+    /// it would have looked before such a batch, so a producer that slows
+    /// down after a burst finds the zeros written in its pauses again.
     idle_scale: u32,
-    /// How long the writer was quiet before the last batch began (from the
-    /// end of the batch before): a producer pausing at least a grace period
-    /// between its batches leaves the thread room for the zeros, one
-    /// appending without pause does not ([`Writer::idle`]).
+    /// How long before the last batch began the batch before it ended, on
+    /// either thread (other work of the writer in between, zeros or
+    /// reclaiming, counts as quiet): a producer's pause, which tells
+    /// [`Writer::idle`] whether the thread can look for the zeros between
+    /// that producer's batches.
     quiet_before_last: Duration,
     /// Until when the writer thread sleeps, while it does: `Some(None)`
     /// without a deadline, `None` while it is awake (and will look at the
@@ -648,13 +651,16 @@ impl Writer {
             .store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The writer thread woke at the end of the idle grace with no request:
-    /// writes the zeros ahead if no batch was written since, else waits
-    /// longer next time (see [`Writer::idle_scale`]).
-    fn idle(&mut self, rx: &Receiver<Request>) {
+    /// The writer thread woke at the end of the idle grace it slept for,
+    /// `slept_until`, with no request: writes the zeros ahead if no batch was
+    /// written since, else waits longer next time, unless that batch
+    /// followed a pause the thread could have used (see
+    /// [`Writer::idle_scale`]).
+    fn idle(&mut self, rx: &Receiver<Request>, slept_until: Instant) {
         let (_, idle_until) = self.wait_until();
+        let now = Instant::now();
         match idle_until {
-            Some(t) if Instant::now() >= t && rx.is_empty() => {
+            Some(t) if now >= t && rx.is_empty() => {
                 self.idle_scale = 1;
                 // Busy, but not to be spun beside: the fsync of zeros takes
                 // as long as a batch's.
@@ -663,11 +669,18 @@ impl Writer {
                     .store(1, std::sync::atomic::Ordering::Relaxed);
                 self.zero_ahead_idle();
             }
-            // A batch came first. Its producer paused a grace period or
-            // more before it: the next pause will leave room, so the thread
-            // looks a grace period after the batch, as it did at first.
-            // Batches back to back: it waits longer next time.
-            Some(_) if self.quiet_before_last >= idle_grace(&self.shared) => self.idle_scale = 1,
+            // A batch came first. If the pause before it was longer than a
+            // grace period plus how late this thread woke, the thread
+            // waiting one grace would have looked before it: next time it
+            // does, and writes the zeros in such a pause. Batches closer
+            // than that: it waits longer next time, rather than wake at
+            // every batch for a race it loses.
+            Some(_)
+                if self.quiet_before_last
+                    >= idle_grace(&self.shared) + now.saturating_duration_since(slept_until) =>
+            {
+                self.idle_scale = 1
+            }
             Some(_) => self.idle_scale = (self.idle_scale * 2).min(IDLE_SCALE_MAX),
             None => {}
         }
@@ -2080,8 +2093,8 @@ fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
             }
             Err(RecvTimeoutError::Timeout) => {
                 writer.on_timer();
-                if idle_until.is_some_and(|t| Instant::now() >= t) {
-                    writer.idle(rx);
+                if let Some(t) = idle_until.filter(|&t| Instant::now() >= t) {
+                    writer.idle(rx, t);
                 }
             }
             Err(RecvTimeoutError::Disconnected) => return writer.finish(),
