@@ -30,6 +30,21 @@ const PROCESS_KILLED: CrashModel = CrashModel {
     block_garbled: 0,
 };
 
+/// Opens an outbox on `disk`, appends six records, claims the first four
+/// and acknowledges them (buffered, as `options` say); returns the outbox
+/// and the six seqs.
+fn six_appended_four_acked(disk: &SimDisk, options: &Options) -> (Outbox, Vec<Seq>) {
+    let outbox = Outbox::open_with_storage("/outbox", options.clone(), Arc::new(disk.clone()))
+        .expect("open");
+    let seqs: Vec<Seq> = (0..6u8)
+        .map(|i| outbox.append(&[i]).expect("append"))
+        .collect();
+    let first = outbox.claim(4).expect("claim");
+    assert_eq!(seqs_of(&first), seqs[..4]);
+    outbox.ack_many(&seqs_of(&first)).expect("ack");
+    (outbox, seqs)
+}
+
 /// Waits until a copy of `disk` taken now, crashed as `model` and reopened,
 /// delivers `left` and nothing else: until what the outbox still runs on
 /// `disk` is made durable against that crash.
@@ -126,13 +141,7 @@ fn a_buffered_acknowledgement_alone_is_made_durable_after_the_sync_interval() {
         let options = small_segments()
             .buffered_sync_interval(std::time::Duration::from_millis(50))
             .caller_writes(lone_producer);
-        let outbox = Outbox::open_with_storage("/outbox", options.clone(), Arc::new(disk.clone()))
-            .expect("open");
-        let seqs: Vec<Seq> = (0..6u8)
-            .map(|i| outbox.append(&[i]).expect("append"))
-            .collect();
-        let first = outbox.claim(4).expect("claim");
-        outbox.ack_many(&seqs_of(&first)).expect("ack");
+        let (outbox, seqs) = six_appended_four_acked(&disk, &options);
         eventually_a_crash_leaves(
             &disk,
             &options,
@@ -154,13 +163,7 @@ fn a_buffered_acknowledgement_reaches_the_file_at_once_when_no_producer_writes()
     let options = small_segments()
         .buffered_sync_interval(std::time::Duration::from_secs(3600))
         .caller_writes(false);
-    let outbox = Outbox::open_with_storage("/outbox", options.clone(), Arc::new(disk.clone()))
-        .expect("open");
-    let seqs: Vec<Seq> = (0..6u8)
-        .map(|i| outbox.append(&[i]).expect("append"))
-        .collect();
-    let first = outbox.claim(4).expect("claim");
-    outbox.ack_many(&seqs_of(&first)).expect("ack");
+    let (outbox, seqs) = six_appended_four_acked(&disk, &options);
     eventually_a_crash_leaves(
         &disk,
         &options,
