@@ -37,7 +37,10 @@ mod async_api;
 /// A cheap handle: clone it freely and share it between any number of producer
 /// and relay threads (`Outbox` is `Send + Sync`). The outbox closes when
 /// [`close`](Outbox::close) is called on any handle or when the last handle is
-/// dropped; afterwards every call on every handle fails with [`Error::Closed`].
+/// dropped; afterwards every fallible call on every handle fails with
+/// [`Error::Closed`] ([`stats`](Outbox::stats), [`id`](Outbox::id),
+/// [`dir`](Outbox::dir) and [`recovery_report`](Outbox::recovery_report)
+/// still answer).
 #[derive(Clone)]
 pub struct Outbox {
     handle: Arc<Handle>,

@@ -173,6 +173,28 @@ fn verify_refuses_a_foreign_file_and_leaves_it_alone() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
 }
 
+/// A directory of format version 1 (the golden one) is not damage: `dump
+/// --state`, which rebuilds the state table as an open would, refuses it with
+/// exit 2 and the version named, and changes nothing.
+#[test]
+fn dump_state_refuses_a_format_version_1_directory_with_exit_2() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("v1");
+    std::fs::create_dir(&dir).expect("dir");
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1");
+    for entry in std::fs::read_dir(&golden).expect("golden v1") {
+        let from = entry.expect("entry").path();
+        std::fs::copy(&from, dir.join(from.file_name().expect("name"))).expect("copy");
+    }
+    let before = snapshot(&dir);
+    let out = segwal(&["dump", "--state", dir.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("version 1"), "{stderr}");
+    assert!(out.stdout.is_empty(), "no record printed");
+    assert_eq!(snapshot(&dir), before);
+}
+
 #[test]
 fn read_only_commands_work_while_the_owner_appends() {
     let tmp = tempfile::tempdir().expect("tempdir");
