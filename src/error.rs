@@ -326,6 +326,18 @@ pub enum Corruption {
         /// The identity this header names.
         found: u128,
     },
+    /// The segment header's sequence numbers, its checksum valid, are ones
+    /// the writer never writes: a first seq of 0 or beyond the format's
+    /// bound (2^62), a predecessor's last seq at or after it, or a log start
+    /// after it. Not a segment segwal wrote.
+    ImpossibleSegmentSeqs {
+        /// The header's `first_seq`.
+        first_seq: u64,
+        /// The header's `prev_seq`.
+        prev_seq: u64,
+        /// The header's `log_start`.
+        log_start: u64,
+    },
     /// The segment header names a block size this build does not write.
     BadBlockSize {
         /// The block size found.
@@ -448,6 +460,16 @@ impl fmt::Display for Corruption {
             Corruption::ForeignOutbox { expected, found } => write!(
                 f,
                 "segment of outbox {found:032x}, not of this directory's outbox {expected:032x}"
+            ),
+            Corruption::ImpossibleSegmentSeqs {
+                first_seq,
+                prev_seq,
+                log_start,
+            } => write!(
+                f,
+                "segment header with impossible sequence numbers: first_seq {first_seq}, \
+                 prev_seq {prev_seq}, log_start {log_start} (a segment's predecessor \
+                 ends before its first seq, and the log starts at or before it)"
             ),
             Corruption::BadBlockSize { found } => {
                 write!(f, "segment header names a block size of {found} bytes")

@@ -7,7 +7,7 @@
 
 use super::field;
 use crate::error::Corruption;
-use crate::format::seq::Seq;
+use crate::format::seq::{SEQ_MAX, Seq};
 
 /// Magic bytes at the start of every segment file.
 pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"SEGWAL\x1a\n";
@@ -155,10 +155,27 @@ impl SegmentHeader {
             return Err(Corruption::BadBlockSize { found: block });
         }
         let u64_at = |at| u64::from_le_bytes(field(h, at));
+        let (first_seq, prev_seq, log_start) = (
+            u64_at(FIRST_SEQ_AT),
+            u64_at(PREV_SEQ_AT),
+            u64_at(LOG_START_AT),
+        );
+        // The writer never writes anything else: the segment before ends
+        // below this one's first frame, the log starts at or before it, and
+        // every number is within the format's bound. A header that says
+        // otherwise, its checksum valid, was not written by segwal.
+        if first_seq == 0 || first_seq > SEQ_MAX || prev_seq >= first_seq || log_start > first_seq
+        {
+            return Err(Corruption::ImpossibleSegmentSeqs {
+                first_seq,
+                prev_seq,
+                log_start,
+            });
+        }
         Ok(SegmentHeader {
-            first_seq: Seq::from(u64_at(FIRST_SEQ_AT)),
-            prev_seq: Seq::from(u64_at(PREV_SEQ_AT)),
-            log_start: Seq::from(u64_at(LOG_START_AT)),
+            first_seq: Seq::from(first_seq),
+            prev_seq: Seq::from(prev_seq),
+            log_start: Seq::from(log_start),
             created_unix_ms: u64_at(CREATED_AT),
             nonce: u64_at(NONCE_AT),
             outbox_id: u128::from_le_bytes(field(h, OUTBOX_ID_AT)),
@@ -250,6 +267,46 @@ mod tests {
             SegmentHeader::decode(&v1),
             Err(Corruption::UnsupportedVersion { found: 1 })
         );
+    }
+
+    #[test]
+    fn impossible_sequence_numbers_are_refused_even_with_a_valid_checksum() {
+        let impossible = [
+            (0, 0, 0),
+            ((1 << 62) + 1, 1, 1),
+            (42, 42, 7),
+            (42, u64::MAX, 7),
+            (42, 41, 43),
+        ];
+        for (first, prev, start) in impossible {
+            let header = SegmentHeader {
+                first_seq: Seq::from(first),
+                prev_seq: Seq::from(prev),
+                log_start: Seq::from(start),
+                ..sample()
+            };
+            assert_eq!(
+                SegmentHeader::decode(&header.encode()),
+                Err(Corruption::ImpossibleSegmentSeqs {
+                    first_seq: first,
+                    prev_seq: prev,
+                    log_start: start,
+                }),
+                "{first} {prev} {start}"
+            );
+        }
+        // The edges a header may hold: the first segment ever, and a segment
+        // named at the format's bound (which an open then refuses, for the
+        // numbers it would assign: `plan::SEQ_OPEN_LIMIT`).
+        for (first, prev, start) in [(1, 0, 1), (1 << 62, (1 << 62) - 1, 1)] {
+            let header = SegmentHeader {
+                first_seq: Seq::from(first),
+                prev_seq: Seq::from(prev),
+                log_start: Seq::from(start),
+                ..sample()
+            };
+            assert_eq!(SegmentHeader::decode(&header.encode()), Ok(header));
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use super::report::{Dropped, TornTail};
 use super::scan::{Damage, SealAt, SegmentScan};
 use crate::error::{Corruption, Error, Result};
 use crate::format::segment::{FORMAT_VERSION, FRAMES_AT, align_up};
-use crate::format::seq::Seq;
+use crate::format::seq::{SEQ_MAX, Seq};
 use crate::options::RecoveryMode;
 
 /// What recovery will change on disk, decided before anything is changed.
@@ -225,6 +225,8 @@ pub(crate) fn plan(scans: &[SegmentScan], mode: RecoveryMode) -> Result<Plan> {
         }
         drop_from(&mut d, k, damage, max_seen);
     }
+    // Damage is named first: a number beyond the limit may be its symptom.
+    check_seq_room(scans, max_seen)?;
     let mut plan = finish(d, scans, leftovers, log_start, max_seen);
     plan.outbox_id = outbox_id;
     Ok(plan)
@@ -267,6 +269,35 @@ fn check_versions_and_owner(scans: &[SegmentScan]) -> Result<Option<u128>> {
         });
     }
     Ok(id)
+}
+
+/// The highest sequence number an open accepts on disk, in a file name, a
+/// header or a frame: half the format's bound ([`SEQ_MAX`]). At a billion
+/// appends a second it lasts 73 years, so no log reaches it; and a process
+/// that opens below it cannot append its way to `SEQ_MAX`, which no frame may
+/// hold. A directory whose files name a number at or above it was not
+/// written by segwal.
+pub(crate) const SEQ_OPEN_LIMIT: u64 = SEQ_MAX / 2;
+
+/// Refuses a log whose numbers reach [`SEQ_OPEN_LIMIT`], naming the file with
+/// the highest name.
+fn check_seq_room(scans: &[SegmentScan], max_seen: Seq) -> Result<()> {
+    let Some(last) = scans.last() else {
+        return Ok(());
+    };
+    let highest = max_seen.get().max(last.id.first_seq().get());
+    if highest < SEQ_OPEN_LIMIT {
+        return Ok(());
+    }
+    Err(Error::Corrupt {
+        path: last.path.clone(),
+        offset: 0,
+        seq: None,
+        kind: Corruption::Unsupported {
+            what: "sequence number at or above 2^61 (not written by segwal)",
+            value: highest,
+        },
+    })
 }
 
 /// The log start: the highest recorded anywhere, in a header or a `LogStart`

@@ -31,6 +31,7 @@ pub(crate) fn kept<'a>(
         Kept {
             path: &s.path,
             salt: s.header.map_or(0, |h| frame::salt(s.id, h.nonce)),
+            first_seq: s.id.first_seq(),
             frames: s.frames.get(..k.frames).unwrap_or_default(),
         }
     })

@@ -9,7 +9,7 @@
 //! which skips it (its records are then delivered once more). The records
 //! themselves are checked when they are claimed.
 
-use crate::error::{Error, Result};
+use crate::error::{Corruption, Error, Result};
 use crate::format::acks;
 use crate::format::checkpoint::CHECKPOINT;
 use crate::format::delivery::{self, Change};
@@ -25,6 +25,8 @@ use crate::io::{Storage, read_exact_at};
 pub(crate) struct Kept<'a> {
     pub path: &'a std::path::Path,
     pub salt: u32,
+    /// The seq of the segment's first frame: frame `i` holds `first_seq + i`.
+    pub first_seq: Seq,
     pub frames: &'a [crate::format::frame::FrameSpan],
 }
 
@@ -93,10 +95,15 @@ pub(crate) fn recorded_state<'a>(
     let mut out = Vec::new();
     // A segment's internal frames, found in one pass over its frames (an
     // open's sealed segments hold hundreds of thousands of records each).
-    let mut internal: Vec<FrameSpan> = Vec::new();
+    let mut internal: Vec<(Seq, FrameSpan)> = Vec::new();
     for seg in segments {
         internal.clear();
-        internal.extend(seg.frames.iter().filter(|f| !f.is_record).copied());
+        internal.extend(
+            (seg.first_seq.get()..)
+                .zip(seg.frames)
+                .filter(|(_, f)| !f.is_record)
+                .map(|(seq, f)| (Seq::from(seq), *f)),
+        );
         if internal.is_empty() {
             continue;
         }
@@ -111,7 +118,7 @@ pub(crate) fn recorded_state<'a>(
         // at once (docs/BENCHMARKS.md, "Cold open: the state frames asked for
         // at once"). Of a large frame, only its first block: it may be an
         // index checkpoint, which is not read.
-        for span in &internal {
+        for (_, span) in &internal {
             let len = if span.len as usize > LARGE {
                 BLOCK
             } else {
@@ -121,7 +128,7 @@ pub(crate) fn recorded_state<'a>(
         }
         let mut header = [0u8; FRAME_HEADER_LEN];
         let mut whole = Vec::new();
-        for span in &internal {
+        for &(own, span) in &internal {
             let at = u64::from(span.offset);
             // The seal (its index was checked when the segment was scanned)
             // and a large index checkpoint (it only says where frames lie)
@@ -147,6 +154,14 @@ pub(crate) fn recorded_state<'a>(
                 kind,
             };
             let decoded = frame::decode(&whole, seg.salt).and_then(|f| {
+                // A seal index or checkpoint lists where a frame lies, not
+                // what it holds: the frame must hold the seq of its place.
+                if f.header.seq != own {
+                    return Err(Corruption::WrongFrame {
+                        expected: own,
+                        found: f.header.seq,
+                    });
+                }
                 let stamped = f.header.timestamp_us;
                 if f.header.kind == frame::ACKS {
                     let ranges = acks::decode(f.payload)?;
@@ -169,6 +184,14 @@ pub(crate) fn recorded_state<'a>(
                         .collect())
                 } else if f.header.kind == frame::FrameKind::Relocated {
                     let (seq, carried) = crate::format::relocated::decode_ext(f.ext)?;
+                    // Relocation carries a record forward, never back or
+                    // onto itself.
+                    if seq >= own {
+                        return Err(Corruption::Unsupported {
+                            what: "relocated frame naming a record at or after its own seq",
+                            value: seq.get(),
+                        });
+                    }
                     Ok(vec![Recorded::Relocated {
                         seq,
                         at: f.header.seq,
@@ -201,4 +224,117 @@ pub(crate) fn recorded_state<'a>(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::{Kept, Recorded, recorded_state};
+    use crate::error::{Corruption, Error};
+    use crate::format::ext::RecordFields;
+    use crate::format::frame::{self, FrameHeader, FrameKind, FrameSpan};
+    use crate::format::hash::Hasher;
+    use crate::format::relocated::{self, Carried, CarriedState};
+    use crate::format::seq::{SegmentId, Seq};
+    use crate::io::Storage;
+    use crate::sim::SimDisk;
+
+    const FIRST: u64 = 10;
+
+    /// A segment file of two internal frames, at seqs 10 and 11: a log start,
+    /// then a relocated copy whose header says `at` and whose ext names the
+    /// record `own`. Returns what recovery reads of it.
+    fn read(at: u64, own: u64) -> crate::error::Result<Vec<Recorded>> {
+        let disk = SimDisk::new(1);
+        let dir = Path::new("/outbox");
+        disk.create_dir(dir).expect("dir");
+        let path = dir.join(SegmentId(FIRST).file_name());
+        let salt = frame::salt(SegmentId(FIRST), 7);
+        let header = |seq: u64, kind| FrameHeader {
+            kind,
+            batch_end: true,
+            seq: Seq::from(seq),
+            group: Seq::from(seq),
+            timestamp_us: 1,
+        };
+        let mut bytes = vec![0u8; 4096];
+        frame::encode(
+            &mut bytes,
+            &header(FIRST, FrameKind::LogStart),
+            &1u64.to_le_bytes(),
+            salt,
+        );
+        let second = bytes.len();
+        let mut ext = Vec::new();
+        let carried = Carried {
+            attempts: 0,
+            state: CarriedState::Pending,
+            reason: None,
+        };
+        relocated::encode_ext(&RecordFields::default(), Seq::from(own), &carried, &mut ext);
+        frame::encode_with(
+            &mut bytes,
+            &header(at, FrameKind::Relocated),
+            &ext,
+            b"payload",
+            salt,
+        );
+        let file = disk.create(&path).expect("create");
+        crate::io::write_all_at(&*file, &bytes, 0).expect("write");
+        let span = |from: usize, to: usize| FrameSpan {
+            offset: from as u32,
+            len: (to - from) as u32,
+            is_record: false,
+        };
+        let frames = [span(4096, second), span(second, bytes.len())];
+        let kept = Kept {
+            path: &path,
+            salt,
+            first_seq: Seq::from(FIRST),
+            frames: &frames,
+        };
+        recorded_state(&disk, [kept], false, &Hasher::new(1))
+    }
+
+    #[test]
+    fn a_relocated_copy_of_an_earlier_record_is_read() {
+        let found = read(FIRST + 1, 3).expect("read");
+        assert!(matches!(
+            found.as_slice(),
+            [Recorded::Relocated { seq, at, .. }] if seq.get() == 3 && at.get() == FIRST + 1
+        ));
+    }
+
+    #[test]
+    fn a_frame_that_does_not_hold_the_seq_of_its_place_is_corruption() {
+        // A seal index or checkpoint lists the second frame at seq 11; its
+        // header (checksum valid) says 12.
+        match read(FIRST + 2, 3) {
+            Err(Error::Corrupt { kind, offset, .. }) => {
+                assert_eq!(
+                    kind,
+                    Corruption::WrongFrame {
+                        expected: Seq::from(FIRST + 1),
+                        found: Seq::from(FIRST + 2),
+                    }
+                );
+                assert!(offset > 4096, "the second frame's offset: {offset}");
+            }
+            other => panic!("expected Corrupt, got {:?}", other.map(|v| v.len())),
+        }
+    }
+
+    #[test]
+    fn a_relocated_copy_naming_its_own_seq_or_a_later_one_is_corruption() {
+        for own in [FIRST + 1, FIRST + 5] {
+            match read(FIRST + 1, own) {
+                Err(Error::Corrupt {
+                    kind: Corruption::Unsupported { value, .. },
+                    ..
+                }) => assert_eq!(value, own),
+                other => panic!("expected Corrupt, got {:?}", other.map(|v| v.len())),
+            }
+        }
+    }
 }

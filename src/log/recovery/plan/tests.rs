@@ -1025,3 +1025,24 @@ fn an_index_checkpoint_must_describe_the_frames_before_it() {
         );
     }
 }
+
+#[test]
+fn numbers_at_or_above_half_the_format_bound_are_refused() {
+    // An empty segment named at the format's bound (a name it allows): its
+    // first append would be numbered 2^62, which no frame may hold.
+    let at_bound = Seg::new(1 << 62, (1 << 62) - 1, 1 << 62).file();
+    assert!(matches!(
+        corruption(decide(&[at_bound])),
+        Corruption::Unsupported { value, .. } if value == 1 << 62
+    ));
+    // Records just past the open's limit, 2^61.
+    let past = Seg::new(1 << 61, (1 << 61) - 1, 1 << 61).batch(2).file();
+    assert!(matches!(
+        corruption(decide(&[past])),
+        Corruption::Unsupported { value, .. } if value >= 1 << 61
+    ));
+    // Just below it, a log opens and numbers on.
+    let below = Seg::new((1 << 61) - 10, 5, (1 << 61) - 10).batch(2).file();
+    let plan = decide(&[below]).expect("opens");
+    assert!(create(&plan).0 < Seq::from(1 << 61));
+}
