@@ -16,7 +16,7 @@
 #![deny(clippy::indexing_slicing)]
 
 use crate::error::Corruption;
-use crate::format::frame::{FRAME_HEADER_LEN, FrameKind, FrameSpan};
+use crate::format::frame::{FRAME_HEADER_LEN, FRAME_LEN_MAX, FrameKind, FrameSpan};
 use crate::format::seal::INDEX_FRAMES_MAX;
 use crate::format::segment::{BLOCK, align_up};
 use crate::format::seq::Seq;
@@ -172,6 +172,9 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Checkpoint, Corruption> {
         let len = u32_at(payload, entry + 4).ok_or_else(short)?;
         if (len as usize) < FRAME_HEADER_LEN {
             return Err(bad("a frame shorter than a frame header"));
+        }
+        if len as usize > FRAME_LEN_MAX {
+            return Err(bad("a frame longer than the format allows"));
         }
         if let Some(prev) = frames.last() {
             let end = prev.end();

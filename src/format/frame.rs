@@ -39,6 +39,12 @@ pub(crate) const FRAME_HEADER_LEN: usize = TIME_AT + 8;
 /// and on decode, before anything is sliced.
 pub(crate) const RECORD_BYTES_LIMIT: usize = 1 << 30;
 
+/// The longest frame the format allows: a header, the longest optional-field
+/// area (its length is a u16) and the longest payload. A seal index or an
+/// index checkpoint that lists a longer frame is damage, found before any
+/// buffer is sized by it.
+pub(crate) const FRAME_LEN_MAX: usize = FRAME_HEADER_LEN + u16::MAX as usize + RECORD_BYTES_LIMIT;
+
 /// The seed of a segment's frame checksums, from its secret nonce and its
 /// first sequence number: the CRC-32 of both (little-endian u64s). A frame
 /// checks only in the segment it was written for, so a stale frame (old disk

@@ -10,7 +10,7 @@
 #![deny(clippy::indexing_slicing)]
 
 use crate::error::Corruption;
-use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan, frame_len};
+use crate::format::frame::{FRAME_HEADER_LEN, FRAME_LEN_MAX, FrameSpan, frame_len};
 use crate::format::segment::{FRAMES_AT, align_up};
 use crate::format::seq::Seq;
 
@@ -155,8 +155,15 @@ pub(crate) fn trailer(file: &[u8]) -> Option<usize> {
     let start = file.len().checked_sub(TRAILER_LEN)?;
     let bytes: [u8; 4] = file.get(start..)?.try_into().ok()?;
     let len = u32::from_le_bytes(bytes) as usize;
-    (len >= frame_len(EMPTY_INDEX_LEN)).then_some(len)
+    (frame_len(EMPTY_INDEX_LEN)..=SEAL_LEN_MAX)
+        .contains(&len)
+        .then_some(len)
 }
+
+/// The longest seal frame: an index of [`INDEX_FRAMES_MAX`] frames, all of
+/// them internal (an entry and a position each). A trailer naming a longer
+/// one is not a seal's, and sizes no buffer.
+const SEAL_LEN_MAX: usize = frame_len(EMPTY_INDEX_LEN + INDEX_FRAMES_MAX * (FRAME_ENTRY_LEN + 4));
 
 fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?))
@@ -210,6 +217,9 @@ pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corrupti
         }
         if (len as usize) < FRAME_HEADER_LEN {
             return Err(bad("a frame shorter than a frame header"));
+        }
+        if len as usize > FRAME_LEN_MAX {
+            return Err(bad("a frame longer than the format allows"));
         }
         end = u64::from(at) + u64::from(len);
         frames.push(FrameSpan {
@@ -303,6 +313,33 @@ mod tests {
         assert!(decode(&encode(&gap, None), SEAL_AT).is_err());
         assert!(decode(&encode(&[], None), 4096).is_ok());
         assert!(decode(&encode(&[], None), 4097).is_err());
+    }
+
+    #[test]
+    fn no_length_beyond_the_format_sizes_a_buffer() {
+        // A frame listed longer than any frame can be, its seal where it
+        // would end.
+        let huge = [FrameSpan {
+            offset: 4096,
+            len: (FRAME_LEN_MAX + 1) as u32,
+            is_record: true,
+        }];
+        let seal_at = align_up(4096 + FRAME_LEN_MAX as u64 + 1);
+        assert_eq!(
+            decode(&encode(&huge, None), seal_at),
+            Err(Corruption::BadSealIndex {
+                what: "a frame longer than the format allows"
+            })
+        );
+        // A trailer naming a seal longer than the longest index is no seal's.
+        for len in [SEAL_LEN_MAX + 1, u32::MAX as usize] {
+            let mut file = vec![0u8; 64];
+            file.extend_from_slice(&(len as u32).to_le_bytes());
+            assert_eq!(trailer(&file), None, "{len}");
+        }
+        let mut file = vec![0u8; 64];
+        file.extend_from_slice(&(SEAL_LEN_MAX as u32).to_le_bytes());
+        assert_eq!(trailer(&file), Some(SEAL_LEN_MAX));
     }
 
     #[test]

@@ -164,8 +164,7 @@ impl SegmentHeader {
         // below this one's first frame, the log starts at or before it, and
         // every number is within the format's bound. A header that says
         // otherwise, its checksum valid, was not written by segwal.
-        if first_seq == 0 || first_seq > SEQ_MAX || prev_seq >= first_seq || log_start > first_seq
-        {
+        if first_seq == 0 || first_seq > SEQ_MAX || prev_seq >= first_seq || log_start > first_seq {
             return Err(Corruption::ImpossibleSegmentSeqs {
                 first_seq,
                 prev_seq,

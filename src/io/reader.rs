@@ -181,7 +181,9 @@ pub(crate) fn read_runs(
             let mut end = start + run.frames[i].len;
             while let Some(next) = run.frames.get(j + 1).filter(|_| !one_by_one) {
                 let next_end = next.offset + next.len;
-                if next.offset > end + BLOCK as u32 || next_end - start > READ_BYTES_MAX {
+                if u64::from(next.offset) > u64::from(end) + BLOCK as u64
+                    || next_end - start > READ_BYTES_MAX
+                {
                     break;
                 }
                 j += 1;
