@@ -112,3 +112,14 @@ pub use outbox::{DeadLetter, Outbox, Stats};
 #[cfg(feature = "nats")]
 pub use relay::nats;
 pub use relay::{Outcome, Publisher, Relay, RelayOptions, RelayStats};
+
+/// The pid the `OWNER` file of the outbox directory `dir` names: a hint for
+/// messages, written by the process that opened the outbox (the lock itself
+/// is a `flock` on the directory, docs/FORMAT.md "The directory"; the file
+/// may be stale or missing). `None` if it names no pid, or if it is not a
+/// plain file of its own: a symbolic link, a FIFO or a device under that
+/// name is never read through, so it can neither block the caller nor be
+/// read without end.
+pub fn owner_pid(dir: &std::path::Path) -> Option<u32> {
+    io::StdStorage::owner_pid(dir)
+}

@@ -402,11 +402,7 @@ fn say_held(dir: &std::path::Path, pid: Option<u32>) {
 fn held_by_owner(dir: &std::path::Path) -> Option<Option<u32>> {
     let handle = std::fs::File::open(dir).ok()?;
     match handle.try_lock() {
-        Err(std::fs::TryLockError::WouldBlock) => Some(
-            std::fs::read_to_string(dir.join("OWNER"))
-                .ok()
-                .and_then(|t| t.trim().parse().ok()),
-        ),
+        Err(std::fs::TryLockError::WouldBlock) => Some(segwal::owner_pid(dir)),
         _ => None,
     }
 }

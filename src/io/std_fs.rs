@@ -53,6 +53,17 @@ impl StdStorage {
         StdStorage::default()
     }
 
+    /// [`crate::owner_pid`].
+    pub(crate) fn owner_pid(dir: &Path) -> Option<u32> {
+        let mut text = String::new();
+        open_owner(dir, false)
+            .ok()?
+            .take(64)
+            .read_to_string(&mut text)
+            .ok()?;
+        text.trim().parse().ok()
+    }
+
     /// Where to reach `path`: through the held directory if it lies in it.
     fn at<'a>(&self, path: &'a Path) -> Cow<'a, Path> {
         match &*self.home.lock() {
@@ -211,7 +222,7 @@ impl Storage for StdStorage {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
                 return Err(LockError::Held {
-                    pid: read_owner(dir),
+                    pid: StdStorage::owner_pid(dir),
                 });
             }
             Err(TryLockError::Error(e)) => return Err(LockError::Io(e)),
@@ -220,11 +231,8 @@ impl Storage for StdStorage {
         // is a hint for humans, and the lock itself lives in the kernel. Writing
         // it also proves the directory is writable before recovery starts.
         let record = || -> io::Result<()> {
-            let mut owner = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(dir.join(OWNER_FILE))?;
+            let mut owner = open_owner(dir, true)?;
+            owner.set_len(0)?;
             writeln!(owner, "{}", std::process::id())
         };
         match record() {
@@ -243,13 +251,27 @@ impl Storage for StdStorage {
     }
 }
 
-/// The pid the owner file of `dir` records, if it can be read.
-fn read_owner(dir: &Path) -> Option<u32> {
-    let mut text = String::new();
-    File::open(dir.join(OWNER_FILE))
-        .and_then(|mut f| f.read_to_string(&mut text))
-        .ok()?;
-    text.trim().parse().ok()
+/// Opens the owner file of `dir` (creating it when `write`), as a plain file
+/// of its own or not at all: never through a symbolic link, which could name
+/// any file of the user's (a truncation would destroy it); never a FIFO or a
+/// device (opened without blocking, then refused), which could block an open
+/// or read without end; never a file with another name linked to it.
+fn open_owner(dir: &Path, write: bool) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .create(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(dir.join(OWNER_FILE))?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.nlink() > 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "OWNER is not a plain file of its own",
+        ));
+    }
+    Ok(file)
 }
 
 /// The directories (device, inode) locked by this process.

@@ -151,3 +151,48 @@ fn a_deleted_owner_file_does_not_let_a_second_open_in_within_the_process() {
     ));
     first.close().expect("close");
 }
+
+/// `OWNER` is a hint segwal writes and reads, never a way into another file:
+/// a symbolic link under that name does not get its target truncated or
+/// read, a FIFO does not block an open or a read, and a file with a second
+/// name keeps its bytes.
+#[test]
+fn the_owner_file_is_never_followed_into_another_file() {
+    let (_t, dir) = tmp();
+    std::fs::create_dir_all(&dir).expect("dir");
+    let victim = dir.with_extension("victim");
+    std::fs::write(&victim, b"4242\nsomeone else's bytes\n").expect("victim");
+
+    std::os::unix::fs::symlink(&victim, dir.join("OWNER")).expect("symlink");
+    assert_eq!(segwal::owner_pid(&dir), None, "read through a link");
+    let outbox = Outbox::open(&dir, Options::default()).expect("open beside a linked OWNER");
+    outbox.append(b"kept").expect("append");
+    outbox.close().expect("close");
+    assert_eq!(
+        std::fs::read(&victim).expect("victim"),
+        b"4242\nsomeone else's bytes\n"
+    );
+
+    std::fs::remove_file(dir.join("OWNER")).expect("unlink");
+    std::fs::hard_link(&victim, dir.join("OWNER")).expect("hard link");
+    let outbox = Outbox::open(&dir, Options::default()).expect("open beside a linked OWNER");
+    assert_eq!(outbox.claim(1).expect("claim")[0].payload(), b"kept");
+    outbox.close().expect("close");
+    assert_eq!(
+        std::fs::read(&victim).expect("victim"),
+        b"4242\nsomeone else's bytes\n"
+    );
+
+    std::fs::remove_file(dir.join("OWNER")).expect("unlink");
+    let fifo = std::ffi::CString::new(dir.join("OWNER").into_os_string().into_encoded_bytes())
+        .expect("path");
+    // SAFETY: `fifo` is a NUL-terminated path this frame owns.
+    #[expect(unsafe_code, reason = "mkfifo(3) has no safe wrapper in std")]
+    let rc = unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) };
+    assert_eq!(rc, 0, "mkfifo");
+    // Neither blocks: a FIFO is opened without waiting for a peer, then
+    // refused.
+    assert_eq!(segwal::owner_pid(&dir), None);
+    let outbox = Outbox::open(&dir, Options::default()).expect("open beside a FIFO");
+    outbox.close().expect("close");
+}

@@ -367,9 +367,7 @@ fn pass(
         records: 0,
         bytes: 0,
         repair: None,
-        owner_pid: std::fs::read_to_string(dir.join("OWNER"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok()),
+        owner_pid: crate::io::StdStorage::owner_pid(dir),
         states: None,
     };
     let mut ids = Vec::new();
