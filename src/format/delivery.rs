@@ -152,7 +152,9 @@ fn seq_of(rest: &mut &[u8]) -> Result<Seq, Corruption> {
 
 fn reason_of(rest: &mut &[u8]) -> Result<String, Corruption> {
     let len = u16::from_le_bytes(take(rest, 2)?.try_into().unwrap_or_default()) as usize;
-    Ok(String::from_utf8_lossy(take(rest, len)?).into_owned())
+    // The writer never writes more than the limit; a frame that says
+    // otherwise holds no more than it in memory either.
+    Ok(clip(&String::from_utf8_lossy(take(rest, len)?)))
 }
 
 /// The changes a frame of `kind` (release, dead letter, requeue or discard)

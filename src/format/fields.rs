@@ -119,7 +119,7 @@ impl Cursor<'_> {
 
     fn seq(&mut self) -> Result<Seq, Corruption> {
         let s = self.u64()?;
-        if s == 0 || s > SEQ_MAX {
+        if s == 0 || s >= SEQ_MAX {
             return Err(Corruption::Unsupported {
                 what: "sequence number in a fields or tombstones frame",
                 value: s,

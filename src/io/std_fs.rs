@@ -139,15 +139,12 @@ impl Storage for StdStorage {
     }
 
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(self.at(path))?;
+        let file = regular(OpenOptions::new().read(true).write(true), &self.at(path))?;
         Ok(Arc::new(StdFile { file }))
     }
 
     fn open_read(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-        let file = OpenOptions::new().read(true).open(self.at(path))?;
+        let file = regular(OpenOptions::new().read(true), &self.at(path))?;
         Ok(Arc::new(StdFile { file }))
     }
 
@@ -249,6 +246,23 @@ impl Storage for StdStorage {
         held.insert(key);
         Ok(Box::new(HeldLock { file: handle, key }))
     }
+}
+
+/// Opens `path` with `options` if it is a regular file (through a symbolic
+/// link or not), else fails with `InvalidInput`: a FIFO or a device named
+/// like a segment is opened without waiting for a peer (`O_NONBLOCK`, which
+/// changes nothing for a regular file) and refused, so it can neither block
+/// an open nor be read as a log; a directory is refused the same way.
+fn regular(options: &mut OpenOptions, path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = options.custom_flags(libc::O_NONBLOCK).open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
 }
 
 /// Opens the owner file of `dir` (creating it when `write`), as a plain file

@@ -2104,6 +2104,29 @@ pub fn check_frame_bytes(data: &[u8]) {
     }
     let _ = crate::format::segment::SegmentHeader::decode(data);
     let _ = crate::format::ext::decode(data);
+    // The payloads of delivery-state frames, whose decoders recovery reaches
+    // only through a frame whose keyed checksum holds.
+    if let Ok(ranges) = crate::format::acks::decode(data) {
+        assert!(ranges.iter().all(|(a, b)| a <= b));
+    }
+    use crate::format::delivery;
+    for kind in [
+        delivery::ATTEMPTS,
+        delivery::RELEASE,
+        delivery::DEAD_LETTER,
+        delivery::REQUEUE_OR_DISCARD,
+    ] {
+        for change in delivery::decode(kind, data).unwrap_or_default() {
+            if let delivery::Change::Release { reason, .. }
+            | delivery::Change::DeadLetter { reason, .. } = change
+            {
+                assert!(reason.len() <= delivery::REASON_BYTES_MAX);
+            }
+        }
+    }
+    let _ = crate::format::fields::decode(data);
+    let _ = crate::format::fields::decode_tombstones(data);
+    let _ = crate::format::relocated::decode_ext(data);
     let _ = crate::format::seal::decode(data, data.len() as u64);
     if let Ok(cp) = crate::format::checkpoint::decode(data) {
         for pair in cp.frames.windows(2) {

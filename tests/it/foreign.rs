@@ -313,3 +313,52 @@ fn child_opening_an_unwritable_directory() {
         other => panic!("expected InvalidPath, got {other:?}"),
     }
 }
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: `c` is a NUL-terminated path this frame owns.
+    #[expect(unsafe_code, reason = "mkfifo(3) has no safe wrapper in std")]
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(rc, 0, "mkfifo {}", path.display());
+}
+
+/// Something that is not a regular file under a segment's name (a FIFO, a
+/// directory) is refused with an error naming it, at once: the open neither
+/// blocks on the FIFO nor removes either, and `verify` says the same.
+#[test]
+fn a_fifo_or_a_directory_named_like_a_segment_is_refused_and_left_alone() {
+    for make in [mkfifo as fn(&Path), |p: &Path| {
+        std::fs::create_dir(p).expect("dir")
+    }] {
+        let (_t, dir) = tmp();
+        let outbox = Outbox::open(&dir, small_segments()).expect("open");
+        outbox.append(b"a record").expect("append");
+        outbox.close().expect("close");
+        let odd = dir.join(FOREIGN);
+        make(&odd);
+        match Outbox::open(&dir, small_segments()) {
+            Err(Error::Io { path, source, .. }) => {
+                assert_eq!(path, odd);
+                // A FIFO is refused as not a regular file; a directory
+                // cannot even be opened for writing.
+                use std::io::ErrorKind::{InvalidInput, IsADirectory};
+                assert!(
+                    matches!(source.kind(), InvalidInput | IsADirectory),
+                    "{source}"
+                );
+            }
+            Err(other) => panic!("expected Io naming {}, got {other}", odd.display()),
+            Ok(_) => panic!("opened beside {}", odd.display()),
+        }
+        assert!(std::fs::symlink_metadata(&odd).is_ok(), "left where it was");
+        match segwal::verify(&dir) {
+            Err(Error::Io { path, .. }) => assert_eq!(path, odd),
+            other => panic!(
+                "expected verify to fail naming {}, got {other:?}",
+                odd.display()
+            ),
+        }
+        assert!(std::fs::symlink_metadata(&odd).is_ok(), "left where it was");
+    }
+}
