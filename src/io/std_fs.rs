@@ -249,18 +249,21 @@ impl Storage for StdStorage {
 }
 
 /// Opens `path` with `options` if it is a regular file (through a symbolic
-/// link or not), else fails with `InvalidInput`: a FIFO or a device named
-/// like a segment is opened without waiting for a peer (`O_NONBLOCK`, which
-/// changes nothing for a regular file) and refused, so it can neither block
-/// an open nor be read as a log; a directory is refused the same way.
-fn regular(options: &mut OpenOptions, path: &Path) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = options.custom_flags(libc::O_NONBLOCK).open(path)?;
+/// link or not), else fails with `InvalidInput`: a FIFO, a device or a
+/// directory named like a segment can neither block an open nor be read as
+/// a log. Its type is asked before the open, since opening a FIFO waits for
+/// a peer; not by opening with `O_NONBLOCK`, which would make the open of a
+/// regular file under a lease (an NFS delegation, a Samba oplock) fail at
+/// once instead of waiting for the lease to be broken. Asked again of the
+/// descriptor, for a file replaced in between.
+fn regular(options: &OpenOptions, path: &Path) -> io::Result<File> {
+    let not_regular = || io::Error::new(io::ErrorKind::InvalidInput, "not a regular file");
+    if !fs::metadata(path)?.is_file() {
+        return Err(not_regular());
+    }
+    let file = options.open(path)?;
     if !file.metadata()?.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
+        return Err(not_regular());
     }
     Ok(file)
 }
