@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use segwal::{Corruption, Error, Options, Outbox, QUARANTINE_DIR, QuarantineReason, RecoveryMode};
 
-use crate::{segment_files, small_segments, tmp};
+use crate::{mkfifo, segment_files, small_segments, tmp};
 
 /// A segment name far above any this test's outboxes use.
 const FOREIGN: &str = "00000000000000100000.seg";
@@ -312,15 +312,6 @@ fn child_opening_an_unwritable_directory() {
         Err(e @ Error::InvalidPath { .. }) => println!("segwal-child: refused: {e}"),
         other => panic!("expected InvalidPath, got {other:?}"),
     }
-}
-
-/// Makes a FIFO at `path`.
-fn mkfifo(path: &Path) {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
-    // SAFETY: `c` is a NUL-terminated path this frame owns.
-    #[expect(unsafe_code, reason = "mkfifo(3) has no safe wrapper in std")]
-    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
-    assert_eq!(rc, 0, "mkfifo {}", path.display());
 }
 
 /// Something that is not a regular file under a segment's name (a FIFO, a

@@ -184,12 +184,7 @@ fn the_owner_file_is_never_followed_into_another_file() {
     );
 
     std::fs::remove_file(dir.join("OWNER")).expect("unlink");
-    let fifo = std::ffi::CString::new(dir.join("OWNER").into_os_string().into_encoded_bytes())
-        .expect("path");
-    // SAFETY: `fifo` is a NUL-terminated path this frame owns.
-    #[expect(unsafe_code, reason = "mkfifo(3) has no safe wrapper in std")]
-    let rc = unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) };
-    assert_eq!(rc, 0, "mkfifo");
+    crate::mkfifo(&dir.join("OWNER"));
     // Neither blocks: a FIFO is opened without waiting for a peer, then
     // refused.
     assert_eq!(segwal::owner_pid(&dir), None);

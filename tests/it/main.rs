@@ -51,6 +51,16 @@ pub fn tmp() -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// Makes a FIFO at `path` (a file that is not a regular one, whose open
+/// would wait for a peer).
+pub fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: `c` is a NUL-terminated path this frame owns.
+    #[expect(unsafe_code, reason = "mkfifo(3) has no safe wrapper in std")]
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(rc, 0, "mkfifo {}", path.display());
+}
+
 /// Options with small segments, so tests rotate often.
 pub fn small_segments() -> Options {
     // Sixteen blocks: a header block and, appended one at a time, fifteen
