@@ -429,8 +429,10 @@ pub enum Corruption {
         /// What does not fit.
         what: &'static str,
     },
-    /// The read path found a frame of another kind or sequence number than the
-    /// state table recorded at that offset.
+    /// A frame of another kind or sequence number than expected at that
+    /// offset: found by the read path against the state table, or by
+    /// recovery against the place a seal index or index checkpoint lists it
+    /// at (frame `i` of a segment holds `first_seq + i`).
     WrongFrame {
         /// The sequence number expected at that offset.
         expected: Seq,
