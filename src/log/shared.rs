@@ -400,7 +400,10 @@ impl Latencies {
 
 #[cfg(test)]
 mod tests {
-    use super::{Answers, Completion, Latencies, SPIN_FSYNC_MAX, SpinView, deliver, spin_budget};
+    use super::{
+        Answers, Completion, GoneOnUnwind, Latencies, Notifier, NotifyQueue, SPIN_FSYNC_MAX,
+        SpinView, deliver, spin_budget,
+    };
     use crate::format::seq::Seq;
     use crate::log::waiters::Waiters;
     use std::sync::Arc;
@@ -634,6 +637,72 @@ mod tests {
             "{p99:?}"
         );
         assert_eq!(l.max(), Some(Duration::from_micros(100)));
+    }
+
+    /// Batches handed to the notifier are delivered, every producer its own
+    /// outcome, including those handed over just before `stop`.
+    #[test]
+    fn the_notifier_delivers_every_batch_handed_over() {
+        const BATCHES: u64 = 200;
+        const PER: u64 = 20;
+        let waiters = Arc::new(Waiters::default());
+        let notifier = Notifier::spawn().expect("a thread");
+        let mut waiting = Vec::new();
+        for b in 0..BATCHES {
+            let mut answers: Answers = Vec::new();
+            for k in 0..PER {
+                let (completion, done) = Completion::new(&waiters);
+                answers.push((done, Ok(Seq::from(b * PER + k + 1))));
+                waiting.push(completion);
+            }
+            assert!(notifier.send(answers).is_ok(), "the thread is running");
+        }
+        notifier.stop();
+        for (i, completion) in waiting.iter().enumerate() {
+            assert_eq!(completion.wait().ok(), Some(Seq::from(i as u64 + 1)));
+        }
+    }
+
+    /// A notifier whose thread has died by a panic hands each batch back, to
+    /// be delivered by the writer, after delivering those it left queued:
+    /// no producer waits forever, and none is told `Closed` for a record
+    /// that was written.
+    #[test]
+    fn a_notifier_whose_thread_died_hands_batches_back_and_delivers_its_queue() {
+        let waiters = Arc::new(Waiters::default());
+        let queue = Arc::new(NotifyQueue::default());
+        let dying = queue.clone();
+        let thread = std::thread::spawn(move || {
+            let _gone = GoneOnUnwind(&dying);
+            panic!("injected: the notifier panics");
+        });
+        assert!(thread.join().is_err());
+        assert!(
+            queue.state.lock().gone,
+            "the unwinding thread marked it gone"
+        );
+        let (queued, done) = Completion::new(&waiters);
+        queue
+            .state
+            .lock()
+            .batches
+            .push_back(vec![(done, Ok(Seq::from(7)))]);
+        let notifier = Notifier {
+            queue,
+            thread: std::thread::spawn(|| ()),
+        };
+        let (handed, done) = Completion::new(&waiters);
+        let back = notifier
+            .send(vec![(done, Ok(Seq::from(8)))])
+            .expect_err("a gone thread takes nothing");
+        assert_eq!(
+            queued.wait().ok(),
+            Some(Seq::from(7)),
+            "the queue was delivered"
+        );
+        deliver(back);
+        assert_eq!(handed.wait().ok(), Some(Seq::from(8)));
+        notifier.stop();
     }
 }
 
@@ -1061,35 +1130,115 @@ pub(crate) type Answers = Vec<(Completer, Result<Seq>)>;
 /// device idle. The outcomes are decided by the writer before it hands them
 /// over; this thread only leaves them and makes the call.
 pub(crate) struct Notifier {
-    tx: crossbeam_channel::Sender<Answers>,
+    queue: Arc<NotifyQueue>,
     thread: std::thread::JoinHandle<()>,
+}
+
+/// The batches handed to the notifier. A lock and a condition variable
+/// rather than a channel: a channel's receiver spins, then yields, before it
+/// sleeps, and on two processors that spinning takes the time the producers
+/// and the writer need (docs/BENCHMARKS.md, "The notifier sleeps at once").
+#[derive(Default)]
+struct NotifyQueue {
+    state: Mutex<NotifyState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct NotifyState {
+    batches: std::collections::VecDeque<Answers>,
+    /// No more batches are coming: the thread delivers what is queued and
+    /// ends.
+    stopped: bool,
+    /// The thread is waiting on `ready` (a batch handed over then wakes it).
+    parked: bool,
+    /// The thread ended without being stopped (a panic, a bug): whoever
+    /// hands over a batch delivers it, and those still queued, itself.
+    gone: bool,
+}
+
+/// Marks the queue's thread gone if it ends by a panic.
+struct GoneOnUnwind<'a>(&'a NotifyQueue);
+
+impl Drop for GoneOnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.state.lock().gone = true;
+        }
+    }
+}
+
+impl NotifyQueue {
+    /// The thread's loop: delivers each batch in the order handed over,
+    /// sleeping when there is none, until stopped with nothing queued.
+    fn serve(&self) {
+        let _gone = GoneOnUnwind(self);
+        loop {
+            let answers = {
+                let mut state = self.state.lock();
+                loop {
+                    if let Some(answers) = state.batches.pop_front() {
+                        break answers;
+                    }
+                    if state.stopped {
+                        return;
+                    }
+                    state.parked = true;
+                    self.ready.wait(&mut state);
+                    state.parked = false;
+                }
+            };
+            deliver(answers);
+        }
+    }
+
+    /// Takes every batch still queued (for the caller to deliver).
+    fn take_all(&self) -> Vec<Answers> {
+        self.state.lock().batches.drain(..).collect()
+    }
 }
 
 impl Notifier {
     /// Starts the thread; `None` if the system refuses one (the writer then wakes
     /// producers itself).
     pub(crate) fn spawn() -> Option<Notifier> {
-        let (tx, rx) = crossbeam_channel::unbounded::<Answers>();
-        let thread = std::thread::Builder::new()
-            .name("segwal-notify".into())
-            .spawn(move || {
-                for answers in rx {
-                    deliver(answers);
-                }
-            })
-            .ok()?;
-        Some(Notifier { tx, thread })
+        let queue = Arc::new(NotifyQueue::default());
+        let thread = {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name("segwal-notify".into())
+                .spawn(move || queue.serve())
+                .ok()?
+        };
+        Some(Notifier { queue, thread })
     }
 
-    /// Hands `answers` to the thread, or gives them back if it is gone.
+    /// Hands `answers` to the thread, or gives them back if it is gone (after
+    /// delivering, on the caller's thread, the batches it left queued, so
+    /// that the order of wake-ups holds).
     pub(crate) fn send(&self, answers: Answers) -> std::result::Result<(), Answers> {
-        self.tx.send(answers).map_err(|e| e.into_inner())
+        let mut state = self.queue.state.lock();
+        if state.gone {
+            drop(state);
+            self.queue.take_all().into_iter().for_each(deliver);
+            return Err(answers);
+        }
+        state.batches.push_back(answers);
+        let parked = state.parked;
+        drop(state);
+        if parked {
+            self.queue.ready.notify_one();
+        }
+        Ok(())
     }
 
     /// Delivers everything handed over, then stops the thread.
     pub(crate) fn stop(self) {
-        drop(self.tx);
+        self.queue.state.lock().stopped = true;
+        self.queue.ready.notify_one();
         let _ = self.thread.join();
+        // Left only if the thread is gone.
+        self.queue.take_all().into_iter().for_each(deliver);
     }
 }
 
