@@ -353,3 +353,48 @@ fn a_fifo_or_a_directory_named_like_a_segment_is_refused_and_left_alone() {
         assert!(std::fs::symlink_metadata(&odd).is_ok(), "left where it was");
     }
 }
+
+/// A FIFO named like a segment being created, or like a file kept for
+/// recycling, holds no record the log needs: the open moves it into
+/// `quarantine/` (never opening it for a read that would wait for a writer)
+/// and goes on, with every record kept.
+#[test]
+fn a_fifo_named_like_a_creation_or_a_kept_file_is_set_aside_and_the_open_goes_on() {
+    use std::os::unix::fs::FileTypeExt;
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    let seq = outbox.append(b"a record").expect("append");
+    outbox.close().expect("close");
+    let creating = dir.join("00000000000000000900.seg.creating");
+    let free = dir.join("00000000000000000901.seg.free");
+    mkfifo(&creating);
+    mkfifo(&free);
+
+    let outbox = Outbox::open(&dir, small_segments()).expect("the FIFOs do not stop the open");
+    let report = outbox.recovery_report();
+    let mut reasons: Vec<_> = report.quarantined.iter().map(|q| q.reason).collect();
+    reasons.sort_by_key(|r| format!("{r:?}"));
+    assert_eq!(
+        reasons,
+        [
+            QuarantineReason::UnfinishedCreation,
+            QuarantineReason::UnfinishedRecycling
+        ],
+        "{report:?}"
+    );
+    for q in &report.quarantined {
+        let meta = std::fs::symlink_metadata(&q.to).expect("set aside");
+        assert!(
+            meta.file_type().is_fifo(),
+            "{} moved as it was",
+            q.to.display()
+        );
+    }
+    assert!(std::fs::symlink_metadata(&creating).is_err());
+    assert!(std::fs::symlink_metadata(&free).is_err());
+    let records = outbox.claim(10).expect("claim");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].seq(), seq);
+    assert_eq!(records[0].payload(), b"a record");
+    outbox.close().expect("close");
+}

@@ -100,12 +100,13 @@ pub(crate) fn apply(
     let path = |k: usize| scans[k].path.clone();
     // Unfinished creations never held a record (a segment is renamed to its
     // name before its first frame): removed where their bytes prove they hold
-    // nothing, set aside otherwise.
+    // nothing, set aside otherwise, and so is one that cannot be read (a
+    // FIFO under the name, a bad block): the log needs none of them.
     let mut unfinished = ours_or_aside(
         storage,
         dir,
         creating,
-        |file| scan::creation_holds_nothing(storage, file),
+        |file| Ok(scan::creation_holds_nothing(storage, file).unwrap_or(false)),
         QuarantineReason::UnfinishedCreation,
         effects,
     )?;
