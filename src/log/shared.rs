@@ -401,8 +401,8 @@ impl Latencies {
 #[cfg(test)]
 mod tests {
     use super::{
-        Answers, Completion, GoneOnUnwind, Latencies, Notifier, NotifyQueue, SPIN_FSYNC_MAX,
-        SpinView, deliver, spin_budget,
+        Answers, Completion, Latencies, Notifier, NotifyQueue, SPIN_FSYNC_MAX, SpinView, deliver,
+        spin_budget,
     };
     use crate::format::seq::Seq;
     use crate::log::waiters::Waiters;
@@ -639,69 +639,137 @@ mod tests {
         assert_eq!(l.max(), Some(Duration::from_micros(100)));
     }
 
+    /// Waits for each of `completions` in another thread, and fails the
+    /// test if they are not all answered within a minute (rather than hang).
+    fn answered_within_a_minute(completions: Vec<Arc<Completion>>) -> Vec<crate::Result<Seq>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let n = completions.len();
+        std::thread::spawn(move || {
+            let outcomes: Vec<_> = completions.iter().map(|c| c.wait()).collect();
+            let _ = tx.send(outcomes);
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("{n} producers were not all answered"))
+    }
+
     /// Batches handed to the notifier are delivered, every producer its own
-    /// outcome, including those handed over just before `stop`.
+    /// outcome, while the thread runs (not only by `stop`), including a
+    /// batch handed over while the thread sleeps.
     #[test]
     fn the_notifier_delivers_every_batch_handed_over() {
         const BATCHES: u64 = 200;
         const PER: u64 = 20;
         let waiters = Arc::new(Waiters::default());
         let notifier = Notifier::spawn().expect("a thread");
-        let mut waiting = Vec::new();
         for b in 0..BATCHES {
             let mut answers: Answers = Vec::new();
+            let mut waiting = Vec::new();
             for k in 0..PER {
                 let (completion, done) = Completion::new(&waiters);
                 answers.push((done, Ok(Seq::from(b * PER + k + 1))));
                 waiting.push(completion);
             }
+            // Every tenth batch finds the thread asleep.
+            if b % 10 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
             assert!(notifier.send(answers).is_ok(), "the thread is running");
+            let outcomes = answered_within_a_minute(waiting);
+            for (k, outcome) in outcomes.into_iter().enumerate() {
+                assert_eq!(outcome.ok(), Some(Seq::from(b * PER + k as u64 + 1)));
+            }
         }
         notifier.stop();
-        for (i, completion) in waiting.iter().enumerate() {
-            assert_eq!(completion.wait().ok(), Some(Seq::from(i as u64 + 1)));
-        }
     }
 
-    /// A notifier whose thread has died by a panic hands each batch back, to
-    /// be delivered by the writer, after delivering those it left queued:
-    /// no producer waits forever, and none is told `Closed` for a record
-    /// that was written.
+    /// A task whose waker panics (its runtime's bug) neither stops the
+    /// notifier nor keeps the rest of its batch, or later batches, from
+    /// their answers; the task's own outcome is left for it.
     #[test]
-    fn a_notifier_whose_thread_died_hands_batches_back_and_delivers_its_queue() {
+    fn a_panicking_waker_does_not_stop_the_notifier() {
+        struct Panics;
+        impl std::task::Wake for Panics {
+            fn wake(self: Arc<Self>) {
+                panic!("injected: a runtime's waker panics");
+            }
+        }
+        let waiters = Arc::new(Waiters::default());
+        let notifier = Notifier::spawn().expect("a thread");
+        let (task, done) = Completion::new(&waiters);
+        let waker = std::task::Waker::from(Arc::new(Panics));
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(task.poll(&mut cx).is_pending());
+        let mut answers: Answers = vec![(done, Ok(Seq::from(1)))];
+        let mut waiting = Vec::new();
+        for k in 2..20 {
+            let (completion, done) = Completion::new(&waiters);
+            answers.push((done, Ok(Seq::from(k))));
+            waiting.push(completion);
+        }
+        assert!(notifier.send(answers).is_ok());
+        let outcomes = answered_within_a_minute(waiting);
+        assert!(outcomes.iter().all(|o| o.is_ok()), "{outcomes:?}");
+        assert!(matches!(task.poll(&mut cx), std::task::Poll::Ready(Ok(s)) if s == Seq::from(1)));
+        let (later, done) = Completion::new(&waiters);
+        assert!(
+            notifier.send(vec![(done, Ok(Seq::from(20)))]).is_ok(),
+            "the thread still runs"
+        );
+        let later = answered_within_a_minute(vec![later]);
+        assert_eq!(later[0].as_ref().ok(), Some(&Seq::from(20)));
+        notifier.stop();
+    }
+
+    /// A delivery that panics (a bug) ends the thread, but first it delivers
+    /// every batch still queued, and every later batch is handed back for
+    /// the writer to deliver: no producer waits forever, and none is told
+    /// `Closed` for a record that was written.
+    #[test]
+    fn a_notifier_whose_delivery_panicked_delivers_its_queue_and_hands_batches_back() {
         let waiters = Arc::new(Waiters::default());
         let queue = Arc::new(NotifyQueue::default());
-        let dying = queue.clone();
+        let batch = |seq: u64| {
+            let (completion, done) = Completion::new(&waiters);
+            let answers: Answers = vec![(done, Ok(Seq::from(seq)))];
+            (completion, answers)
+        };
+        let (first, a) = batch(1);
+        let (second, b) = batch(2);
+        let (third, c) = batch(3);
+        queue.state.lock().batches.extend([a, b, c]);
+        let serving = queue.clone();
         let thread = std::thread::spawn(move || {
-            let _gone = GoneOnUnwind(&dying);
-            panic!("injected: the notifier panics");
+            let delivered = std::sync::atomic::AtomicU64::new(0);
+            serving.serve(|answers| {
+                if delivered.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+                    panic!("injected: a delivery panics");
+                }
+                deliver(answers)
+            })
         });
-        assert!(thread.join().is_err());
-        assert!(
-            queue.state.lock().gone,
-            "the unwinding thread marked it gone"
-        );
-        let (queued, done) = Completion::new(&waiters);
-        queue
-            .state
-            .lock()
-            .batches
-            .push_back(vec![(done, Ok(Seq::from(7)))]);
+        thread.join().expect("the panic is caught in the thread");
+        assert!(queue.state.lock().gone);
         let notifier = Notifier {
             queue,
-            thread: std::thread::spawn(|| ()),
+            thread: None,
         };
-        let (handed, done) = Completion::new(&waiters);
-        let back = notifier
-            .send(vec![(done, Ok(Seq::from(8)))])
-            .expect_err("a gone thread takes nothing");
-        assert_eq!(
-            queued.wait().ok(),
-            Some(Seq::from(7)),
-            "the queue was delivered"
-        );
+        let (fourth, d) = batch(4);
+        let back = notifier.send(d).expect_err("a gone thread takes nothing");
         deliver(back);
-        assert_eq!(handed.wait().ok(), Some(Seq::from(8)));
+        let outcomes = answered_within_a_minute(vec![first, second, third, fourth]);
+        assert!(
+            matches!(outcomes[0], Err(crate::Error::Poisoned { .. })),
+            "the batch the panic dropped is in doubt: {:?}",
+            outcomes[0]
+        );
+        let rest: Vec<_> = outcomes[1..]
+            .iter()
+            .map(|o| o.as_ref().ok().copied())
+            .collect();
+        assert_eq!(
+            rest,
+            [Some(Seq::from(2)), Some(Seq::from(3)), Some(Seq::from(4))]
+        );
         notifier.stop();
     }
 }
@@ -1051,7 +1119,11 @@ impl Completion {
             slot.waker.take()
         };
         if let Some(w) = waker {
-            w.wake();
+            // A task's waker is its runtime's code: one that panics (a bug
+            // there) must not take the writer or the notifier down with it,
+            // nor the wake-ups of the rest of the batch. The task is not
+            // woken; a thread waiting on `waiters` is, by the caller.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
         }
     }
 
@@ -1131,7 +1203,8 @@ pub(crate) type Answers = Vec<(Completer, Result<Seq>)>;
 /// over; this thread only leaves them and makes the call.
 pub(crate) struct Notifier {
     queue: Arc<NotifyQueue>,
-    thread: std::thread::JoinHandle<()>,
+    /// Taken by [`Notifier::stop`].
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// The batches handed to the notifier. A lock and a condition variable
@@ -1152,27 +1225,22 @@ struct NotifyState {
     stopped: bool,
     /// The thread is waiting on `ready` (a batch handed over then wakes it).
     parked: bool,
-    /// The thread ended without being stopped (a panic, a bug): whoever
-    /// hands over a batch delivers it, and those still queued, itself.
+    /// A delivery panicked (a bug): the thread delivered what was queued and
+    /// ended, and whoever hands over a batch now delivers it itself.
     gone: bool,
 }
 
-/// Marks the queue's thread gone if it ends by a panic.
-struct GoneOnUnwind<'a>(&'a NotifyQueue);
-
-impl Drop for GoneOnUnwind<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.state.lock().gone = true;
-        }
-    }
-}
-
 impl NotifyQueue {
-    /// The thread's loop: delivers each batch in the order handed over,
-    /// sleeping when there is none, until stopped with nothing queued.
-    fn serve(&self) {
-        let _gone = GoneOnUnwind(self);
+    /// The thread's loop: delivers each batch in the order handed over (by
+    /// `deliver`: [`deliver`] itself but in tests), sleeping when there is
+    /// none, until stopped with nothing queued.
+    ///
+    /// A delivery that panics (a bug: [`Completion::finish`] already keeps a
+    /// task's panicking waker from reaching it) is caught, so that no batch
+    /// is left in the queue with nobody to deliver it: the queue is marked
+    /// gone and emptied under one hold of its lock, so every batch is either
+    /// taken here or handed back to the writer by [`Notifier::send`].
+    fn serve(&self, deliver: impl Fn(Answers)) {
         loop {
             let answers = {
                 let mut state = self.state.lock();
@@ -1188,13 +1256,21 @@ impl NotifyQueue {
                     state.parked = false;
                 }
             };
-            deliver(answers);
+            let delivered =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| deliver(answers)));
+            if delivered.is_err() {
+                let left: Vec<Answers> = {
+                    let mut state = self.state.lock();
+                    state.gone = true;
+                    state.batches.drain(..).collect()
+                };
+                for answers in left {
+                    let _ =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| deliver(answers)));
+                }
+                return;
+            }
         }
-    }
-
-    /// Takes every batch still queued (for the caller to deliver).
-    fn take_all(&self) -> Vec<Answers> {
-        self.state.lock().batches.drain(..).collect()
     }
 }
 
@@ -1207,20 +1283,19 @@ impl Notifier {
             let queue = queue.clone();
             std::thread::Builder::new()
                 .name("segwal-notify".into())
-                .spawn(move || queue.serve())
+                .spawn(move || queue.serve(deliver))
                 .ok()?
         };
-        Some(Notifier { queue, thread })
+        Some(Notifier {
+            queue,
+            thread: Some(thread),
+        })
     }
 
-    /// Hands `answers` to the thread, or gives them back if it is gone (after
-    /// delivering, on the caller's thread, the batches it left queued, so
-    /// that the order of wake-ups holds).
+    /// Hands `answers` to the thread, or gives them back if it is gone.
     pub(crate) fn send(&self, answers: Answers) -> std::result::Result<(), Answers> {
         let mut state = self.queue.state.lock();
         if state.gone {
-            drop(state);
-            self.queue.take_all().into_iter().for_each(deliver);
             return Err(answers);
         }
         state.batches.push_back(answers);
@@ -1233,12 +1308,21 @@ impl Notifier {
     }
 
     /// Delivers everything handed over, then stops the thread.
-    pub(crate) fn stop(self) {
+    pub(crate) fn stop(mut self) {
         self.queue.state.lock().stopped = true;
         self.queue.ready.notify_one();
-        let _ = self.thread.join();
-        // Left only if the thread is gone.
-        self.queue.take_all().into_iter().for_each(deliver);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Notifier {
+    /// Dropped without [`Notifier::stop`]: the thread still delivers what
+    /// was handed over, then ends (not waited for).
+    fn drop(&mut self) {
+        self.queue.state.lock().stopped = true;
+        self.queue.ready.notify_one();
     }
 }
 

@@ -113,8 +113,10 @@ pub struct Quarantined {
 #[non_exhaustive]
 pub enum QuarantineReason {
     /// A segment whose creation a crash interrupted (`<name>.seg.creating`),
-    /// holding bytes that are neither all zero nor a whole header and zeros: a
-    /// power cut garbled its header's block. It never held a record.
+    /// holding bytes that are neither all zero nor a whole header and zeros
+    /// (a power cut garbled its header's block), or that recovery could not
+    /// open or read (an I/O error, or not a regular file). It never held a
+    /// record: a segment is renamed to its name before its first frame.
     UnfinishedCreation,
     /// A fully acknowledged segment's file kept for recycling
     /// (`<name>.seg.free`) whose header does not prove it this outbox's: a

@@ -709,7 +709,7 @@ impl DataMap {
 /// where the file says data lies, in bounded chunks.
 pub(crate) fn creation_holds_nothing(storage: &dyn Storage, path: &Path) -> Result<bool> {
     let file = storage
-        .open(path)
+        .open_read(path)
         .map_err(|e| Error::io("open segment", path, e))?;
     let len = file.len().map_err(|e| Error::io("stat segment", path, e))?;
     let read = |buf: &mut [u8], at: u64| {
