@@ -34,9 +34,9 @@ const DEFAULT_RUNS: u64 = 1000;
 const MARKER: &str = "segwal-kill: ";
 /// Producer threads of most children; one in four has [`MANY_PRODUCERS`].
 const PRODUCERS: u64 = 4;
-/// Enough producers for batches of more than 16, whose producers the writer's
+/// Enough producers for batches of more than 64, whose producers the writer's
 /// notifier thread wakes.
-const MANY_PRODUCERS: u64 = 48;
+const MANY_PRODUCERS: u64 = 72;
 const MAX_BATCH: u64 = 4;
 /// The child stops by itself after this long, should the parent never kill it.
 const CHILD_LIFETIME: Duration = Duration::from_secs(20);
