@@ -51,12 +51,12 @@ use crate::state::table::SegmentSlots;
 /// more hop; and while the writer wakes a batch itself, the producers woken
 /// first queue their next append in time for its next batch, which then holds
 /// nearly all of them, rather than two groups of half taking turns. The
-/// threshold is measured, not derived: 16 when every producer was woken by a
-/// call of its own, 64 since the notifier no longer spins for its next batch
-/// (64 producers: 1.10 and 1.12 times the rate with 16, in batches of 62 and
-/// 59 against 34 and 43): docs/BENCHMARKS.md ("Waking producers off the
-/// writer's path", "One wake-up call per batch" and "The writer wakes
-/// batches of up to 64 itself").
+/// threshold is measured, not derived: it was 16 until the engine of
+/// 2026-12-05, on which eight alternating pairs at 64 producers gave 1.10 and
+/// 1.12 times the rate with 64, in batches of 62 and 59 against 34 and 43:
+/// docs/BENCHMARKS.md ("Waking producers off the writer's path", "One
+/// wake-up call per batch" and "The writer wakes batches of up to 64
+/// itself").
 const NOTIFY_ABOVE: usize = 64;
 
 /// The encode buffer's memory is always kept up to this size (64 KiB).
