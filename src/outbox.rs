@@ -687,8 +687,14 @@ impl Outbox {
             && shared.counters.last_batch_appends.load(Ordering::Relaxed) <= 1
             && !shared.writer_wants_lock.load(Ordering::Relaxed)
             && shared.poison.get().is_none();
+        // The writer's lock may be held by the writer thread for a moment
+        // after it answered this producer's last append (its timed duties,
+        // the look at its deadlines before it sleeps): waiting for that
+        // beats queueing, which would find the thread still awake, be
+        // answered by it, and find it awake again. A request queued behind
+        // what the thread is doing would wait as long.
         if alone
-            && let Some(mut writer) = to.core.try_lock()
+            && let Some(mut writer) = to.core.try_lock_for(ALONE_LOCK_WAIT)
             && shared.poison.get().is_none()
         {
             // The close that follows a write lock on `tx` cannot begin while
@@ -1572,6 +1578,14 @@ impl DeadLetter {
     }
 }
 
+/// How long a producer appending alone waits for the writer's lock, held by
+/// the writer thread or by another producer's batch, before it queues its
+/// append instead (`Outbox::hand`). Far longer than a batch's write and
+/// `fdatasync` usually take: a bound, not a tuning. Whatever holds the lock
+/// longer (a rotation, a reclaim of many files on a slow disk), a queued
+/// request would wait behind it as long.
+const ALONE_LOCK_WAIT: Duration = Duration::from_millis(10);
+
 /// `Outbox` must stay a `Send + Sync` handle.
 const _: () = {
     const fn is_send_sync<T: Send + Sync + Clone>() {}
@@ -1742,5 +1756,44 @@ mod tests {
             assert_eq!(outbox.handle.shared.spin_view().enabled, spins);
             outbox.close().expect("close");
         }
+    }
+
+    /// A producer appending alone that finds the writer's lock held (here by
+    /// the test, as the writer thread holds it for a moment after it
+    /// answered that producer's last append) waits for the lock and writes
+    /// its own batch, instead of queueing its append for the thread. With
+    /// `try_lock` alone, as before, it queued.
+    #[test]
+    fn a_lone_producer_waits_for_a_held_writer_lock_instead_of_queueing() {
+        use crate::log::shared::WRITER_AWAKE;
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let outbox = Outbox::open(dir.path(), Options::default()).expect("open");
+        let shared = outbox.handle.shared.clone();
+        // The writer thread asleep until a request: it does not want the
+        // lock while the test holds it.
+        while shared.writer_sleeps_until_us.load(Ordering::Acquire) == WRITER_AWAKE {
+            std::thread::yield_now();
+        }
+        let core = outbox.handle.tx.read().as_ref().expect("open").core.clone();
+        let held = core.lock();
+        let producer = {
+            let outbox = outbox.clone();
+            std::thread::spawn(move || outbox.append(b"order 7781 created"))
+        };
+        // The producer has its ticket, so it is at the lock or past it.
+        while shared.budget.requests() == 0 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_micros(300));
+        drop(held);
+        producer.join().expect("producer").expect("append");
+        let stats = outbox.stats();
+        assert_eq!(stats.batches, 1, "{stats:?}");
+        assert_eq!(
+            stats.caller_batches, 1,
+            "the append was queued instead of written by its producer"
+        );
+        outbox.close().expect("close");
     }
 }

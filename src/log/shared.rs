@@ -52,9 +52,10 @@ pub(crate) struct Shared {
     /// is. What [`spin_budget`] reads to tell a writer thread that is about
     /// to take the next request from one asleep.
     pub writer_waiting_since_us: AtomicU64,
-    /// Set by the writer thread from the moment it wakes until it sleeps
-    /// again: a producer appending alone then queues its append instead of
-    /// taking the writer's lock ahead of the thread and the request it took.
+    /// Set by the writer thread while it waits for the writer's lock
+    /// (`lock_for_thread` in `writer.rs`): a producer appending alone then
+    /// queues its append instead of taking the lock ahead of the thread and
+    /// the request it took.
     pub writer_wants_lock: AtomicBool,
     /// Until when the writer thread sleeps, on the outbox's clock
     /// ([`WRITER_AWAKE`] while it works, [`WRITER_NO_DEADLINE`] if it sleeps

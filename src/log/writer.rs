@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 use crate::format::checkpoint;
@@ -639,9 +639,6 @@ impl Writer {
         self.shared
             .writer_waiting_since_us
             .store(since, std::sync::atomic::Ordering::Relaxed);
-        self.shared
-            .writer_wants_lock
-            .store(false, std::sync::atomic::Ordering::Relaxed);
         (until, idle_until)
     }
 
@@ -2072,15 +2069,12 @@ pub(crate) fn run(core: Arc<Mutex<Writer>>, rx: Receiver<Request>) -> Result<()>
 fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
     let shared = core.lock().shared.clone();
     loop {
-        let (until, idle_until) = PoisonOnPanic(core.lock()).sleep();
+        let (until, idle_until) = PoisonOnPanic(lock_for_thread(core, &shared)).sleep();
         let got = match until {
             Some(until) => rx.recv_deadline(until),
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
-        // The lock is fair to no one: a producer's `try_lock` could take it
-        // ahead of this thread again and again (`Outbox::hand` reads this).
-        shared.writer_wants_lock.store(true, Ordering::Relaxed);
-        let mut writer = PoisonOnPanic(core.lock());
+        let mut writer = PoisonOnPanic(lock_for_thread(core, &shared));
         writer.awake();
         match got {
             // A nudge alone, with no batch to write: what it asks for is
@@ -2105,6 +2099,23 @@ fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
             Err(RecvTimeoutError::Disconnected) => return writer.finish(),
         }
     }
+}
+
+/// The writer's lock, for the writer thread. The lock is fair to no one: a
+/// producer appending alone could take it ahead of the thread again and
+/// again. So while the thread waits for it, it says so
+/// (`Shared::writer_wants_lock`), and such a producer queues its append
+/// instead (`Outbox::hand`). Once the thread holds the lock it no longer
+/// says so: a producer that finds the lock held then waits for it, which
+/// takes no longer than its request would wait in the queue.
+fn lock_for_thread<'a>(core: &'a Mutex<Writer>, shared: &Shared) -> MutexGuard<'a, Writer> {
+    if let Some(writer) = core.try_lock() {
+        return writer;
+    }
+    shared.writer_wants_lock.store(true, Ordering::Relaxed);
+    let writer = core.lock();
+    shared.writer_wants_lock.store(false, Ordering::Relaxed);
+    writer
 }
 
 /// The writer thread's hold on the writer's lock: a panic while it is held
