@@ -300,7 +300,8 @@ impl Options {
     /// a dedicated host). Under [`caller_writes`](Options::caller_writes)
     /// (on by default) a producer appending alone mostly writes its own
     /// batch and has no answer to wait for; the spin is then for its
-    /// appends that find the writer busy.
+    /// appends that the writer thread takes (those made while it waits for
+    /// the writer's lock, or after more than 10 ms of waiting for it).
     pub fn spin_wait(mut self, on: bool) -> Options {
         self.spin_wait = on;
         self
@@ -315,11 +316,13 @@ impl Options {
     /// under [`Durability::Sync`] without a [`linger`](Options::linger),
     /// which finds no other append queued or in the writer's hands, the
     /// last batch one append or none, and
-    /// the writer idle, takes the writer's lock and writes the batch itself:
+    /// the writer thread not waiting for the writer's lock, takes that lock
+    /// (waiting for it, at most 10 ms, while the writer thread or another
+    /// producer's batch holds it) and writes the batch itself:
     /// the same code, the same single write and `fdatasync`, one batch at a
     /// time as ever. It saves the two wake-ups of the hand-over (the writer's
-    /// and its own). As soon as appends meet (one finds the writer busy, or
-    /// finds others queued), they queue for the writer thread, which batches
+    /// and its own). As soon as appends meet (one finds others queued or in
+    /// the writer's hands), they queue for the writer thread, which batches
     /// them as before; the writer thread also keeps every timed duty, and
     /// deletes acknowledged segments and carries stragglers forward after a
     /// producer's batch, which returns once it is answered.

@@ -6,8 +6,9 @@
 //! frames into one reused buffer, issues one write and one `sync_data`,
 //! publishes the now durable records to the state table, and completes every
 //! producer of the batch (waking them is left to a second thread, the notifier,
-//! when there are many: see [`NOTIFY_ABOVE`]). A producer appending alone that
-//! finds the writer idle runs that same batch on its own thread
+//! when there are many: see [`NOTIFY_ABOVE`]). A producer appending alone,
+//! unless the writer thread waits for the writer's lock, runs that same batch
+//! on its own thread
 //! ([`Writer::write_inline`], `Options::caller_writes`), holding the writer's
 //! lock, which the writer thread holds only while it works, never while it
 //! waits for a request; the writer thread keeps every timed duty, and the
@@ -474,8 +475,8 @@ impl Writer {
     }
 
     /// Writes `first` and whatever else is queued as one batch on the calling
-    /// thread: a producer appending alone, which finds the writer idle and
-    /// the queue empty, writes and syncs its own append instead of handing it
+    /// thread: a producer appending alone, which holds the writer's lock
+    /// and found the queue empty, writes and syncs its own append instead of handing it
     /// to the writer thread and sleeping for the answer (see
     /// [`Options::caller_writes`](crate::Options::caller_writes)). The caller
     /// holds the writer's lock, so batches stay one at a time. Returns true
