@@ -475,9 +475,9 @@ impl Writer {
     }
 
     /// Writes `first` and whatever else is queued as one batch on the calling
-    /// thread: a producer appending alone, which holds the writer's lock
-    /// and found the queue empty, writes and syncs its own append instead of handing it
-    /// to the writer thread and sleeping for the answer (see
+    /// thread: a producer appending alone, which holds the writer's lock and
+    /// found the queue empty, writes and syncs its own append instead of
+    /// handing it to the writer thread and sleeping for the answer (see
     /// [`Options::caller_writes`](crate::Options::caller_writes)). The caller
     /// holds the writer's lock, so batches stay one at a time. Returns true
     /// if the writer thread, asleep until a later deadline, must be woken for
