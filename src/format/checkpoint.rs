@@ -83,7 +83,8 @@ pub(crate) struct Checkpoint {
     /// The position in the segment's list of frames of the first frame
     /// listed: the one after the previous checkpoint (0 for the first).
     pub first: u32,
-    /// The frames listed, in order, each marked record or internal.
+    /// The frames listed, in order, each marked record or internal (after
+    /// the frames it was decoded onto, by [`decode_onto`]).
     pub frames: Vec<FrameSpan>,
     /// The highest log start recorded in the segment before it.
     pub log_start: Option<Seq>,
@@ -136,6 +137,17 @@ fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
 /// it meets the checkpoints around it, is for the reader of the whole chain
 /// (`log::recovery::checkpoints`).
 pub(crate) fn decode(payload: &[u8]) -> Result<Checkpoint, Corruption> {
+    decode_onto(payload, Vec::new())
+}
+
+/// [`decode`], with the frames the payload lists appended to `frames` (the
+/// frames of the checkpoints before it, not checked again here): the
+/// checkpoint returned lists them all. Recovery chains a segment's
+/// checkpoints into one list this way, with no copy of each checkpoint's.
+pub(crate) fn decode_onto(
+    payload: &[u8],
+    mut frames: Vec<FrameSpan>,
+) -> Result<Checkpoint, Corruption> {
     let bad = |what| Corruption::BadCheckpoint { what };
     let short = || bad("payload too short");
     let first = u32_at(payload, FIRST_AT).ok_or_else(short)?;
@@ -165,7 +177,8 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Checkpoint, Corruption> {
         offsets.push(at);
     }
     let frames_at = LISTS_AT + 4 * earlier;
-    let mut frames: Vec<FrameSpan> = Vec::with_capacity(count);
+    let base = frames.len();
+    frames.reserve(count);
     for i in 0..count {
         let entry = frames_at + FRAME_ENTRY_LEN * i;
         let at = u32_at(payload, entry).ok_or_else(short)?;
@@ -176,7 +189,7 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Checkpoint, Corruption> {
         if len as usize > FRAME_LEN_MAX {
             return Err(bad("a frame longer than the format allows"));
         }
-        if let Some(prev) = frames.last() {
+        if let Some(prev) = frames.last().filter(|_| i > 0) {
             let end = prev.end();
             if u64::from(at) != end && u64::from(at) != align_up(end) {
                 return Err(bad("a gap or an overlap between frames"));
@@ -199,7 +212,9 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Checkpoint, Corruption> {
             return Err(bad("internal frames out of order"));
         }
         prev = Some(i);
-        frames
+        // A position counts from this checkpoint's first frame.
+        let listed = frames.get_mut(base..).unwrap_or_default();
+        listed
             .get_mut(i)
             .ok_or(bad("internal frame out of range"))?
             .is_record = false;

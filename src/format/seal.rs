@@ -63,17 +63,6 @@ pub(crate) struct IndexBuilder {
 }
 
 impl IndexBuilder {
-    /// The index of `frames`, whose `LogStart` frames record at most
-    /// `log_start`.
-    pub(crate) fn of(frames: &[FrameSpan], log_start: Option<Seq>) -> IndexBuilder {
-        let mut b = IndexBuilder::default();
-        for f in frames {
-            b.push(*f);
-        }
-        b.log_start = log_start;
-        b
-    }
-
     /// Adds the next frame of the segment.
     pub(crate) fn push(&mut self, frame: FrameSpan) {
         if self.overflow || self.frames.len() == INDEX_FRAMES_MAX {
@@ -130,23 +119,68 @@ impl IndexBuilder {
         if self.overflow {
             return Vec::new();
         }
-        let len = EMPTY_INDEX_LEN + FRAME_ENTRY_LEN * self.frames.len() + 4 * self.internal.len();
-        let mut out = Vec::with_capacity(len);
-        out.extend_from_slice(&(self.frames.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(self.internal.len() as u32).to_le_bytes());
-        out.extend_from_slice(&self.log_start.map_or(0, Seq::get).to_le_bytes());
-        out.extend_from_slice(&nonce.to_le_bytes());
-        for (offset, len) in &self.frames {
-            out.extend_from_slice(&offset.to_le_bytes());
-            out.extend_from_slice(&len.to_le_bytes());
-        }
-        for i in &self.internal {
-            out.extend_from_slice(&i.to_le_bytes());
-        }
-        out.extend_from_slice(&(frame_len(len) as u32).to_le_bytes());
-        debug_assert_eq!(out.len(), len);
-        out
+        encode_lists(
+            self.frames.iter().copied(),
+            self.internal.len(),
+            self.internal.iter().copied(),
+            self.log_start,
+            nonce,
+        )
     }
+}
+
+/// The seal payload listing `frames`, whose `LogStart` frames record at most
+/// `log_start`, for the segment whose header carries `nonce`: what an
+/// [`IndexBuilder`] fed the same frames encodes, built straight from the list
+/// (an open seals a crashed newest segment of hundreds of thousands of frames,
+/// and a copy of the list first would cost it fresh memory).
+pub(crate) fn index_of(frames: &[FrameSpan], log_start: Option<Seq>, nonce: u64) -> Vec<u8> {
+    if frames.len() > INDEX_FRAMES_MAX {
+        return Vec::new();
+    }
+    let internal = || {
+        frames
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| !f.is_record)
+            .map(|(i, _)| i as u32)
+    };
+    encode_lists(
+        frames.iter().map(|f| (f.offset, f.len)),
+        internal().count(),
+        internal(),
+        log_start,
+        nonce,
+    )
+}
+
+/// The bytes of an index: its counts, `log_start` and `nonce`, every frame's
+/// offset and length, the positions of the `internal_count` internal frames,
+/// then the trailer.
+fn encode_lists(
+    frames: impl ExactSizeIterator<Item = (u32, u32)>,
+    internal_count: usize,
+    internal: impl Iterator<Item = u32>,
+    log_start: Option<Seq>,
+    nonce: u64,
+) -> Vec<u8> {
+    let count = frames.len();
+    let len = EMPTY_INDEX_LEN + FRAME_ENTRY_LEN * count + 4 * internal_count;
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(&(count as u32).to_le_bytes());
+    out.extend_from_slice(&(internal_count as u32).to_le_bytes());
+    out.extend_from_slice(&log_start.map_or(0, Seq::get).to_le_bytes());
+    out.extend_from_slice(&nonce.to_le_bytes());
+    for (offset, len) in frames {
+        out.extend_from_slice(&offset.to_le_bytes());
+        out.extend_from_slice(&len.to_le_bytes());
+    }
+    for i in internal {
+        out.extend_from_slice(&i.to_le_bytes());
+    }
+    out.extend_from_slice(&(frame_len(len) as u32).to_le_bytes());
+    debug_assert_eq!(out.len(), len);
+    out
 }
 
 /// The seal frame's length as its trailer records it: the last four bytes of a
@@ -278,7 +312,20 @@ mod tests {
     const SEAL_AT: u64 = 12288;
 
     fn encode(frames: &[FrameSpan], log_start: Option<Seq>) -> Vec<u8> {
-        IndexBuilder::of(frames, log_start).encode(77)
+        index_of(frames, log_start, 77)
+    }
+
+    #[test]
+    fn an_index_built_from_a_list_is_the_writers() {
+        // The writer's builder, fed frame by frame, and recovery's seal of a
+        // crashed segment, built from its list, write the same bytes.
+        let mut b = IndexBuilder::default();
+        for f in frames() {
+            b.push(f);
+        }
+        b.log_start(Seq::from(9));
+        assert_eq!(b.encode(77), encode(&frames(), Some(Seq::from(9))));
+        assert_eq!(IndexBuilder::default().encode(77), encode(&[], None));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::scan::{self, Opened, SegmentScan};
 use super::{Recovered, RecoveredSegment};
 use crate::error::{Error, Result};
 use crate::format::frame;
-use crate::format::seal::IndexBuilder;
+use crate::format::seal;
 use crate::format::segment::FRAMES_AT;
 use crate::io::Storage;
 use crate::io::segment_file::{self, FreshSegment, PendingSeal, SegmentFile, Successor};
@@ -208,7 +208,7 @@ fn keep_segments(
     let mut scans: Vec<Option<SegmentScan>> = scans.into_iter().map(Some).collect();
     let mut opened: Vec<Option<Opened>> = opened.into_iter().map(Some).collect();
     let mut segments = Vec::with_capacity(plan.keep.len());
-    let mut seal = None;
+    let mut pending = None;
     let newest = plan.keep.len().checked_sub(1);
     for (n, keep) in plan.keep.iter().enumerate() {
         let (Some(scan), Some(file)) = (scans[keep.scan].take(), opened[keep.scan].take()) else {
@@ -223,13 +223,12 @@ fn keep_segments(
             file.open(storage)?.cut(cut).map_err(|f| f.into_error())?;
         }
         if let Some(target) = target {
-            let index = IndexBuilder::of(&frames, kept_log_start);
-            seal = Some(PendingSeal {
+            pending = Some(PendingSeal {
                 salt: frame::salt(file.id, nonce),
                 segment: file.open(storage)?,
                 at: target.at,
                 seq: target.seq,
-                index: index.encode(nonce),
+                index: seal::index_of(&frames, kept_log_start, nonce),
             });
         }
         segments.push(RecoveredSegment {
@@ -239,7 +238,7 @@ fn keep_segments(
             frames,
         });
     }
-    Ok((segments, seal))
+    Ok((segments, pending))
 }
 
 /// Makes the empty newest segment the writer's active one again.

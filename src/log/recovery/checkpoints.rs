@@ -46,6 +46,22 @@ pub(crate) struct Listed {
     pub checkpoints: Vec<u32>,
 }
 
+impl Listed {
+    /// The same, its frames left out: what a walk that takes the frames
+    /// needs to hand the list back.
+    pub(crate) fn without_frames(&self) -> Listed {
+        Listed {
+            frames: Vec::new(),
+            log_start: self.log_start,
+            at: self.at,
+            end: self.end,
+            seq: self.seq,
+            batch_end: self.batch_end,
+            checkpoints: self.checkpoints.clone(),
+        }
+    }
+}
+
 /// How much is read at a time while looking for a checkpoint.
 const CHUNK: usize = 64 << 10;
 
@@ -158,11 +174,15 @@ fn fit(
 ) -> Option<Listed> {
     let f = frame::decode(bytes, salt).ok()?;
     let h = f.header;
-    let cp = checkpoint::decode(f.payload).ok()?;
+    let before_end = before.as_ref().map(|b| b.end);
+    // Decoded onto the list so far: the segment's frames end in one vector.
+    let base = before.as_ref().map_or(0, |b| b.frames.len());
+    let cp = checkpoint::decode_onto(f.payload, before.map_or_else(Vec::new, |b| b.frames)).ok()?;
+    let own = cp.frames.get(base..).unwrap_or_default();
     // It starts its sync group on a block, continues the list where the one
     // before ended, names every checkpoint before it, and its own number is
     // the next after the frames it lists.
-    let n = cp.frames.len() as u64;
+    let n = own.len() as u64;
     let fits = h.kind == CHECKPOINT
         && h.group == h.seq
         && at.is_multiple_of(BLOCK as u64)
@@ -173,18 +193,17 @@ fn fit(
     if !fits {
         return None;
     }
-    let first = u64::from(cp.frames.first()?.offset);
-    let starts_right = match &before {
-        Some(b) => first == b.end || first == align_up(b.end),
+    let first = u64::from(own.first()?.offset);
+    let starts_right = match before_end {
+        Some(end) => first == end || first == align_up(end),
         None => first == FRAMES_AT as u64,
     };
-    let last_end = cp.frames.last()?.end();
+    let last_end = own.last()?.end();
     if !starts_right || !(at == last_end || at == align_up(last_end)) {
         return None;
     }
-    let mut frames = before.map_or_else(Vec::new, |b| b.frames);
-    frames.extend_from_slice(&cp.frames);
-    let last_listed = cp.frames.last()?.offset;
+    let last_listed = own.last()?.offset;
+    let mut frames = cp.frames;
     frames.push(FrameSpan {
         offset: u32::try_from(at).ok()?,
         len: u32::try_from(f.len).ok()?,

@@ -327,14 +327,16 @@ fn frame_at(src: &mut dyn Bytes, at: usize, salt: u32) -> Result<frame::Frame<'_
 ///
 /// With `listed` (what the segment's index checkpoints list), the walk
 /// starts just past the last checkpoint, taking the frames before it from the
-/// list, as a sealed segment's are taken from its seal index.
+/// list, as a sealed segment's are taken from its seal index. Where the file
+/// is not whole, the list is handed back (`Err`) for the walk of the bytes
+/// read into memory, not copied beforehand: it is megabytes long.
 pub(crate) fn scan_window(
     id: SegmentId,
     path: PathBuf,
     src: &mut Window<'_>,
     regions: DataRegions<'_>,
     listed: Option<Listed>,
-) -> Option<SegmentScan> {
+) -> Result<SegmentScan, Option<Listed>> {
     let mut scan = SegmentScan::empty(id, path, src.len() as u64);
     // A walk that starts past the checkpoints starts far from the header:
     // only the header's block is read for it.
@@ -344,13 +346,25 @@ pub(crate) fn scan_window(
         src.chunk
     };
     let block = src.read_from(0, FRAMES_AT, least).to_vec();
-    if scan_header(&block, id, &mut scan).is_some()
-        || scan_frames(src, id, regions, &mut scan, listed).is_some()
-        || src.failed.is_some()
-    {
-        return None;
+    if scan_header(&block, id, &mut scan).is_some() {
+        return Err(listed);
     }
-    Some(scan)
+    let Some(listed) = listed else {
+        if scan_frames(src, id, regions, &mut scan, None).is_some() || src.failed.is_some() {
+            return Err(None);
+        }
+        return Ok(scan);
+    };
+    let rest = listed.without_frames();
+    let taken = listed.frames.len();
+    if scan_frames(src, id, regions, &mut scan, Some(listed)).is_some() || src.failed.is_some() {
+        // The walk took the list's frames first, and only added to them.
+        let mut frames = scan.frames;
+        let whole = frames.len() >= taken && scan.listed == taken as u64;
+        frames.truncate(taken);
+        return Err(whole.then(|| Listed { frames, ..rest }));
+    }
+    Ok(scan)
 }
 
 /// Checks, for segwal's own tests, that walking `bytes` through a [`Window`]
@@ -371,7 +385,7 @@ pub(crate) fn check_window_matches_whole(id: SegmentId, bytes: &[u8], chunk: usi
     let path = PathBuf::from(id.file_name());
     let whole = scan(id, path.clone(), bytes, OpenCheck::EveryFrame, &regions);
     let mut window = Window::with_chunk(&read, bytes.len(), chunk);
-    if let Some(windowed) = scan_window(id, path.clone(), &mut window, &regions, None) {
+    if let Ok(windowed) = scan_window(id, path.clone(), &mut window, &regions, None) {
         assert_eq!(windowed, whole, "window of {chunk} bytes");
     }
     // Through its index checkpoints, where they chain, the same frames and
@@ -400,15 +414,23 @@ pub(crate) fn check_window_matches_whole(id: SegmentId, bytes: &[u8], chunk: usi
         assert_eq!(through.listed, taken, "{how}: listed");
     };
     let mut window = Window::with_chunk(&read, bytes.len(), chunk);
-    if let Some(through) = scan_window(
+    let listed = match scan_window(
         id,
         path.clone(),
         &mut window,
         &regions,
         Some(listed.clone()),
     ) {
-        same(&through, "window through checkpoints");
-    }
+        Ok(through) => {
+            same(&through, "window through checkpoints");
+            listed
+        }
+        // Handed back whole, as it was given.
+        Err(back) => {
+            assert_eq!(back.as_ref(), Some(&listed), "the list handed back");
+            listed
+        }
+    };
     let through = walk_whole(id, path, bytes, &regions, Some(listed));
     same(&through, "whole through checkpoints");
 }
@@ -614,9 +636,10 @@ pub(crate) fn scan_file(
     // Frame by frame through one reused buffer; only a file that is not whole
     // is read into memory whole.
     let mut window = Window::new(&read_at, size);
-    if let Some(scan) = scan_window(id, path.clone(), &mut window, &regions, listed.clone()) {
-        return Ok((scan, opened(id, path)));
-    }
+    let listed = match scan_window(id, path.clone(), &mut window, &regions, listed) {
+        Ok(scan) => return Ok((scan, opened(id, path))),
+        Err(listed) => listed,
+    };
     // Asked again: the walk found the file not whole, and another process
     // (a `verify` or `dump` beside a running owner) may have written past
     // what the first map knew.

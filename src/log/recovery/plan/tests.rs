@@ -754,7 +754,7 @@ fn apply_in_memory(
         let k = last.scan;
         let scan = &scans(&files[k..=k])[0];
         let frames: Vec<FrameSpan> = scan.frames[..last.frames].to_vec();
-        let index = IndexBuilder::of(&frames, scan.log_start_below(seal.at)).encode(NONCE);
+        let index = crate::format::seal::index_of(&frames, scan.log_start_below(seal.at), NONCE);
         if let Some(f) = out.get_mut(&id(k)) {
             f.resize(seal.at as usize, 0);
             frame::encode(
