@@ -362,7 +362,7 @@ pub(crate) fn scan_window(
         let mut frames = scan.frames;
         let whole = frames.len() >= taken && scan.listed == taken as u64;
         frames.truncate(taken);
-        return Err(whole.then(|| Listed { frames, ..rest }));
+        return Err(whole.then_some(Listed { frames, ..rest }));
     }
     Ok(scan)
 }
