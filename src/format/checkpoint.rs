@@ -198,11 +198,7 @@ pub(crate) fn decode_onto(
         if u64::from(at) + u64::from(len) > u64::from(u32::MAX) {
             return Err(bad("a frame past 4 GiB"));
         }
-        frames.push(FrameSpan {
-            offset: at,
-            len,
-            is_record: true,
-        });
+        frames.push(FrameSpan::new(at, len, true));
     }
     let internal_at = frames_at + FRAME_ENTRY_LEN * count;
     let mut prev = None;
@@ -217,7 +213,7 @@ pub(crate) fn decode_onto(
         listed
             .get_mut(i)
             .ok_or(bad("internal frame out of range"))?
-            .is_record = false;
+            .set_internal();
     }
     Ok(Checkpoint {
         first,
@@ -253,7 +249,11 @@ mod tests {
         assert_eq!(cp.first, 3);
         assert_eq!(cp.earlier, vec![4096, 8192]);
         assert_eq!(cp.log_start, Some(Seq::from(9)));
-        let kinds: Vec<_> = cp.frames.iter().map(|f| (f.offset, f.is_record)).collect();
+        let kinds: Vec<_> = cp
+            .frames
+            .iter()
+            .map(|f| (f.offset, f.is_record()))
+            .collect();
         assert_eq!(kinds, vec![(12288, true), (12428, false), (16384, true)]);
         let empty = decode(&encode(0, &[], &[], &[], None)).expect("decodes");
         assert!(empty.frames.is_empty() && empty.log_start.is_none());

@@ -133,20 +133,63 @@ impl FrameKind {
 /// Where one frame lies in its segment, and whether it holds a record: what
 /// recovery, the seal index and the state table know of a frame without
 /// reading it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+///
+/// Eight bytes: an open lists every frame of every segment it reads (a
+/// million of them for a million records), and each byte of the list is
+/// fresh memory it faults in. A frame is shorter than 2 GiB (its payload is
+/// at most [`RECORD_BYTES_LIMIT`], and lists refuse longer lengths), so the
+/// length's top bit says whether it is internal.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FrameSpan {
     /// Byte offset of the frame in its segment file.
     pub offset: u32,
-    /// Encoded length of the frame, header included.
-    pub len: u32,
-    /// A record (handed out to relays), not an internal frame.
-    pub is_record: bool,
+    /// Encoded length of the frame, header included, and [`INTERNAL`] for an
+    /// internal frame.
+    len_kind: u32,
 }
 
+/// The bit of [`FrameSpan`]'s length word that marks an internal frame.
+const INTERNAL: u32 = 1 << 31;
+
 impl FrameSpan {
+    /// The frame at `offset`, `len` bytes long (below 2 GiB), a record or an
+    /// internal frame.
+    pub(crate) fn new(offset: u32, len: u32, is_record: bool) -> FrameSpan {
+        debug_assert!(len < INTERNAL, "a frame of {len} bytes");
+        FrameSpan {
+            offset,
+            len_kind: (len & !INTERNAL) | if is_record { 0 } else { INTERNAL },
+        }
+    }
+
+    /// Encoded length of the frame, header included.
+    pub(crate) fn len(self) -> u32 {
+        self.len_kind & !INTERNAL
+    }
+
+    /// A record (handed out to relays), not an internal frame.
+    pub(crate) fn is_record(self) -> bool {
+        self.len_kind & INTERNAL == 0
+    }
+
+    /// Marks the frame internal.
+    pub(crate) fn set_internal(&mut self) {
+        self.len_kind |= INTERNAL;
+    }
+
     /// The offset just past the frame.
     pub(crate) fn end(self) -> u64 {
-        u64::from(self.offset) + u64::from(self.len)
+        u64::from(self.offset) + u64::from(self.len())
+    }
+}
+
+impl std::fmt::Debug for FrameSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameSpan")
+            .field("offset", &self.offset)
+            .field("len", &self.len())
+            .field("is_record", &self.is_record())
+            .finish()
     }
 }
 
@@ -435,6 +478,23 @@ mod tests {
             group: Seq::from(1 + (seq - 1) / 4 * 4),
             timestamp_us: 1_700_000_000_000_000 + seq,
         }
+    }
+
+    #[test]
+    fn a_span_keeps_its_length_and_kind_apart_up_to_the_longest_frame() {
+        for len in [FRAME_HEADER_LEN as u32, 4096, FRAME_LEN_MAX as u32] {
+            for is_record in [true, false] {
+                let span = FrameSpan::new(u32::MAX - 7, len, is_record);
+                assert_eq!(span.offset, u32::MAX - 7);
+                assert_eq!(span.len(), len);
+                assert_eq!(span.is_record(), is_record);
+                assert_eq!(span.end(), u64::from(u32::MAX - 7) + u64::from(len));
+                let mut marked = span;
+                marked.set_internal();
+                assert_eq!((marked.len(), marked.is_record()), (len, false));
+            }
+        }
+        assert_eq!(std::mem::size_of::<FrameSpan>(), 8);
     }
 
     #[test]

@@ -71,10 +71,10 @@ impl IndexBuilder {
             self.internal = Vec::new();
             return;
         }
-        if !frame.is_record {
+        if !frame.is_record() {
             self.internal.push(self.frames.len() as u32);
         }
-        self.frames.push((frame.offset, frame.len));
+        self.frames.push((frame.offset, frame.len()));
     }
 
     /// Records a `LogStart` frame's value.
@@ -142,11 +142,11 @@ pub(crate) fn index_of(frames: &[FrameSpan], log_start: Option<Seq>, nonce: u64)
         frames
             .iter()
             .enumerate()
-            .filter(|(_, f)| !f.is_record)
+            .filter(|(_, f)| !f.is_record())
             .map(|(i, _)| i as u32)
     };
     encode_lists(
-        frames.iter().map(|f| (f.offset, f.len)),
+        frames.iter().map(|f| (f.offset, f.len())),
         internal().count(),
         internal(),
         log_start,
@@ -256,11 +256,7 @@ pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corrupti
             return Err(bad("a frame longer than the format allows"));
         }
         end = u64::from(at) + u64::from(len);
-        frames.push(FrameSpan {
-            offset: at,
-            len,
-            is_record: true,
-        });
+        frames.push(FrameSpan::new(at, len, true));
     }
     let seal_ok = match frames.last() {
         Some(_) => may_follow(end, seal_at),
@@ -280,7 +276,7 @@ pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corrupti
         let f = frames
             .get_mut(i)
             .ok_or(bad("internal frame out of range"))?;
-        f.is_record = false;
+        f.set_internal();
     }
     Ok(SealIndex {
         frames,
@@ -301,11 +297,7 @@ mod tests {
     /// next block; the seal on the block after.
     fn frames() -> Vec<FrameSpan> {
         [(4096, 140, true), (4236, 60, false), (8192, 64, true)]
-            .map(|(offset, len, is_record)| FrameSpan {
-                offset,
-                len,
-                is_record,
-            })
+            .map(|(offset, len, is_record)| FrameSpan::new(offset, len, is_record))
             .to_vec()
     }
 
@@ -366,11 +358,7 @@ mod tests {
     fn no_length_beyond_the_format_sizes_a_buffer() {
         // A frame listed longer than any frame can be, its seal where it
         // would end.
-        let huge = [FrameSpan {
-            offset: 4096,
-            len: (FRAME_LEN_MAX + 1) as u32,
-            is_record: true,
-        }];
+        let huge = [FrameSpan::new(4096, (FRAME_LEN_MAX + 1) as u32, true)];
         let seal_at = align_up(4096 + FRAME_LEN_MAX as u64 + 1);
         assert_eq!(
             decode(&encode(&huge, None), seal_at),

@@ -1056,11 +1056,11 @@ impl Writer {
                     payload,
                     salt,
                 );
-                let span = FrameSpan {
-                    offset: offset32(offset),
-                    len: frame::frame_len(ext.len() + payload.len()) as u32,
-                    is_record: true,
-                };
+                let span = FrameSpan::new(
+                    offset32(offset),
+                    frame::frame_len(ext.len() + payload.len()) as u32,
+                    true,
+                );
                 self.staged.push(span);
                 offset = span.end();
                 self.next_seq = seq.next();
@@ -1133,11 +1133,11 @@ impl Writer {
             payload,
             self.active.salt,
         );
-        let span = FrameSpan {
-            offset: offset32(offset),
-            len: frame::frame_len(payload.len()) as u32,
-            is_record: false,
-        };
+        let span = FrameSpan::new(
+            offset32(offset),
+            frame::frame_len(payload.len()) as u32,
+            false,
+        );
         self.staged.push(span);
         span
     }
@@ -1880,11 +1880,11 @@ impl Writer {
                 payload,
                 salt,
             );
-            let span = FrameSpan {
-                offset: offset32(offset),
-                len: frame::frame_len(ext.len() + payload.len()) as u32,
-                is_record: false,
-            };
+            let span = FrameSpan::new(
+                offset32(offset),
+                frame::frame_len(ext.len() + payload.len()) as u32,
+                false,
+            );
             self.staged.push(span);
             offset = span.end();
             self.next_seq = seq.next();
@@ -2005,11 +2005,11 @@ impl Writer {
                 &payload,
                 self.active.salt,
             );
-            let span = FrameSpan {
-                offset: offset32(self.active.len + (before - self.active.tail.len()) as u64),
-                len: (self.buf.len() - before) as u32,
-                is_record: false,
-            };
+            let span = FrameSpan::new(
+                offset32(self.active.len + (before - self.active.tail.len()) as u64),
+                (self.buf.len() - before) as u32,
+                false,
+            );
             self.staged.push(span);
             self.active.state_frames += 1;
             self.next_seq = seq.next();
@@ -2029,11 +2029,7 @@ impl Writer {
             self.active.salt,
         );
         let before = self.staged.last().map_or(self.active.len, |s| s.end());
-        let span = FrameSpan {
-            offset: offset32(before),
-            len: frame::frame_len(8) as u32,
-            is_record: false,
-        };
+        let span = FrameSpan::new(offset32(before), frame::frame_len(8) as u32, false);
         self.staged.push(span);
         self.active.index.log_start(new_start);
         self.next_seq = seq.next();

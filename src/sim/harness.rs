@@ -2183,11 +2183,11 @@ pub fn frame_seed(k: usize, header: bool) -> Vec<u8> {
             payload,
             salt,
         );
-        index.push(frame::FrameSpan {
-            offset: at as u32,
-            len: (out.len() - at) as u32,
-            is_record: kind == FrameKind::Record,
-        });
+        index.push(frame::FrameSpan::new(
+            at as u32,
+            (out.len() - at) as u32,
+            kind == FrameKind::Record,
+        ));
         seq += 1;
     };
     for n in 0..=k {

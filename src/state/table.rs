@@ -930,15 +930,8 @@ impl Table {
         seg.done.resize(words, 0);
         let mut end = seg.end;
         let (mut records, mut record_bytes, mut internal) = (0u64, 0u64, 0u32);
-        for (
-            k,
-            &FrameSpan {
-                offset,
-                len,
-                is_record,
-            },
-        ) in frames.iter().enumerate()
-        {
+        for (k, f) in frames.iter().enumerate() {
+            let (offset, len, is_record) = (f.offset, f.len(), f.is_record());
             let i = base + k;
             if offset != end {
                 // A new sync group, on the next block boundary.
@@ -1659,11 +1652,7 @@ mod tests {
         t.push_segment(SegmentSlots::new(SegmentId(1), path, Some(file), 0, 64));
         let frame = FRAME_HEADER_LEN as u32 + 10;
         let frames: Vec<FrameSpan> = (0..n)
-            .map(|i| FrameSpan {
-                offset: 64 + i * frame,
-                len: frame,
-                is_record: Some(i) != internal,
-            })
+            .map(|i| FrameSpan::new(64 + i * frame, frame, Some(i) != internal))
             .collect();
         t.push_frames(SegmentId(1), Seq::from(1), &frames);
         (t, dir)
@@ -1808,11 +1797,7 @@ mod tests {
         t.push_frames(
             SegmentId(10),
             Seq::from(10),
-            &[64, 64 + frame].map(|offset| FrameSpan {
-                offset,
-                len: frame,
-                is_record: true,
-            }),
+            &[64, 64 + frame].map(|offset| FrameSpan::new(offset, frame, true)),
         );
         assert_eq!(seqs(&take(&mut t, 3, u64::MAX)), vec![1, 2, 3]);
         assert_eq!(seqs(&take(&mut t, 1, u64::MAX)), vec![10]);

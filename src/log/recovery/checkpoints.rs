@@ -204,11 +204,11 @@ fn fit(
     }
     let last_listed = own.last()?.offset;
     let mut frames = cp.frames;
-    frames.push(FrameSpan {
-        offset: u32::try_from(at).ok()?,
-        len: u32::try_from(f.len).ok()?,
-        is_record: false,
-    });
+    frames.push(FrameSpan::new(
+        u32::try_from(at).ok()?,
+        u32::try_from(f.len).ok()?,
+        false,
+    ));
     Some(Listed {
         frames,
         log_start: cp.log_start.map(|value| LogStartMark {

@@ -386,7 +386,7 @@ impl Dump {
                 .iter()
                 .enumerate()
                 .take(limit)
-                .filter(|(_, f)| !f.is_record);
+                .filter(|(_, f)| !f.is_record());
             let mut file: Option<Arc<dyn StorageFile>> = None;
             for (i, &span) in internal {
                 let file = match &file {
@@ -407,7 +407,7 @@ impl Dump {
                 if frame::kind_of(&head) != Some(FrameKind::Relocated) {
                     continue;
                 }
-                let mut whole = vec![0u8; span.len as usize];
+                let mut whole = vec![0u8; span.len() as usize];
                 read_exact_at(&*file, &mut whole, at)
                     .map_err(|e| Error::io("read segment", &scan.path, e))?;
                 let frame_seq = Seq::from(id.0 + i as u64);
@@ -534,7 +534,7 @@ impl Dump {
         while cursor.next < end {
             let i = cursor.next;
             cursor.next += 1;
-            if cursor.frames.get(i).is_some_and(|f| f.is_record) {
+            if cursor.frames.get(i).is_some_and(|f| f.is_record()) {
                 let seq = Seq::from(cursor.id.0 + i as u64);
                 return Some(cursor.record(i, seq, None));
             }
@@ -662,7 +662,7 @@ impl Cursor {
             let mut read = read_exact_at(&*self.file, &mut self.buf, start);
             if read.is_err() && upto > end {
                 // Only the frame itself, in case the file ends after it.
-                self.buf.resize(span.len as usize, 0);
+                self.buf.resize(span.len() as usize, 0);
                 read = read_exact_at(&*self.file, &mut self.buf, start);
             }
             if let Err(e) = read {
@@ -673,7 +673,7 @@ impl Cursor {
         let from = (start - self.buf_at) as usize;
         Ok(self
             .buf
-            .get(from..from + span.len as usize)
+            .get(from..from + span.len() as usize)
             .unwrap_or_default())
     }
 
@@ -703,7 +703,7 @@ impl Cursor {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 return Err(corrupt(Corruption::Truncated {
-                    needed: u64::from(span.len),
+                    needed: u64::from(span.len()),
                     available: 0,
                 }));
             }
@@ -715,7 +715,7 @@ impl Cursor {
         } else {
             FrameKind::Record
         };
-        if f.header.seq != at || f.header.kind != expected || f.len != span.len as usize {
+        if f.header.seq != at || f.header.kind != expected || f.len != span.len() as usize {
             return Err(corrupt(Corruption::WrongFrame {
                 expected: at,
                 found: f.header.seq,

@@ -554,7 +554,7 @@ fn finish(
         .map(|s| {
             s.scan.frames[..s.kept]
                 .iter()
-                .filter(|f| f.is_record)
+                .filter(|f| f.is_record())
                 .count() as u64
         })
         .sum();

@@ -140,7 +140,7 @@ pub(crate) fn rebuild(
 pub(crate) fn records_on_disk(segments: &[RecoveredSegment], recorded: &[Recorded]) -> u64 {
     let in_place: usize = segments
         .iter()
-        .map(|s| s.frames.iter().filter(|f| f.is_record).count())
+        .map(|s| s.frames.iter().filter(|f| f.is_record()).count())
         .sum();
     let oldest = segments.first().map_or(0, |s| s.id.first_seq().get());
     let mut copies: Vec<u64> = recorded
@@ -166,11 +166,7 @@ mod tests {
 
     fn segment(first: u64, records: u32) -> RecoveredSegment {
         let frames = (0..records)
-            .map(|i| FrameSpan {
-                offset: FRAMES_AT as u32 + i * 100,
-                len: 100,
-                is_record: true,
-            })
+            .map(|i| FrameSpan::new(FRAMES_AT as u32 + i * 100, 100, true))
             .collect();
         RecoveredSegment {
             id: SegmentId(first),

@@ -992,11 +992,8 @@ fn scan_by_seal(
     };
     scan.header = Some(header);
     scan.frames = index.frames;
-    scan.frames.push(FrameSpan {
-        offset: at32,
-        len: seal_len as u32,
-        is_record: false,
-    });
+    scan.frames
+        .push(FrameSpan::new(at32, seal_len as u32, false));
     scan.seal = Some(SealAt {
         seq: f.header.seq,
         offset: at32,
@@ -1293,11 +1290,8 @@ fn fit_frame(walk: &Walk, f: &frame::Frame<'_>, scan: &mut SegmentScan) -> Resul
         CHECKPOINT => check_checkpoint(f.payload, walk, scan)?,
         FrameKind::Record | FrameKind::Skippable(_) => {}
     }
-    scan.frames.push(FrameSpan {
-        offset,
-        len,
-        is_record: h.kind == FrameKind::Record,
-    });
+    scan.frames
+        .push(FrameSpan::new(offset, len, h.kind == FrameKind::Record));
     Ok(())
 }
 

@@ -101,7 +101,7 @@ pub(crate) fn recorded_state<'a>(
         internal.extend(
             (seg.first_seq.get()..)
                 .zip(seg.frames)
-                .filter(|(_, f)| !f.is_record)
+                .filter(|(_, f)| !f.is_record())
                 .map(|(seq, f)| (Seq::from(seq), *f)),
         );
         if internal.is_empty() {
@@ -119,10 +119,10 @@ pub(crate) fn recorded_state<'a>(
         // at once"). Of a large frame, only its first block: it may be an
         // index checkpoint, which is not read.
         for (_, span) in &internal {
-            let len = if span.len as usize > LARGE {
+            let len = if span.len() as usize > LARGE {
                 BLOCK
             } else {
-                span.len as usize
+                span.len() as usize
             };
             file.will_need(u64::from(span.offset), len as u64);
         }
@@ -135,16 +135,16 @@ pub(crate) fn recorded_state<'a>(
             // are not delivery state: their header alone is read, and
             // believed only if its own keyed checksum holds, so that damage
             // to a kind byte cannot make recovery skip a delivery-state frame.
-            if Some(span.offset) == last || span.len as usize > LARGE {
+            if Some(span.offset) == last || span.len() as usize > LARGE {
                 read_exact_at(&*file, &mut header, at)
                     .map_err(|e| Error::io("read segment", path, e))?;
                 let kind = frame::kind_of(&header);
-                let checked = frame::claimed_len(&header, seg.salt) == Some(span.len as usize);
+                let checked = frame::claimed_len(&header, seg.salt) == Some(span.len() as usize);
                 if checked && (kind == Some(frame::FrameKind::Seal) || kind == Some(CHECKPOINT)) {
                     continue;
                 }
             }
-            whole.resize(span.len as usize, 0);
+            whole.resize(span.len() as usize, 0);
             read_exact_at(&*file, &mut whole, at)
                 .map_err(|e| Error::io("read segment", path, e))?;
             let corrupt = |kind| Error::Corrupt {
@@ -282,11 +282,7 @@ mod tests {
         );
         let file = disk.create(&path).expect("create");
         crate::io::write_all_at(&*file, &bytes, 0).expect("write");
-        let span = |from: usize, to: usize| FrameSpan {
-            offset: from as u32,
-            len: (to - from) as u32,
-            is_record: false,
-        };
+        let span = |from: usize, to: usize| FrameSpan::new(from as u32, (to - from) as u32, false);
         let frames = [span(4096, second), span(second, bytes.len())];
         let kept = Kept {
             path: &path,

@@ -419,7 +419,7 @@ fn pass(
         out.bytes += scan.len;
         // A file the owner appended to since the listing reads longer.
         progress(out.bytes, total.max(out.bytes));
-        let records = scan.frames.iter().filter(|f| f.is_record).count();
+        let records = scan.frames.iter().filter(|f| f.is_record()).count();
         let last_seq = match (scan.seal, scan.frames.len()) {
             (_, 0) => None,
             (Some(seal), _) => Some(seal.seq),

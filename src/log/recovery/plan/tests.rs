@@ -71,11 +71,11 @@ impl Seg {
             payload,
             frame::salt(self.id, self.nonce),
         );
-        self.index.push(FrameSpan {
-            offset: offset as u32,
-            len: (self.bytes.len() - offset) as u32,
-            is_record: kind == FrameKind::Record,
-        });
+        self.index.push(FrameSpan::new(
+            offset as u32,
+            (self.bytes.len() - offset) as u32,
+            kind == FrameKind::Record,
+        ));
         self.at.insert(seq, offset);
         self.next += 1;
         seq
