@@ -905,6 +905,45 @@ impl Table {
     /// Adds durable frames at the end of the segment `id` (the last one). Records
     /// enter Pending, internal frames Done.
     pub(crate) fn push_frames(&mut self, id: SegmentId, next_seq: Seq, frames: &[FrameSpan]) {
+        let seg = self.count_frames(id, next_seq, frames);
+        seg.offsets.extend(frames.iter().map(|f| f.offset));
+        if cfg!(debug_assertions) {
+            seg.check_invariants();
+        }
+    }
+
+    /// [`push_frames`](Self::push_frames) of a list the caller gives up, as
+    /// an open gives each segment's: into a segment that has no frames yet,
+    /// the offsets are taken out of the list's own memory (a span's offset is
+    /// its first four bytes, and the in-place collect of a vector's iterator
+    /// keeps its allocation), not copied into fresh memory an open in a new
+    /// process would fault in page by page.
+    pub(crate) fn push_frames_owned(
+        &mut self,
+        id: SegmentId,
+        next_seq: Seq,
+        frames: Vec<FrameSpan>,
+    ) {
+        let seg = self.count_frames(id, next_seq, &frames);
+        if seg.offsets.is_empty() {
+            seg.offsets = frames.into_iter().map(|f| f.offset).collect();
+            seg.offsets.shrink_to_fit();
+        } else {
+            seg.offsets.extend(frames.iter().map(|f| f.offset));
+        }
+        if cfg!(debug_assertions) {
+            seg.check_invariants();
+        }
+    }
+
+    /// Everything [`push_frames`](Self::push_frames) does but add the
+    /// offsets, which the caller adds next: the states, the gaps, the counts.
+    fn count_frames(
+        &mut self,
+        id: SegmentId,
+        next_seq: Seq,
+        frames: &[FrameSpan],
+    ) -> &mut SegmentSlots {
         let seg = self
             .segments
             .back_mut()
@@ -920,12 +959,11 @@ impl Table {
         );
         let base = seg.offsets.len();
         // An open pushes a sealed segment's hundreds of thousands of frames
-        // at once: the offsets are copied in one pass, the bitmaps' words
-        // come zeroed in one go, and the loop below keeps its counts in
-        // locals, touching the segment only for a sync group's gap or an
-        // internal frame.
-        seg.offsets.extend(frames.iter().map(|f| f.offset));
-        let words = seg.offsets.len().div_ceil(64);
+        // at once: the bitmaps' words come zeroed in one go, the offsets are
+        // added in one pass by the caller, and the loop below keeps its
+        // counts in locals, touching the segment only for a sync group's gap
+        // or an internal frame.
+        let words = (base + frames.len()).div_ceil(64);
         seg.claimed.resize(words, 0);
         seg.done.resize(words, 0);
         let mut end = seg.end;
@@ -958,9 +996,9 @@ impl Table {
         seg.done_count += internal;
         self.pending += records;
         self.backlog_bytes += record_bytes - records * FRAME_HEADER_LEN as u64;
-        if cfg!(debug_assertions) {
-            seg.check_invariants();
-        }
+        self.segments
+            .back_mut()
+            .expect("the segment just counted into")
     }
 
     /// Index of the segment holding `seq`, or None if no live segment does.
@@ -1803,6 +1841,59 @@ mod tests {
         assert_eq!(seqs(&take(&mut t, 1, u64::MAX)), vec![10]);
         assert_eq!(seqs(&take(&mut t, 5, u64::MAX)), vec![11]);
         t.check_invariants();
+    }
+
+    #[test]
+    fn frames_given_up_make_the_same_table_as_frames_lent() {
+        // Sync groups of three frames, each on a block of its own; every
+        // fifth frame internal.
+        let frame = FRAME_HEADER_LEN as u32 + 10;
+        let mut frames = Vec::new();
+        let mut at = 4096u32;
+        for i in 0..300u32 {
+            if i > 0 && i % 3 == 0 {
+                at = at.next_multiple_of(4096);
+            }
+            frames.push(FrameSpan::new(at, frame, i % 5 != 4));
+            at += frame;
+        }
+        let build = |split: Option<usize>| {
+            let mut t = Table::new();
+            let path: Arc<Path> = Path::new("00000000000000000001.seg").into();
+            t.push_segment(SegmentSlots::new(SegmentId(1), path, None, 0, 4096));
+            match split {
+                None => t.push_frames(SegmentId(1), Seq::from(1), &frames),
+                // Given up in two parts: the second into a segment that
+                // already has frames.
+                Some(k) => {
+                    t.push_frames_owned(SegmentId(1), Seq::from(1), frames[..k].to_vec());
+                    let next = Seq::from(k as u64 + 1);
+                    t.push_frames_owned(SegmentId(1), next, frames[k..].to_vec());
+                }
+            }
+            t.seal_last(SegmentId(1));
+            t.check_invariants();
+            t
+        };
+        let summary = |t: &mut Table| {
+            let s = t.stats();
+            let claimed: Vec<(u64, u32, u32)> = take(t, 1000, u64::MAX)
+                .iter()
+                .flat_map(|r| r.frames.iter().map(|f| (f.seq.get(), f.offset, f.len)))
+                .collect();
+            (
+                s.pending,
+                s.backlog_bytes,
+                s.disk_bytes,
+                s.state_bytes,
+                claimed,
+            )
+        };
+        let lent = summary(&mut build(None));
+        assert_eq!(lent.0, 240, "the records, not the internal frames");
+        assert_eq!(lent.4.len(), 240);
+        assert_eq!(summary(&mut build(Some(300))), lent);
+        assert_eq!(summary(&mut build(Some(100))), lent);
     }
 
     #[test]

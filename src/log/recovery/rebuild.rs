@@ -77,7 +77,7 @@ pub(crate) fn rebuild(
         table.push_segment(SegmentSlots::new(
             seg.id, seg.path, None, seg.salt, frames_at,
         ));
-        table.push_frames(seg.id, seg.id.first_seq(), &seg.frames);
+        table.push_frames_owned(seg.id, seg.id.first_seq(), seg.frames);
         table.seal_last(seg.id);
     }
     // What producers said of the records (keys, not-before times, ids),
