@@ -914,10 +914,11 @@ impl Table {
 
     /// [`push_frames`](Self::push_frames) of a list the caller gives up, as
     /// an open gives each segment's: into a segment that has no frames yet,
-    /// the offsets are taken out of the list's own memory (a span's offset is
-    /// its first four bytes, and the in-place collect of a vector's iterator
-    /// keeps its allocation), not copied into fresh memory an open in a new
-    /// process would fault in page by page.
+    /// the offsets are collected from the list's own iterator, which the
+    /// standard library does in place where it can (a span's offset is its
+    /// first four bytes), so that an open in a new process need not fault in
+    /// fresh memory for them. Where it cannot, they are copied, as
+    /// `push_frames` copies them: the outcome is the same either way.
     pub(crate) fn push_frames_owned(
         &mut self,
         id: SegmentId,
