@@ -599,8 +599,7 @@ impl Publisher for JetStream {
                         .await;
                 for (i, answer) in indexes.into_iter().zip(answers) {
                     outcomes[i] = Some(match answer {
-                        Ok(ack) if ack.duplicate => Outcome::Duplicate,
-                        Ok(_) => Outcome::Stored,
+                        Ok(ack) => outcome_of_ack(ack.duplicate, ack.sequence),
                         Err(e) => outcome_of_error(&e, connected),
                     });
                 }
@@ -610,6 +609,30 @@ impl Publisher for JetStream {
             .into_iter()
             .map(|o| o.unwrap_or_else(|| Outcome::Retry("not published".into())))
             .collect()
+    }
+}
+
+/// A `PubAck`: stored, or a duplicate of a message the stream holds at
+/// `sequence`. A duplicate at sequence 0 is not one: a clustered stream's
+/// leader of nats-server 2.10 answers so for a message id whose first publish
+/// it has proposed but not yet stored (it stages the id with sequence 0
+/// before the proposal commits). That proposal can still be lost (its
+/// leader steps down), and then nothing holds the record: it is retried, and
+/// its next publish is answered with the sequence it was stored at, or is
+/// stored, once the staged id is gone. Servers from 2.11 answer such a
+/// publish with an error instead (nats-io/nats-server commit 0e04148, "Fix
+/// when receiving dupe message while processing"). A `PubAck` without a
+/// sequence proves nothing either.
+fn outcome_of_ack(duplicate: bool, sequence: u64) -> Outcome {
+    match (duplicate, sequence) {
+        (true, 0) => Outcome::Retry(
+            "the stream is still storing an earlier publish of this record \
+             (a duplicate without a sequence)"
+                .into(),
+        ),
+        (false, 0) => Outcome::Retry("a PubAck without a sequence".into()),
+        (true, _) => Outcome::Duplicate,
+        (false, _) => Outcome::Stored,
     }
 }
 
@@ -633,5 +656,39 @@ fn outcome_of_error(error: &PublishError, connected: bool) -> Outcome {
         Outcome::Refused(reason)
     } else {
         Outcome::Retry(reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::jetstream::publish::PublishAck;
+
+    #[test]
+    fn only_an_answer_with_a_sequence_settles_a_record() {
+        assert_eq!(outcome_of_ack(false, 7), Outcome::Stored);
+        assert_eq!(outcome_of_ack(true, 7), Outcome::Duplicate);
+        // A 2.10 leader's answer to a message id it has proposed, not stored.
+        assert!(
+            matches!(outcome_of_ack(true, 0), Outcome::Retry(r) if r.contains("still storing"))
+        );
+        assert!(matches!(outcome_of_ack(false, 0), Outcome::Retry(_)));
+    }
+
+    #[test]
+    fn a_pub_ack_read_from_the_wire_keeps_its_sequence_and_duplicate_flag() {
+        // The answer nats-server 2.10 sends for a message id still staged.
+        let staged: PublishAck =
+            serde_json::from_str(r#"{"stream":"S","seq":0,"duplicate": true}"#).expect("a PubAck");
+        assert!(matches!(
+            outcome_of_ack(staged.duplicate, staged.sequence),
+            Outcome::Retry(_)
+        ));
+        let stored: PublishAck =
+            serde_json::from_str(r#"{"stream":"S","seq":12}"#).expect("a PubAck");
+        assert_eq!(
+            outcome_of_ack(stored.duplicate, stored.sequence),
+            Outcome::Stored
+        );
     }
 }

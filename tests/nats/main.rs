@@ -1,7 +1,8 @@
 //! The relay into a real NATS JetStream (feature `nats`): a single server
 //! killed and restarted under load, a three-node cluster losing one node and
 //! then another, a relay killed and restarted, records the stream refuses,
-//! and records a crash left in doubt beyond the duplicate window.
+//! records a crash left in doubt beyond the duplicate window, and a record
+//! published again while a cluster is still storing its first publish.
 //!
 //! ```text
 //! cargo test --features nats --test nats [NAME...]
@@ -21,7 +22,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use segwal::nats::{JetStream, JetStreamOptions, StoredMessage};
-use segwal::{Options, Outbox, Outcome, Publisher, Relay, RelayOptions};
+use segwal::{Options, Outbox, Outcome, Publisher, Record, Relay, RelayOptions};
 
 use server::Server;
 use service::{SUBJECT, Workload};
@@ -42,6 +43,10 @@ const TESTS: &[Test] = &[
         single_server,
     ),
     ("three_node_cluster_losing_one_node_then_another", cluster),
+    (
+        "a_record_published_again_while_the_cluster_stores_it_is_not_settled_by_that_answer",
+        twice_at_once,
+    ),
 ];
 
 fn main() {
@@ -418,4 +423,77 @@ fn in_doubt() {
         }
         outbox.close().expect("close");
     }
+}
+
+/// Each of 1,000 records published twice back to back, pipelined, to an R3
+/// stream: the second copy reaches the stream's leader while the first is
+/// proposed but not yet stored. nats-server 2.10 answers it as a duplicate at
+/// sequence 0 (from 2.11, with an error): no proof that anything holds the
+/// record, since the first proposal can still be lost, so the publisher
+/// returns `Retry` for it, never `Duplicate` (docs/RELAY.md, "A duplicate
+/// that is not one"). The stream holds each record once, and every record
+/// settled by either answer.
+fn twice_at_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let nodes = Server::start_cluster(tmp.path(), Duration::from_secs(60));
+    let servers: Vec<String> = nodes.iter().map(Server::url).collect();
+    let servers = servers.join(",");
+    let outbox = Outbox::open(tmp.path().join("outbox"), Options::default()).expect("open");
+    for i in 0..1_000u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    let options = JetStreamOptions::new(&servers, "TWICE", "twice.records")
+        .create_stream(3)
+        .timeout(Duration::from_secs(10));
+    let mut publisher = JetStream::connect(&outbox, options).expect("publisher");
+    let records = outbox.claim(1_000).expect("claim");
+    assert_eq!(records.len(), 1_000);
+    let doubled: Vec<Record> = records
+        .iter()
+        .flat_map(|r| [r.clone(), r.clone()])
+        .collect();
+    let outcomes = publisher.publish(&doubled);
+    let mut reader = reader(&servers, "TWICE");
+    let messages = read_back(&mut reader);
+    let mut in_stream = HashSet::new();
+    for m in &messages {
+        let seq = m.seq.expect("every message carries Segwal-Seq");
+        assert!(in_stream.insert(seq), "seq {seq} stored twice");
+    }
+    let settles = |o: &Outcome| matches!(o, Outcome::Stored | Outcome::Duplicate);
+    let mut answered_in_flight = 0;
+    let mut first_reasons = HashMap::new();
+    for (record, pair) in records.iter().zip(outcomes.chunks(2)) {
+        let seq = record.seq().get();
+        if pair.iter().any(settles) {
+            assert!(
+                in_stream.contains(&seq),
+                "seq {seq} settled ({pair:?}) but not in the stream"
+            );
+        }
+        assert_ne!(
+            (&pair[0], &pair[1]),
+            (&Outcome::Stored, &Outcome::Stored),
+            "seq {seq} stored twice"
+        );
+        if pair[0] == Outcome::Stored
+            && let Outcome::Retry(reason) = &pair[1]
+        {
+            answered_in_flight += 1;
+            *first_reasons.entry(reason.clone()).or_insert(0) += 1;
+        }
+    }
+    println!(
+        "  of 1,000 second copies sent while the first was being stored, {answered_in_flight} \
+         were answered before it was: {first_reasons:?}"
+    );
+    // Sent right behind the first, at least one second copy reaches the
+    // leader before a follower has stored the first; were such an answer
+    // taken for a duplicate, none would be `Retry`.
+    assert!(
+        answered_in_flight > 0,
+        "no second copy was answered while its first was in flight: {:?}",
+        &outcomes[..8]
+    );
+    outbox.close().expect("close");
 }
