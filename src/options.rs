@@ -360,7 +360,11 @@ impl Options {
     /// `max_attempts` restarts rather than looping, each delivery's number is
     /// written to the log and fsynced before the record is handed out: with
     /// this option a claim waits for an fsync (group-committed with everything
-    /// else). At least 1.
+    /// else). At least 1. A broker's `Retry` does not always mean that the
+    /// broker did not store the record (a timeout after it did): with the
+    /// NATS publisher, leave this unset or above the deliveries that fit in
+    /// the stream's duplicate window (docs/RELAY.md, "What the stream must
+    /// promise").
     pub fn max_attempts(mut self, attempts: u32) -> Options {
         self.max_attempts = Some(attempts);
         self

@@ -1,13 +1,18 @@
 //! A [`Publisher`] into NATS JetStream (feature `nats`): [`JetStream`].
 //!
 //! Every record becomes one message on a subject made from a template (fixed,
-//! or with the record's key in it), with three headers: `Nats-Msg-Id`, the
+//! or with the record's key in it), with four headers: `Nats-Msg-Id`, the
 //! outbox's identity and the record's seq (`<32 hex digits>-<seq>`), which
 //! JetStream deduplicates within the stream's duplicate window,
-//! `Segwal-Seq`, the seq alone, and `Segwal-Crc32`, the CRC-32 of the
-//! payload (eight hex digits). A batch is published pipelined on one
-//! connection (up to [`JetStreamOptions::in_flight`] acknowledgements
-//! outstanding) and each record's outcome comes from its own `PubAck`.
+//! `Segwal-Seq`, the seq alone, `Segwal-Crc32`, the CRC-32 of the
+//! payload (eight hex digits), and `Nats-Expected-Stream`, the stream, so
+//! that a subject another stream captures is refused, not stored there. A
+//! batch is published pipelined on one connection (up to
+//! [`JetStreamOptions::in_flight`] acknowledgements outstanding) and each
+//! record's outcome comes from its own `PubAck`: only one from the stream,
+//! with a sequence, settles a record (a 2.10 cluster answers a publish it
+//! is still storing as a duplicate at sequence 0; docs/RELAY.md, "A
+//! duplicate that is not one").
 //!
 //! Beyond the duplicate window, deduplication is this publisher's: before its
 //! first publish it reads the last [`JetStreamOptions::reconcile_depth`]
@@ -28,6 +33,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::{Context, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::stream::{Config, LastRawMessageErrorKind, StorageType, Stream};
 use async_nats::jetstream::{self, ErrorCode};
 use async_nats::{ConnectOptions, ServerAddr};
@@ -557,6 +563,9 @@ impl Publisher for JetStream {
             let message = PublishMessage::build()
                 .payload(Bytes::copy_from_slice(record.payload()))
                 .message_id(self.message_id(seq))
+                // A subject another stream captures is refused by the
+                // server (JetStream error 10060), never stored there.
+                .expected_stream(&self.options.stream)
                 .header(SEQ_HEADER, seq.to_string().as_str())
                 .header(CRC_HEADER, format!("{crc:08x}").as_str());
             messages.push((i, self.subject_of(record), message));
@@ -599,7 +608,7 @@ impl Publisher for JetStream {
                         .await;
                 for (i, answer) in indexes.into_iter().zip(answers) {
                     outcomes[i] = Some(match answer {
-                        Ok(ack) => outcome_of_ack(ack.duplicate, ack.sequence),
+                        Ok(ack) => outcome_of_ack(&ack, &self.options.stream),
                         Err(e) => outcome_of_error(&e, connected),
                     });
                 }
@@ -612,19 +621,26 @@ impl Publisher for JetStream {
     }
 }
 
-/// A `PubAck`: stored, or a duplicate of a message the stream holds at
-/// `sequence`. A duplicate at sequence 0 is not one: a clustered stream's
-/// leader of nats-server 2.10 answers so for a message id whose first publish
-/// it has proposed but not yet stored (it stages the id with sequence 0
-/// before the proposal commits). That proposal can still be lost (its
-/// leader steps down), and then nothing holds the record: it is retried, and
-/// its next publish is answered with the sequence it was stored at, or is
-/// stored, once the staged id is gone. Servers from 2.11 answer such a
-/// publish with an error instead (nats-io/nats-server commit 0e04148, "Fix
-/// when receiving dupe message while processing"). A `PubAck` without a
-/// sequence proves nothing either.
-fn outcome_of_ack(duplicate: bool, sequence: u64) -> Outcome {
-    match (duplicate, sequence) {
+/// A `PubAck`: stored in `stream`, or a duplicate of a message `stream`
+/// holds at `ack.sequence`. A duplicate at sequence 0 is not one: a
+/// clustered stream's leader of nats-server 2.10 answers so for a message id
+/// whose first publish it has proposed but not yet stored (it stages the id
+/// with sequence 0 before the proposal commits). That proposal can still be
+/// lost (its leader steps down), and then nothing holds the record: it is
+/// retried, and its next publish is answered with the sequence it was stored
+/// at, or is stored, once the staged id is gone. Servers from 2.11 answer
+/// such a publish with an error instead (nats-io/nats-server commit 0e04148,
+/// "Fix when receiving dupe message while processing"). A `PubAck` without a
+/// sequence, or from another stream (a server that ignored the expected
+/// stream), proves nothing either.
+fn outcome_of_ack(ack: &PublishAck, stream: &str) -> Outcome {
+    if ack.stream != stream {
+        return Outcome::Retry(format!(
+            "a PubAck from stream {:?}, not {stream:?}",
+            ack.stream
+        ));
+    }
+    match (ack.duplicate, ack.sequence) {
         (true, 0) => Outcome::Retry(
             "the stream is still storing an earlier publish of this record \
              (a duplicate without a sequence)"
@@ -662,33 +678,32 @@ fn outcome_of_error(error: &PublishError, connected: bool) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use async_nats::jetstream::publish::PublishAck;
 
-    #[test]
-    fn only_an_answer_with_a_sequence_settles_a_record() {
-        assert_eq!(outcome_of_ack(false, 7), Outcome::Stored);
-        assert_eq!(outcome_of_ack(true, 7), Outcome::Duplicate);
-        // A 2.10 leader's answer to a message id it has proposed, not stored.
-        assert!(
-            matches!(outcome_of_ack(true, 0), Outcome::Retry(r) if r.contains("still storing"))
-        );
-        assert!(matches!(outcome_of_ack(false, 0), Outcome::Retry(_)));
+    /// A `PubAck` as the server writes it.
+    fn ack(json: &str) -> PublishAck {
+        serde_json::from_str(json).expect("a PubAck")
     }
 
     #[test]
-    fn a_pub_ack_read_from_the_wire_keeps_its_sequence_and_duplicate_flag() {
-        // The answer nats-server 2.10 sends for a message id still staged.
-        let staged: PublishAck =
-            serde_json::from_str(r#"{"stream":"S","seq":0,"duplicate": true}"#).expect("a PubAck");
+    fn only_an_answer_with_a_sequence_from_the_stream_settles_a_record() {
+        let outcome = |json| outcome_of_ack(&ack(json), "S");
+        assert_eq!(outcome(r#"{"stream":"S","seq":7}"#), Outcome::Stored);
+        assert_eq!(
+            outcome(r#"{"stream":"S","seq":7,"duplicate":true}"#),
+            Outcome::Duplicate
+        );
+        // A 2.10 leader's answer to a message id it has proposed, not stored.
         assert!(matches!(
-            outcome_of_ack(staged.duplicate, staged.sequence),
+            outcome(r#"{"stream":"S","seq":0,"duplicate": true}"#),
+            Outcome::Retry(r) if r.contains("still storing")
+        ));
+        assert!(matches!(
+            outcome(r#"{"stream":"S","seq":0}"#),
             Outcome::Retry(_)
         ));
-        let stored: PublishAck =
-            serde_json::from_str(r#"{"stream":"S","seq":12}"#).expect("a PubAck");
-        assert_eq!(
-            outcome_of_ack(stored.duplicate, stored.sequence),
-            Outcome::Stored
-        );
+        assert!(matches!(
+            outcome(r#"{"stream":"OTHER","seq":7}"#),
+            Outcome::Retry(r) if r.contains("OTHER")
+        ));
     }
 }

@@ -47,6 +47,10 @@ const TESTS: &[Test] = &[
         "a_record_published_again_while_the_cluster_stores_it_is_not_settled_by_that_answer",
         twice_at_once,
     ),
+    (
+        "records_whose_subject_another_stream_captures_are_retried_not_stored_there",
+        other_stream,
+    ),
 ];
 
 fn main() {
@@ -495,5 +499,41 @@ fn twice_at_once() {
         "no second copy was answered while its first was in flight: {:?}",
         &outcomes[..8]
     );
+    outbox.close().expect("close");
+}
+
+/// A publisher told stream `MINE` with a subject that stream `THEIRS`
+/// captures: the server would store the records in `THEIRS` and answer a
+/// `PubAck` from it. Every message names its expected stream, so the server
+/// refuses them instead (JetStream error 10060): each is `Retry`, `THEIRS`
+/// holds none, and the outbox keeps them all.
+fn other_stream() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut server = Server::single(tmp.path());
+    server.start();
+    let url = server.url();
+    for (stream, subject) in [("MINE", "mine.{key}"), ("THEIRS", "theirs.{key}")] {
+        let options = JetStreamOptions::new(&url, stream, subject).create_stream(1);
+        let mut maker = JetStream::connect_as(0, options).expect("connects");
+        assert_eq!(maker.stream_state().expect("created").messages, 0);
+    }
+    let outbox = Outbox::open(tmp.path().join("outbox"), Options::default()).expect("open");
+    for i in 0..10u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    let options = JetStreamOptions::new(&url, "MINE", "theirs.{key}");
+    let mut publisher = JetStream::connect(&outbox, options).expect("publisher");
+    let records = outbox.claim(10).expect("claim");
+    let outcomes = publisher.publish(&records);
+    for outcome in &outcomes {
+        assert!(
+            matches!(outcome, Outcome::Retry(reason) if reason.contains("expected stream")),
+            "{outcomes:?}"
+        );
+    }
+    for stream in ["MINE", "THEIRS"] {
+        let mut reader = reader(&url, stream);
+        assert_eq!(stored(&mut reader), Some(0), "stream {stream}");
+    }
     outbox.close().expect("close");
 }
