@@ -12,7 +12,9 @@
 //! record's outcome comes from its own `PubAck`: only one from the stream,
 //! with a sequence, settles a record (a 2.10 cluster answers a publish it
 //! is still storing as a duplicate at sequence 0; docs/RELAY.md, "A
-//! duplicate that is not one").
+//! duplicate that is not one"). A stream that would acknowledge what it
+//! does not keep (`interest` retention with no consumer) or answer nothing
+//! (`no_ack`) gets no publish: every record is retried, saying why.
 //!
 //! Beyond the duplicate window, deduplication is this publisher's: before its
 //! first publish it reads the last [`JetStreamOptions::reconcile_depth`]
@@ -34,7 +36,9 @@ use std::time::Duration;
 use async_nats::jetstream::context::{Context, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
-use async_nats::jetstream::stream::{Config, LastRawMessageErrorKind, StorageType, Stream};
+use async_nats::jetstream::stream::{
+    Config, LastRawMessageErrorKind, RetentionPolicy, StorageType, Stream,
+};
 use async_nats::jetstream::{self, ErrorCode};
 use async_nats::{ConnectOptions, ServerAddr};
 use bytes::Bytes;
@@ -223,6 +227,14 @@ pub struct JetStream {
     /// handed to this publisher since.
     stored_before: HashMap<u64, u32>,
     reconciled: Option<Reconciled>,
+    /// Why the stream, as configured, would acknowledge a publish it does
+    /// not keep, or answer none (read with reconciliation); while set,
+    /// every record is retried.
+    unkept: Option<String>,
+    /// The stream, when it keeps a message only while a consumer is
+    /// interested (`interest` retention): its consumers are counted before
+    /// each batch.
+    interest: Option<Stream>,
 }
 
 /// A stream's extent ([`JetStream::stream_state`]).
@@ -309,6 +321,8 @@ impl JetStream {
             options,
             stored_before: HashMap::new(),
             reconciled: None,
+            unkept: None,
+            interest: None,
         })
     }
 
@@ -420,13 +434,13 @@ impl JetStream {
         options: &JetStreamOptions,
         id_prefix: &str,
         found: &mut HashMap<u64, u32>,
-    ) -> Result<Reconciled, String> {
+    ) -> Result<(Reconciled, Stream), String> {
         let stream = find_stream(context, options).await?;
         let info = stream.get_info().await.map_err(|e| e.to_string())?;
         let state = info.state;
         let mut report = Reconciled::default();
         if state.messages == 0 || options.reconcile_depth == 0 {
-            return Ok(report);
+            return Ok((report, stream));
         }
         let last = state.last_sequence;
         let from = state
@@ -464,7 +478,30 @@ impl JetStream {
             }
             next = end + 1;
         }
-        Ok(report)
+        Ok((report, stream))
+    }
+}
+
+impl JetStream {
+    /// Why the stream would not keep what it acknowledges now, if it would
+    /// not: `no_ack`, or `interest` retention with no consumer (the server
+    /// then answers a publish with a sequence and keeps nothing). Counting
+    /// the consumers takes one request a batch, for such a stream only; one
+    /// deleted between the count and the batch is not seen.
+    fn unkept_now(&self) -> Option<String> {
+        if let Some(reason) = &self.unkept {
+            return Some(reason.clone());
+        }
+        let stream = self.interest.as_ref()?;
+        match self.runtime.block_on(stream.get_info()) {
+            Ok(info) if info.state.consumer_count == 0 => Some(format!(
+                "stream {} keeps a message only for its consumers (interest retention) \
+                 and has none: it would acknowledge the record and drop it",
+                self.options.stream
+            )),
+            Ok(_) => None,
+            Err(e) => Some(format!("counting the stream's consumers: {e}")),
+        }
     }
 }
 
@@ -542,12 +579,27 @@ impl Publisher for JetStream {
                 &mut self.stored_before,
             ));
             match reconciled {
-                Ok(report) => self.reconciled = Some(report),
+                Ok((report, stream)) => {
+                    self.reconciled = Some(report);
+                    let config = &stream.cached_info().config;
+                    if config.no_ack {
+                        self.unkept = Some(format!(
+                            "stream {} answers no publish (no_ack)",
+                            self.options.stream
+                        ));
+                    }
+                    if config.retention == RetentionPolicy::Interest {
+                        self.interest = Some(stream);
+                    }
+                }
                 Err(reason) => {
                     let reason = format!("reading the stream's last messages: {reason}");
                     return vec![Outcome::Retry(reason); records.len()];
                 }
             }
+        }
+        if let Some(reason) = self.unkept_now() {
+            return vec![Outcome::Retry(reason); records.len()];
         }
         let mut outcomes: Vec<Option<Outcome>> = vec![None; records.len()];
         let mut messages = Vec::with_capacity(records.len());

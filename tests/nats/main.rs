@@ -51,6 +51,10 @@ const TESTS: &[Test] = &[
         "records_whose_subject_another_stream_captures_are_retried_not_stored_there",
         other_stream,
     ),
+    (
+        "a_stream_keeping_messages_only_for_consumers_gets_records_once_it_has_one",
+        interest,
+    ),
 ];
 
 fn main() {
@@ -535,5 +539,66 @@ fn other_stream() {
         let mut reader = reader(&url, stream);
         assert_eq!(stored(&mut reader), Some(0), "stream {stream}");
     }
+    outbox.close().expect("close");
+}
+
+/// A stream with `interest` retention and no consumer acknowledges a publish
+/// with a sequence and keeps nothing. The publisher reads the stream's
+/// retention and counts its consumers before each batch: with none, every
+/// record is `Retry` (and the stream holds nothing); once a consumer exists,
+/// the same records are stored.
+fn interest() {
+    use async_nats::jetstream::{self, consumer, stream};
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut server = Server::single(tmp.path());
+    server.start();
+    let url = server.url();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let made = runtime.block_on(async {
+        let client = async_nats::connect(url.as_str()).await.expect("connects");
+        let context = jetstream::new(client);
+        let config = stream::Config {
+            name: "INTEREST".into(),
+            subjects: vec!["interest.*".into()],
+            retention: stream::RetentionPolicy::Interest,
+            ..Default::default()
+        };
+        let made = context.create_stream(config).await.expect("stream");
+        (context, made)
+    });
+    let (_context, made) = made;
+    let outbox = Outbox::open(tmp.path().join("outbox"), Options::default()).expect("open");
+    for i in 0..10u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    let options = JetStreamOptions::new(&url, "INTEREST", "interest.{key}");
+    let mut publisher = JetStream::connect(&outbox, options).expect("publisher");
+    let records = outbox.claim(10).expect("claim");
+    let outcomes = publisher.publish(&records);
+    for outcome in &outcomes {
+        assert!(
+            matches!(outcome, Outcome::Retry(reason) if reason.contains("interest retention")),
+            "{outcomes:?}"
+        );
+    }
+    let mut reader = reader(&url, "INTEREST");
+    assert_eq!(stored(&mut reader), Some(0));
+    runtime.block_on(async {
+        let config = consumer::pull::Config {
+            durable_name: Some("reader".into()),
+            ..Default::default()
+        };
+        made.create_consumer(config).await.expect("consumer");
+    });
+    let outcomes = publisher.publish(&records);
+    assert!(
+        outcomes.iter().all(|o| *o == Outcome::Stored),
+        "{outcomes:?}"
+    );
+    assert_eq!(stored(&mut reader), Some(10));
     outbox.close().expect("close");
 }
