@@ -31,7 +31,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::IntoFuture;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::{Context, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
@@ -42,6 +42,7 @@ use async_nats::jetstream::stream::{
 use async_nats::jetstream::{self, ErrorCode};
 use async_nats::{ConnectOptions, ServerAddr};
 use bytes::Bytes;
+use futures_util::StreamExt;
 
 use crate::io::reader::Record;
 use crate::outbox::Outbox;
@@ -227,14 +228,54 @@ pub struct JetStream {
     /// handed to this publisher since.
     stored_before: HashMap<u64, u32>,
     reconciled: Option<Reconciled>,
-    /// Why the stream, as configured, would acknowledge a publish it does
-    /// not keep, or answer none (read with reconciliation); while set,
-    /// every record is retried.
-    unkept: Option<String>,
-    /// The stream, when it keeps a message only while a consumer is
-    /// interested (`interest` retention): its consumers are counted before
-    /// each batch.
-    interest: Option<Stream>,
+    /// The stream, found by reconciliation, and what its configuration
+    /// said when last read.
+    stream: Option<(Stream, Keeping)>,
+}
+
+/// What a stream's configuration says about keeping what it acknowledges.
+#[derive(Clone, Copy, Debug)]
+struct Keeping {
+    /// When the configuration was read: again at most once a second.
+    read_at: Instant,
+    /// `no_ack`: no publish is answered.
+    no_ack: bool,
+    /// `interest` retention: a message no consumer is interested in is
+    /// acknowledged and dropped.
+    interest: bool,
+}
+
+impl Keeping {
+    fn of(config: &Config) -> Keeping {
+        Keeping {
+            read_at: Instant::now(),
+            no_ack: config.no_ack,
+            interest: config.retention == RetentionPolicy::Interest,
+        }
+    }
+}
+
+/// Whether a batch may be published: to every subject, to none (and why),
+/// or only to the subjects these consumer filters match (an `interest`
+/// stream whose every consumer filters).
+enum Gate {
+    Open,
+    Closed(String),
+    Filters(Vec<String>),
+}
+
+/// Whether the NATS subject `subject` matches the filter `filter` (`*`
+/// one token, `>` one or more at the end).
+fn subject_matches(filter: &str, subject: &str) -> bool {
+    let (mut filter, mut subject) = (filter.split('.'), subject.split('.'));
+    loop {
+        match (filter.next(), subject.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some(f), Some(s)) if f == "*" || f == s => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
 }
 
 /// A stream's extent ([`JetStream::stream_state`]).
@@ -321,8 +362,7 @@ impl JetStream {
             options,
             stored_before: HashMap::new(),
             reconciled: None,
-            unkept: None,
-            interest: None,
+            stream: None,
         })
     }
 
@@ -483,24 +523,55 @@ impl JetStream {
 }
 
 impl JetStream {
-    /// Why the stream would not keep what it acknowledges now, if it would
-    /// not: `no_ack`, or `interest` retention with no consumer (the server
-    /// then answers a publish with a sequence and keeps nothing). Counting
-    /// the consumers takes one request a batch, for such a stream only; one
-    /// deleted between the count and the batch is not seen.
-    fn unkept_now(&self) -> Option<String> {
-        if let Some(reason) = &self.unkept {
-            return Some(reason.clone());
+    /// Whether the stream keeps what it acknowledges now. Its configuration
+    /// is read again at most once a second (an edit can turn `no_ack` on or
+    /// the retention to `interest`); an `interest` stream's configuration
+    /// and consumers are read before each batch (two requests), since a
+    /// message that no consumer's filter matches is acknowledged with a
+    /// sequence and dropped. A consumer deleted between that read and the
+    /// batch is not seen.
+    fn gate(&mut self) -> Gate {
+        let Some((stream, keeping)) = &mut self.stream else {
+            return Gate::Closed("the stream is not found yet".into());
+        };
+        let name = &self.options.stream;
+        if keeping.interest || keeping.read_at.elapsed() >= Duration::from_secs(1) {
+            match self.runtime.block_on(stream.get_info()) {
+                Ok(info) => *keeping = Keeping::of(&info.config),
+                Err(e) => {
+                    return Gate::Closed(format!("reading stream {name}'s configuration: {e}"));
+                }
+            }
         }
-        let stream = self.interest.as_ref()?;
-        match self.runtime.block_on(stream.get_info()) {
-            Ok(info) if info.state.consumer_count == 0 => Some(format!(
-                "stream {} keeps a message only for its consumers (interest retention) \
-                 and has none: it would acknowledge the record and drop it",
-                self.options.stream
+        if keeping.no_ack {
+            return Gate::Closed(format!("stream {name} answers no publish (no_ack)"));
+        }
+        if !keeping.interest {
+            return Gate::Open;
+        }
+        let consumers = self.runtime.block_on(async {
+            let mut filters = Vec::new();
+            let mut consumers = 0;
+            let mut list = stream.consumers();
+            while let Some(info) = list.next().await {
+                let config = info.map_err(|e| e.to_string())?.config;
+                consumers += 1;
+                if config.filter_subject.is_empty() && config.filter_subjects.is_empty() {
+                    return Ok(None);
+                }
+                filters.push(config.filter_subject);
+                filters.extend(config.filter_subjects);
+            }
+            Ok::<_, String>(Some((consumers, filters)))
+        });
+        match consumers {
+            Ok(None) => Gate::Open,
+            Ok(Some((0, _))) => Gate::Closed(format!(
+                "stream {name} keeps a message only for its consumers (interest retention) \
+                 and has none: it would acknowledge the record and drop it"
             )),
-            Ok(_) => None,
-            Err(e) => Some(format!("counting the stream's consumers: {e}")),
+            Ok(Some((_, filters))) => Gate::Filters(filters),
+            Err(e) => Gate::Closed(format!("listing stream {name}'s consumers: {e}")),
         }
     }
 }
@@ -581,16 +652,8 @@ impl Publisher for JetStream {
             match reconciled {
                 Ok((report, stream)) => {
                     self.reconciled = Some(report);
-                    let config = &stream.cached_info().config;
-                    if config.no_ack {
-                        self.unkept = Some(format!(
-                            "stream {} answers no publish (no_ack)",
-                            self.options.stream
-                        ));
-                    }
-                    if config.retention == RetentionPolicy::Interest {
-                        self.interest = Some(stream);
-                    }
+                    let keeping = Keeping::of(&stream.cached_info().config);
+                    self.stream = Some((stream, keeping));
                 }
                 Err(reason) => {
                     let reason = format!("reading the stream's last messages: {reason}");
@@ -598,9 +661,7 @@ impl Publisher for JetStream {
                 }
             }
         }
-        if let Some(reason) = self.unkept_now() {
-            return vec![Outcome::Retry(reason); records.len()];
-        }
+        let mut gate = None;
         let mut outcomes: Vec<Option<Outcome>> = vec![None; records.len()];
         let mut messages = Vec::with_capacity(records.len());
         for (i, record) in records.iter().enumerate() {
@@ -612,6 +673,26 @@ impl Publisher for JetStream {
                 outcomes[i] = Some(Outcome::Duplicate);
                 continue;
             }
+            // Asked once a batch, and only when something is to be sent.
+            let subject = self.subject_of(record);
+            match gate.get_or_insert_with(|| self.gate()) {
+                Gate::Open => {}
+                Gate::Closed(reason) => {
+                    outcomes[i] = Some(Outcome::Retry(reason.clone()));
+                    continue;
+                }
+                Gate::Filters(filters) => {
+                    if !filters.iter().any(|f| subject_matches(f, &subject)) {
+                        outcomes[i] = Some(Outcome::Retry(format!(
+                            "no consumer of stream {} is interested in {subject} \
+                             (interest retention): it would acknowledge the record \
+                             and drop it",
+                            self.options.stream
+                        )));
+                        continue;
+                    }
+                }
+            }
             let message = PublishMessage::build()
                 .payload(Bytes::copy_from_slice(record.payload()))
                 .message_id(self.message_id(seq))
@@ -620,7 +701,7 @@ impl Publisher for JetStream {
                 .expected_stream(&self.options.stream)
                 .header(SEQ_HEADER, seq.to_string().as_str())
                 .header(CRC_HEADER, format!("{crc:08x}").as_str());
-            messages.push((i, self.subject_of(record), message));
+            messages.push((i, subject, message));
         }
         let context = &self.context;
         let connected =
@@ -681,10 +762,10 @@ impl Publisher for JetStream {
 /// lost (its leader steps down), and then nothing holds the record: it is
 /// retried, and its next publish is answered with the sequence it was stored
 /// at, or is stored, once the staged id is gone. Servers from 2.11 answer
-/// such a publish with an error instead (nats-io/nats-server commit 0e04148,
-/// "Fix when receiving dupe message while processing"). A `PubAck` without a
-/// sequence, or from another stream (a server that ignored the expected
-/// stream), proves nothing either.
+/// such a publish with JetStream error 10158, "duplicate message id is in
+/// process", instead (nats-io/nats-server commit 53de79a), a `Retry` too.
+/// A `PubAck` without a sequence, or from another stream (a server that
+/// ignored the expected stream), proves nothing either.
 fn outcome_of_ack(ack: &PublishAck, stream: &str) -> Outcome {
     if ack.stream != stream {
         return Outcome::Retry(format!(
@@ -734,6 +815,27 @@ mod tests {
     /// A `PubAck` as the server writes it.
     fn ack(json: &str) -> PublishAck {
         serde_json::from_str(json).expect("a PubAck")
+    }
+
+    #[test]
+    fn subjects_match_filters_token_by_token() {
+        for (filter, subject, matches) in [
+            ("a.b", "a.b", true),
+            ("a.*", "a.b", true),
+            ("a.*", "a.b.c", false),
+            ("a.>", "a.b.c", true),
+            ("a.>", "a", false),
+            (">", "a", true),
+            ("a.b", "a.c", false),
+            ("a.b", "a", false),
+            ("*.b", "a.b", true),
+        ] {
+            assert_eq!(
+                subject_matches(filter, subject),
+                matches,
+                "{filter} {subject}"
+            );
+        }
     }
 
     #[test]

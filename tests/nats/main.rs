@@ -1,8 +1,10 @@
 //! The relay into a real NATS JetStream (feature `nats`): a single server
 //! killed and restarted under load, a three-node cluster losing one node and
 //! then another, a relay killed and restarted, records the stream refuses,
-//! records a crash left in doubt beyond the duplicate window, and a record
-//! published again while a cluster is still storing its first publish.
+//! records a crash left in doubt beyond the duplicate window, a record
+//! published again while a cluster is still storing its first publish, a
+//! subject that another stream captures, and a stream that keeps messages
+//! only for its consumers.
 //!
 //! ```text
 //! cargo test --features nats --test nats [NAME...]
@@ -542,11 +544,12 @@ fn other_stream() {
     outbox.close().expect("close");
 }
 
-/// A stream with `interest` retention and no consumer acknowledges a publish
-/// with a sequence and keeps nothing. The publisher reads the stream's
-/// retention and counts its consumers before each batch: with none, every
-/// record is `Retry` (and the stream holds nothing); once a consumer exists,
-/// the same records are stored.
+/// A stream with `interest` retention acknowledges a publish with a sequence
+/// and keeps nothing when no consumer's filter matches its subject. The
+/// publisher reads the stream's retention and, for such a stream, its
+/// consumers before each batch: with none, and then with one filtered to
+/// another subject, every record is `Retry` (and the stream holds nothing);
+/// once a consumer's filter matches the records' subject, they are stored.
 fn interest() {
     use async_nats::jetstream::{self, consumer, stream};
 
@@ -558,7 +561,7 @@ fn interest() {
         .enable_all()
         .build()
         .expect("runtime");
-    let made = runtime.block_on(async {
+    let (_context, made) = runtime.block_on(async {
         let client = async_nats::connect(url.as_str()).await.expect("connects");
         let context = jetstream::new(client);
         let config = stream::Config {
@@ -570,30 +573,46 @@ fn interest() {
         let made = context.create_stream(config).await.expect("stream");
         (context, made)
     });
-    let (_context, made) = made;
+    let consumer_on = |name: &str, filter: &str| {
+        runtime.block_on(async {
+            let config = consumer::pull::Config {
+                durable_name: Some(name.into()),
+                filter_subject: filter.into(),
+                ..Default::default()
+            };
+            made.create_consumer(config).await.expect("consumer");
+        })
+    };
     let outbox = Outbox::open(tmp.path().join("outbox"), Options::default()).expect("open");
     for i in 0..10u32 {
         outbox.append(&i.to_le_bytes()).expect("append");
     }
+    // The records have no key: their subject is `interest._`.
     let options = JetStreamOptions::new(&url, "INTEREST", "interest.{key}");
     let mut publisher = JetStream::connect(&outbox, options).expect("publisher");
     let records = outbox.claim(10).expect("claim");
-    let outcomes = publisher.publish(&records);
-    for outcome in &outcomes {
-        assert!(
-            matches!(outcome, Outcome::Retry(reason) if reason.contains("interest retention")),
-            "{outcomes:?}"
-        );
-    }
     let mut reader = reader(&url, "INTEREST");
-    assert_eq!(stored(&mut reader), Some(0));
-    runtime.block_on(async {
-        let config = consumer::pull::Config {
-            durable_name: Some("reader".into()),
-            ..Default::default()
-        };
-        made.create_consumer(config).await.expect("consumer");
-    });
+    for (consumer, filter, refusal) in [
+        (None, "", "and has none"),
+        (
+            Some("elsewhere"),
+            "interest.other",
+            "is interested in interest._",
+        ),
+    ] {
+        if let Some(name) = consumer {
+            consumer_on(name, filter);
+        }
+        let outcomes = publisher.publish(&records);
+        for outcome in &outcomes {
+            assert!(
+                matches!(outcome, Outcome::Retry(reason) if reason.contains(refusal)),
+                "{outcomes:?}"
+            );
+        }
+        assert_eq!(stored(&mut reader), Some(0));
+    }
+    consumer_on("here", "interest._");
     let outcomes = publisher.publish(&records);
     assert!(
         outcomes.iter().all(|o| *o == Outcome::Stored),
