@@ -1451,7 +1451,7 @@ fn recover_and_seal(
     let Some(seal) = recovered.seal.take() else {
         return Ok((recovered, false));
     };
-    if let Err(failed) = seal.segment.seal(seal.at, seal.seq, &seal.index, seal.salt) {
+    if let Err(failed) = seal.segment.seal(seal.at, seal.seq, seal.index, seal.salt) {
         // As in the writer's poisoning: leave nothing the disk may not have.
         seal.segment.cut_back(seal.at);
         return Err(failed.into_error());

@@ -248,17 +248,7 @@ pub(crate) fn encode_with(
     );
     let ext_len = u16::try_from(ext.len()).expect("optional fields fit their u16 length");
     let start = out.len();
-    let flags = if header.batch_end { FLAG_BATCH_END } else { 0 };
-    out.extend_from_slice(&FRAME_MAGIC);
-    out.extend_from_slice(&[0; 8]); // the two checksums, filled below
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.push(header.kind.to_byte());
-    out.push(flags);
-    out.extend_from_slice(&ext_len.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes()); // reserved
-    out.extend_from_slice(&header.seq.get().to_le_bytes());
-    out.extend_from_slice(&header.group.get().to_le_bytes());
-    out.extend_from_slice(&header.timestamp_us.to_le_bytes());
+    push_header(out, header, ext_len, payload.len());
     debug_assert_eq!(out.len() - start, FRAME_HEADER_LEN);
     let header_crc = checksum(salt, &out[start + HEADER_CHECKED_FROM..]);
     out[start + HEADER_CRC_AT..start + HEADER_CHECKED_FROM]
@@ -277,6 +267,46 @@ pub(crate) fn encode_with(
             Err(e) => panic!("encoded frame does not decode: {e:?}"),
         }
     }
+}
+
+/// Makes `frame` one frame without optional fields: `frame` holds
+/// [`FRAME_HEADER_LEN`] bytes of room, then the payload, which is checksummed
+/// with `salt` where it lies, not copied (a seal's index of megabytes is
+/// encoded behind such room).
+#[expect(
+    clippy::indexing_slicing,
+    reason = "`frame` is checked to hold a whole header; the offsets are the header's"
+)]
+pub(crate) fn frame_in_place(frame: &mut [u8], header: &FrameHeader, salt: u32) {
+    assert!(
+        frame.len() >= FRAME_HEADER_LEN && frame.len() - FRAME_HEADER_LEN <= RECORD_BYTES_LIMIT,
+        "a frame of {} bytes in place",
+        frame.len()
+    );
+    let mut fixed = Vec::with_capacity(FRAME_HEADER_LEN);
+    push_header(&mut fixed, header, 0, frame.len() - FRAME_HEADER_LEN);
+    frame[..FRAME_HEADER_LEN].copy_from_slice(&fixed);
+    let header_crc = checksum(salt, &frame[HEADER_CHECKED_FROM..FRAME_HEADER_LEN]);
+    frame[HEADER_CRC_AT..HEADER_CHECKED_FROM].copy_from_slice(&header_crc.to_le_bytes());
+    let crc = checksum(salt, &frame[CHECKED_FROM..]);
+    frame[CRC_AT..CHECKED_FROM].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Appends a frame's fixed header to `out`, its two checksums zero (filled
+/// once the bytes they cover are in place).
+#[inline(always)]
+fn push_header(out: &mut Vec<u8>, header: &FrameHeader, ext_len: u16, payload_len: usize) {
+    let flags = if header.batch_end { FLAG_BATCH_END } else { 0 };
+    out.extend_from_slice(&FRAME_MAGIC);
+    out.extend_from_slice(&[0; 8]); // the two checksums
+    out.extend_from_slice(&(payload_len as u32).to_le_bytes());
+    out.push(header.kind.to_byte());
+    out.push(flags);
+    out.extend_from_slice(&ext_len.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes()); // reserved
+    out.extend_from_slice(&header.seq.get().to_le_bytes());
+    out.extend_from_slice(&header.group.get().to_le_bytes());
+    out.extend_from_slice(&header.timestamp_us.to_le_bytes());
 }
 
 /// The length of the frame whose header starts `header`, if the header is

@@ -10,7 +10,9 @@
 #![deny(clippy::indexing_slicing)]
 
 use crate::error::Corruption;
-use crate::format::frame::{FRAME_HEADER_LEN, FRAME_LEN_MAX, FrameSpan, frame_len};
+use crate::format::frame::{
+    self, FRAME_HEADER_LEN, FRAME_LEN_MAX, FrameHeader, FrameSpan, frame_len,
+};
 use crate::format::segment::{FRAMES_AT, align_up};
 use crate::format::seq::Seq;
 
@@ -115,9 +117,9 @@ impl IndexBuilder {
 
     /// The seal payload for the segment whose header carries `nonce`: its index,
     /// or nothing if the segment holds more than [`INDEX_FRAMES_MAX`] frames.
-    pub(crate) fn encode(&self, nonce: u64) -> Vec<u8> {
+    pub(crate) fn encode(&self, nonce: u64) -> SealPayload {
         if self.overflow {
-            return Vec::new();
+            return SealPayload::empty();
         }
         encode_lists(
             self.frames.iter().copied(),
@@ -134,9 +136,9 @@ impl IndexBuilder {
 /// [`IndexBuilder`] fed the same frames encodes, built straight from the list
 /// (an open seals a crashed newest segment of hundreds of thousands of frames,
 /// and a copy of the list first would cost it fresh memory).
-pub(crate) fn index_of(frames: &[FrameSpan], log_start: Option<Seq>, nonce: u64) -> Vec<u8> {
+pub(crate) fn index_of(frames: &[FrameSpan], log_start: Option<Seq>, nonce: u64) -> SealPayload {
     if frames.len() > INDEX_FRAMES_MAX {
-        return Vec::new();
+        return SealPayload::empty();
     }
     let internal = || {
         frames
@@ -163,10 +165,11 @@ fn encode_lists(
     internal: impl Iterator<Item = u32>,
     log_start: Option<Seq>,
     nonce: u64,
-) -> Vec<u8> {
+) -> SealPayload {
     let count = frames.len();
     let len = EMPTY_INDEX_LEN + FRAME_ENTRY_LEN * count + 4 * internal_count;
-    let mut out = Vec::with_capacity(len);
+    let mut out = Vec::with_capacity(FRAME_HEADER_LEN + len);
+    out.resize(FRAME_HEADER_LEN, 0);
     out.extend_from_slice(&(count as u32).to_le_bytes());
     out.extend_from_slice(&(internal_count as u32).to_le_bytes());
     out.extend_from_slice(&log_start.map_or(0, Seq::get).to_le_bytes());
@@ -179,8 +182,39 @@ fn encode_lists(
         out.extend_from_slice(&i.to_le_bytes());
     }
     out.extend_from_slice(&(frame_len(len) as u32).to_le_bytes());
-    debug_assert_eq!(out.len(), len);
-    out
+    debug_assert_eq!(out.len(), FRAME_HEADER_LEN + len);
+    SealPayload(out)
+}
+
+/// A seal's payload (its index, or nothing) encoded behind room for the seal
+/// frame's header, so that the frame is made where the index lies
+/// ([`frame::frame_in_place`]): an index of megabytes is not copied to put a
+/// header before it.
+#[derive(Debug)]
+pub(crate) struct SealPayload(Vec<u8>);
+
+impl SealPayload {
+    /// A seal without an index.
+    fn empty() -> SealPayload {
+        SealPayload(vec![0; FRAME_HEADER_LEN])
+    }
+
+    /// The payload's bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.0.get(FRAME_HEADER_LEN..).unwrap_or_default()
+    }
+
+    /// The length of the seal frame that carries it.
+    pub(crate) fn frame_len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The seal frame `header` carrying this payload, checksummed with
+    /// `salt`.
+    pub(crate) fn into_frame(mut self, header: &FrameHeader, salt: u32) -> Vec<u8> {
+        frame::frame_in_place(&mut self.0, header, salt);
+        self.0
+    }
 }
 
 /// The seal frame's length as its trailer records it: the last four bytes of a
@@ -304,7 +338,7 @@ mod tests {
     const SEAL_AT: u64 = 12288;
 
     fn encode(frames: &[FrameSpan], log_start: Option<Seq>) -> Vec<u8> {
-        index_of(frames, log_start, 77)
+        index_of(frames, log_start, 77).bytes().to_vec()
     }
 
     #[test]
@@ -316,8 +350,36 @@ mod tests {
             b.push(f);
         }
         b.log_start(Seq::from(9));
-        assert_eq!(b.encode(77), encode(&frames(), Some(Seq::from(9))));
-        assert_eq!(IndexBuilder::default().encode(77), encode(&[], None));
+        assert_eq!(b.encode(77).bytes(), encode(&frames(), Some(Seq::from(9))));
+        assert_eq!(
+            IndexBuilder::default().encode(77).bytes(),
+            encode(&[], None)
+        );
+    }
+
+    #[test]
+    fn a_seal_made_in_place_is_the_frame_encoded_from_a_copy() {
+        let header = FrameHeader {
+            kind: frame::FrameKind::Seal,
+            batch_end: true,
+            seq: Seq::from(12),
+            group: Seq::from(12),
+            timestamp_us: 1_234_567,
+        };
+        let many: Vec<FrameSpan> = (0..5_000u32)
+            .map(|i| FrameSpan::new(4096 + 64 * i, 64, i % 7 != 0))
+            .collect();
+        for payload in [
+            index_of(&frames(), Some(Seq::from(9)), 77),
+            index_of(&many, None, 5),
+            IndexBuilder::default().encode(77),
+            SealPayload::empty(),
+        ] {
+            let mut copied = Vec::new();
+            frame::encode(&mut copied, &header, payload.bytes(), 0xdead_beef);
+            assert_eq!(payload.frame_len(), copied.len());
+            assert_eq!(payload.into_frame(&header, 0xdead_beef), copied);
+        }
     }
 
     #[test]

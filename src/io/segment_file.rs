@@ -19,6 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::Error;
 use crate::format::frame::{self, FrameHeader, FrameKind};
+use crate::format::seal::SealPayload;
 use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader};
 use crate::format::seq::{QUARANTINE_DIR, SegmentId, Seq};
 use crate::io::{Storage, StorageFile, write_all_at};
@@ -135,7 +136,7 @@ pub(crate) struct PendingSeal {
     /// The seal frame's sequence number.
     pub seq: Seq,
     /// Its payload: the segment's index.
-    pub index: Vec<u8>,
+    pub index: SealPayload,
 }
 
 impl SegmentFile {
@@ -288,21 +289,22 @@ impl SegmentFile {
     /// every frame before it is durable), checksummed with `salt`, cuts the file
     /// just after it (a sealed segment ends with its seal: its preallocated
     /// space goes) and fsyncs. On failure the caller cuts back to `at`.
-    pub(crate) fn seal(&self, at: u64, seq: Seq, index: &[u8], salt: u32) -> Result<(), Failed> {
+    pub(crate) fn seal(
+        &self,
+        at: u64,
+        seq: Seq,
+        index: SealPayload,
+        salt: u32,
+    ) -> Result<(), Failed> {
         debug_assert_eq!(at % BLOCK as u64, 0, "a seal starts a block");
-        let mut buf = Vec::with_capacity(frame::frame_len(index.len()));
-        frame::encode(
-            &mut buf,
-            &FrameHeader {
-                kind: FrameKind::Seal,
-                batch_end: true,
-                seq,
-                group: seq,
-                timestamp_us: now_us(),
-            },
-            index,
-            salt,
-        );
+        let header = FrameHeader {
+            kind: FrameKind::Seal,
+            batch_end: true,
+            seq,
+            group: seq,
+            timestamp_us: now_us(),
+        };
+        let buf = index.into_frame(&header, salt);
         let fail = |op| move |e| Failed::new(op, &self.path, e);
         write_all_at(&*self.file, &buf, at).map_err(fail("write seal"))?;
         self.file

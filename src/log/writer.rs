@@ -1655,11 +1655,11 @@ impl Writer {
         // Count the seal as written before its fsync, so that a failed fsync
         // poisons with the seal cut off again: a reopen in this process must not
         // read from the page cache a seal the disk may not have.
-        self.active.len += frame::frame_len(index.len()) as u64;
+        self.active.len += index.frame_len() as u64;
         if let Err(f) = self
             .active
             .seg
-            .seal(records_end, seal_seq, &index, self.active.salt)
+            .seal(records_end, seal_seq, index, self.active.salt)
         {
             return Err(self.poison(f.op, &f.path, f.source));
         }

@@ -2223,7 +2223,7 @@ pub fn frame_seed(k: usize, header: bool) -> Vec<u8> {
         &[],
     );
     let seal = index.encode(FUZZ_NONCE);
-    push(&mut out, &mut index, FrameKind::Seal, &seal, &[]);
+    push(&mut out, &mut index, FrameKind::Seal, seal.bytes(), &[]);
     out
 }
 

@@ -144,7 +144,7 @@ impl Seg {
         let mut seg = self.align();
         let index = seg.index.encode(seg.nonce);
         seg.next = seq;
-        seg.frame(FrameKind::Seal, &index, seq, true);
+        seg.frame(FrameKind::Seal, index.bytes(), seq, true);
         seg
     }
 
@@ -766,7 +766,7 @@ fn apply_in_memory(
                     group: seal.seq,
                     timestamp_us: 1,
                 },
-                &index,
+                index.bytes(),
                 frame::salt(id(k), NONCE),
             );
         }
