@@ -199,7 +199,9 @@ impl SealPayload {
         SealPayload(vec![0; FRAME_HEADER_LEN])
     }
 
-    /// The payload's bytes.
+    /// The payload's bytes (for the tests and the simulated-disk harness,
+    /// which frame it as any payload).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn bytes(&self) -> &[u8] {
         self.0.get(FRAME_HEADER_LEN..).unwrap_or_default()
     }
