@@ -448,10 +448,7 @@ fn twice_at_once() {
     let nodes = Server::start_cluster(tmp.path(), Duration::from_secs(60));
     let servers: Vec<String> = nodes.iter().map(Server::url).collect();
     let servers = servers.join(",");
-    let outbox = Outbox::open(tmp.path().join("outbox"), Options::default()).expect("open");
-    for i in 0..1_000u32 {
-        outbox.append(&i.to_le_bytes()).expect("append");
-    }
+    let outbox = outbox_of(&tmp.path().join("outbox"), 1_000);
     let options = JetStreamOptions::new(&servers, "TWICE", "twice.records")
         .create_stream(3)
         .timeout(Duration::from_secs(10));
@@ -508,6 +505,26 @@ fn twice_at_once() {
     outbox.close().expect("close");
 }
 
+/// An outbox in `dir` holding `count` records (their index, 4 bytes), none
+/// keyed.
+fn outbox_of(dir: &std::path::Path, count: u32) -> Outbox {
+    let outbox = Outbox::open(dir, Options::default()).expect("open");
+    for i in 0..count {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    outbox
+}
+
+/// Every outcome a `Retry` whose reason says `why`.
+fn assert_retried(outcomes: &[Outcome], why: &str) {
+    for outcome in outcomes {
+        assert!(
+            matches!(outcome, Outcome::Retry(reason) if reason.contains(why)),
+            "not every outcome a Retry for {why:?}: {outcomes:?}"
+        );
+    }
+}
+
 /// A publisher told stream `MINE` with a subject that stream `THEIRS`
 /// captures: the server would store the records in `THEIRS` and answer a
 /// `PubAck` from it. Every message names its expected stream, so the server
@@ -523,20 +540,11 @@ fn other_stream() {
         let mut maker = JetStream::connect_as(0, options).expect("connects");
         assert_eq!(maker.stream_state().expect("created").messages, 0);
     }
-    let outbox = Outbox::open(tmp.path().join("outbox"), Options::default()).expect("open");
-    for i in 0..10u32 {
-        outbox.append(&i.to_le_bytes()).expect("append");
-    }
+    let outbox = outbox_of(&tmp.path().join("outbox"), 10);
     let options = JetStreamOptions::new(&url, "MINE", "theirs.{key}");
     let mut publisher = JetStream::connect(&outbox, options).expect("publisher");
     let records = outbox.claim(10).expect("claim");
-    let outcomes = publisher.publish(&records);
-    for outcome in &outcomes {
-        assert!(
-            matches!(outcome, Outcome::Retry(reason) if reason.contains("expected stream")),
-            "{outcomes:?}"
-        );
-    }
+    assert_retried(&publisher.publish(&records), "expected stream");
     for stream in ["MINE", "THEIRS"] {
         let mut reader = reader(&url, stream);
         assert_eq!(stored(&mut reader), Some(0), "stream {stream}");
@@ -583,10 +591,7 @@ fn interest() {
             made.create_consumer(config).await.expect("consumer");
         })
     };
-    let outbox = Outbox::open(tmp.path().join("outbox"), Options::default()).expect("open");
-    for i in 0..10u32 {
-        outbox.append(&i.to_le_bytes()).expect("append");
-    }
+    let outbox = outbox_of(&tmp.path().join("outbox"), 10);
     // The records have no key: their subject is `interest._`.
     let options = JetStreamOptions::new(&url, "INTEREST", "interest.{key}");
     let mut publisher = JetStream::connect(&outbox, options).expect("publisher");
@@ -603,13 +608,7 @@ fn interest() {
         if let Some(name) = consumer {
             consumer_on(name, filter);
         }
-        let outcomes = publisher.publish(&records);
-        for outcome in &outcomes {
-            assert!(
-                matches!(outcome, Outcome::Retry(reason) if reason.contains(refusal)),
-                "{outcomes:?}"
-            );
-        }
+        assert_retried(&publisher.publish(&records), refusal);
         assert_eq!(stored(&mut reader), Some(0));
     }
     consumer_on("here", "interest._");
