@@ -13,8 +13,9 @@
 //! with a sequence, settles a record (a 2.10 cluster answers a publish it
 //! is still storing as a duplicate at sequence 0; docs/RELAY.md, "A
 //! duplicate that is not one"). A stream that would acknowledge what it
-//! does not keep (`interest` retention with no consumer) or answer nothing
-//! (`no_ack`) gets no publish: every record is retried, saying why.
+//! does not keep (`interest` retention, no consumer's filter matching the
+//! subject) or answer nothing (`no_ack`) gets no publish of such a record:
+//! it is retried, saying why.
 //!
 //! Beyond the duplicate window, deduplication is this publisher's: before its
 //! first publish it reads the last [`JetStreamOptions::reconcile_depth`]
@@ -520,9 +521,7 @@ impl JetStream {
         }
         Ok((report, stream))
     }
-}
 
-impl JetStream {
     /// Whether the stream keeps what it acknowledges now. Its configuration
     /// is read again at most once a second (an edit can turn `no_ack` on or
     /// the retention to `interest`); an `interest` stream's configuration
