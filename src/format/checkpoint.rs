@@ -17,6 +17,7 @@
 
 use crate::error::Corruption;
 use crate::format::frame::{FRAME_HEADER_LEN, FRAME_LEN_MAX, FrameKind, FrameSpan};
+use crate::format::frames::FrameList;
 use crate::format::seal::INDEX_FRAMES_MAX;
 use crate::format::segment::{BLOCK, align_up};
 use crate::format::seq::Seq;
@@ -85,7 +86,7 @@ pub(crate) struct Checkpoint {
     pub first: u32,
     /// The frames listed, in order, each marked record or internal (after
     /// the frames it was decoded onto, by [`decode_onto`]).
-    pub frames: Vec<FrameSpan>,
+    pub frames: FrameList,
     /// The highest log start recorded in the segment before it.
     pub log_start: Option<Seq>,
     /// The offsets of the segment's earlier checkpoints, in order.
@@ -137,17 +138,14 @@ fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
 /// it meets the checkpoints around it, is for the reader of the whole chain
 /// (`log::recovery::checkpoints`).
 pub(crate) fn decode(payload: &[u8]) -> Result<Checkpoint, Corruption> {
-    decode_onto(payload, Vec::new())
+    decode_onto(payload, FrameList::new())
 }
 
 /// [`decode`], with the frames the payload lists appended to `frames` (the
 /// frames of the checkpoints before it, not checked again here): the
 /// checkpoint returned lists them all. Recovery chains a segment's
 /// checkpoints into one list this way, with no copy of each checkpoint's.
-pub(crate) fn decode_onto(
-    payload: &[u8],
-    mut frames: Vec<FrameSpan>,
-) -> Result<Checkpoint, Corruption> {
+pub(crate) fn decode_onto(payload: &[u8], mut frames: FrameList) -> Result<Checkpoint, Corruption> {
     let bad = |what| Corruption::BadCheckpoint { what };
     let short = || bad("payload too short");
     let first = u32_at(payload, FIRST_AT).ok_or_else(short)?;
@@ -179,6 +177,8 @@ pub(crate) fn decode_onto(
     let frames_at = LISTS_AT + 4 * earlier;
     let base = frames.len();
     frames.reserve(count);
+    // The end of this checkpoint's frame before, if any.
+    let mut prev_end: Option<u64> = None;
     for i in 0..count {
         let entry = frames_at + FRAME_ENTRY_LEN * i;
         let at = u32_at(payload, entry).ok_or_else(short)?;
@@ -189,15 +189,16 @@ pub(crate) fn decode_onto(
         if len as usize > FRAME_LEN_MAX {
             return Err(bad("a frame longer than the format allows"));
         }
-        if let Some(prev) = frames.last().filter(|_| i > 0) {
-            let end = prev.end();
-            if u64::from(at) != end && u64::from(at) != align_up(end) {
-                return Err(bad("a gap or an overlap between frames"));
-            }
+        if let Some(end) = prev_end
+            && u64::from(at) != end
+            && u64::from(at) != align_up(end)
+        {
+            return Err(bad("a gap or an overlap between frames"));
         }
         if u64::from(at) + u64::from(len) > u64::from(u32::MAX) {
             return Err(bad("a frame past 4 GiB"));
         }
+        prev_end = Some(u64::from(at) + u64::from(len));
         frames.push(FrameSpan::new(at, len, true));
     }
     let internal_at = frames_at + FRAME_ENTRY_LEN * count;
@@ -209,11 +210,9 @@ pub(crate) fn decode_onto(
         }
         prev = Some(i);
         // A position counts from this checkpoint's first frame.
-        let listed = frames.get_mut(base..).unwrap_or_default();
-        listed
-            .get_mut(i)
-            .ok_or(bad("internal frame out of range"))?
-            .set_internal();
+        if i >= count || !frames.set_internal(base + i) {
+            return Err(bad("internal frame out of range"));
+        }
     }
     Ok(Checkpoint {
         first,
@@ -288,7 +287,8 @@ mod tests {
             let mut p = payload.clone();
             p[at] ^= 0x10;
             if let Ok(cp) = decode(&p) {
-                for pair in cp.frames.windows(2) {
+                let frames: Vec<_> = cp.frames.iter().collect();
+                for pair in frames.windows(2) {
                     let end = pair[0].end();
                     let next = u64::from(pair[1].offset);
                     assert!(next == end || next == align_up(end), "byte {at}");

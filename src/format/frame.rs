@@ -172,11 +172,6 @@ impl FrameSpan {
         self.len_kind & INTERNAL == 0
     }
 
-    /// Marks the frame internal.
-    pub(crate) fn set_internal(&mut self) {
-        self.len_kind |= INTERNAL;
-    }
-
     /// The offset just past the frame.
     pub(crate) fn end(self) -> u64 {
         u64::from(self.offset) + u64::from(self.len())
@@ -519,9 +514,6 @@ mod tests {
                 assert_eq!(span.len(), len);
                 assert_eq!(span.is_record(), is_record);
                 assert_eq!(span.end(), u64::from(u32::MAX - 7) + u64::from(len));
-                let mut marked = span;
-                marked.set_internal();
-                assert_eq!((marked.len(), marked.is_record()), (len, false));
             }
         }
         assert_eq!(std::mem::size_of::<FrameSpan>(), 8);

@@ -1,6 +1,7 @@
 //! The on-disk format as pure codecs: functions over byte slices, no I/O.
 //!
-//! Owns the byte layout of everything segwal writes: frames (`frame`), the
+//! Owns the byte layout of everything segwal writes: frames (`frame`, and
+//! `frames`, a segment's list of them as recovery keeps it), the
 //! segment header (`segment`), the seal index (`seal`), the index
 //! checkpoints of a segment being written (`checkpoint`), the payloads of
 //! delivery-state frames (`acks`, `delivery`), relocated records
@@ -18,6 +19,7 @@ pub(crate) mod delivery;
 pub(crate) mod ext;
 pub(crate) mod fields;
 pub(crate) mod frame;
+pub(crate) mod frames;
 pub(crate) mod hash;
 pub(crate) mod relocated;
 pub(crate) mod seal;

@@ -13,6 +13,7 @@ use crate::error::Corruption;
 use crate::format::frame::{
     self, FRAME_HEADER_LEN, FRAME_LEN_MAX, FrameHeader, FrameSpan, frame_len,
 };
+use crate::format::frames::FrameList;
 use crate::format::segment::{FRAMES_AT, align_up};
 use crate::format::seq::Seq;
 
@@ -44,7 +45,7 @@ pub(crate) const INDEX_FRAMES_MAX: usize = 1 << 24;
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct SealIndex {
     /// Every frame before the seal, in order.
-    pub frames: Vec<FrameSpan>,
+    pub frames: FrameList,
     /// The highest log start recorded by a `LogStart` frame of the segment.
     pub log_start: Option<Seq>,
     /// The nonce of the segment header the index was written for.
@@ -136,21 +137,14 @@ impl IndexBuilder {
 /// [`IndexBuilder`] fed the same frames encodes, built straight from the list
 /// (an open seals a crashed newest segment of hundreds of thousands of frames,
 /// and a copy of the list first would cost it fresh memory).
-pub(crate) fn index_of(frames: &[FrameSpan], log_start: Option<Seq>, nonce: u64) -> SealPayload {
+pub(crate) fn index_of(frames: &FrameList, log_start: Option<Seq>, nonce: u64) -> SealPayload {
     if frames.len() > INDEX_FRAMES_MAX {
         return SealPayload::empty();
     }
-    let internal = || {
-        frames
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| !f.is_record())
-            .map(|(i, _)| i as u32)
-    };
     encode_lists(
         frames.iter().map(|f| (f.offset, f.len())),
-        internal().count(),
-        internal(),
+        frames.internal().len(),
+        frames.internal().iter().copied(),
         log_start,
         nonce,
     )
@@ -273,7 +267,8 @@ pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corrupti
     if trailer as usize != frame_len(want) {
         return Err(bad("trailer does not match the seal's length"));
     }
-    let mut frames = Vec::with_capacity(count);
+    // One more for the seal frame, which a scan adds to the list.
+    let mut frames = FrameList::with_capacity(count + 1);
     let mut end = FRAMES_AT as u64;
     for i in 0..count {
         let entry = FRAMES_LIST_AT + FRAME_ENTRY_LEN * i;
@@ -309,10 +304,9 @@ pub(crate) fn decode(payload: &[u8], seal_at: u64) -> Result<SealIndex, Corrupti
             return Err(bad("internal frames out of order"));
         }
         prev = Some(i);
-        let f = frames
-            .get_mut(i)
-            .ok_or(bad("internal frame out of range"))?;
-        f.set_internal();
+        if !frames.set_internal(i) {
+            return Err(bad("internal frame out of range"));
+        }
     }
     Ok(SealIndex {
         frames,
@@ -340,7 +334,9 @@ mod tests {
     const SEAL_AT: u64 = 12288;
 
     fn encode(frames: &[FrameSpan], log_start: Option<Seq>) -> Vec<u8> {
-        index_of(frames, log_start, 77).bytes().to_vec()
+        index_of(&frames.iter().copied().collect(), log_start, 77)
+            .bytes()
+            .to_vec()
     }
 
     #[test]
@@ -368,11 +364,11 @@ mod tests {
             group: Seq::from(12),
             timestamp_us: 1_234_567,
         };
-        let many: Vec<FrameSpan> = (0..5_000u32)
+        let many: FrameList = (0..5_000u32)
             .map(|i| FrameSpan::new(4096 + 64 * i, 64, i % 7 != 0))
             .collect();
         for payload in [
-            index_of(&frames(), Some(Seq::from(9)), 77),
+            index_of(&frames().into_iter().collect(), Some(Seq::from(9)), 77),
             index_of(&many, None, 5),
             IndexBuilder::default().encode(77),
             SealPayload::empty(),
@@ -388,7 +384,7 @@ mod tests {
     fn an_index_round_trips() {
         let payload = encode(&frames(), Some(Seq::from(9)));
         let index = decode(&payload, SEAL_AT).expect("decodes");
-        assert_eq!(index.frames, frames());
+        assert_eq!(index.frames.iter().collect::<Vec<_>>(), frames());
         assert_eq!(index.log_start, Some(Seq::from(9)));
         assert_eq!(index.nonce, 77);
         let mut file = vec![0u8; SEAL_AT as usize];

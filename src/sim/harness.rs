@@ -2129,10 +2129,15 @@ pub fn check_frame_bytes(data: &[u8]) {
     let _ = crate::format::relocated::decode_ext(data);
     let _ = crate::format::seal::decode(data, data.len() as u64);
     if let Ok(cp) = crate::format::checkpoint::decode(data) {
-        for pair in cp.frames.windows(2) {
+        let frames: Vec<_> = cp.frames.iter().collect();
+        for pair in frames.windows(2) {
             if let [a, b] = pair {
                 assert!(u64::from(b.offset) >= a.end());
             }
+        }
+        // Read back as a list, each frame is what was decoded.
+        for (i, f) in frames.iter().enumerate() {
+            assert_eq!(cp.frames.get(i), Some(*f));
         }
     }
 }

@@ -39,6 +39,7 @@ use crate::error::{Error, Result};
 use crate::format::delivery::Change;
 use crate::format::fields::Described;
 use crate::format::frame::{FRAME_HEADER_LEN, FrameSpan};
+use crate::format::frames::FrameList;
 use crate::format::segment::{BLOCK, align_up};
 use crate::format::seq::{SegmentId, Seq};
 use crate::io::StorageFile;
@@ -905,7 +906,7 @@ impl Table {
     /// Adds durable frames at the end of the segment `id` (the last one). Records
     /// enter Pending, internal frames Done.
     pub(crate) fn push_frames(&mut self, id: SegmentId, next_seq: Seq, frames: &[FrameSpan]) {
-        let seg = self.count_frames(id, next_seq, frames);
+        let seg = self.count_frames(id, next_seq, frames.iter().copied());
         seg.offsets.extend(frames.iter().map(|f| f.offset));
         if cfg!(debug_assertions) {
             seg.check_invariants();
@@ -914,23 +915,18 @@ impl Table {
 
     /// [`push_frames`](Self::push_frames) of a list the caller gives up, as
     /// an open gives each segment's: into a segment that has no frames yet,
-    /// the offsets are collected from the list's own iterator, which the
-    /// standard library does in place where it can (a span's offset is its
-    /// first four bytes), so that an open in a new process need not fault in
-    /// fresh memory for them. Where it cannot, they are copied, as
-    /// `push_frames` copies them: the outcome is the same either way.
-    pub(crate) fn push_frames_owned(
-        &mut self,
-        id: SegmentId,
-        next_seq: Seq,
-        frames: Vec<FrameSpan>,
-    ) {
-        let seg = self.count_frames(id, next_seq, &frames);
+    /// the list's own offsets become the segment's, so that an open in a new
+    /// process faults in no fresh memory for them. Into one that has frames,
+    /// they are copied, as `push_frames` copies them: the outcome is the
+    /// same either way.
+    pub(crate) fn push_frames_owned(&mut self, id: SegmentId, next_seq: Seq, frames: FrameList) {
+        let seg = self.count_frames(id, next_seq, frames.iter());
+        let offsets = frames.into_offsets();
         if seg.offsets.is_empty() {
-            seg.offsets = frames.into_iter().map(|f| f.offset).collect();
+            seg.offsets = offsets;
             seg.offsets.shrink_to_fit();
         } else {
-            seg.offsets.extend(frames.iter().map(|f| f.offset));
+            seg.offsets.extend_from_slice(&offsets);
         }
         if cfg!(debug_assertions) {
             seg.check_invariants();
@@ -943,7 +939,7 @@ impl Table {
         &mut self,
         id: SegmentId,
         next_seq: Seq,
-        frames: &[FrameSpan],
+        frames: impl ExactSizeIterator<Item = FrameSpan>,
     ) -> &mut SegmentSlots {
         let seg = self
             .segments
@@ -969,7 +965,7 @@ impl Table {
         seg.done.resize(words, 0);
         let mut end = seg.end;
         let (mut records, mut record_bytes, mut internal) = (0u64, 0u64, 0u32);
-        for (k, f) in frames.iter().enumerate() {
+        for (k, f) in frames.enumerate() {
             let (offset, len, is_record) = (f.offset, f.len(), f.is_record());
             let i = base + k;
             if offset != end {
@@ -1867,9 +1863,13 @@ mod tests {
                 // Given up in two parts: the second into a segment that
                 // already has frames.
                 Some(k) => {
-                    t.push_frames_owned(SegmentId(1), Seq::from(1), frames[..k].to_vec());
+                    t.push_frames_owned(
+                        SegmentId(1),
+                        Seq::from(1),
+                        frames[..k].iter().copied().collect(),
+                    );
                     let next = Seq::from(k as u64 + 1);
-                    t.push_frames_owned(SegmentId(1), next, frames[k..].to_vec());
+                    t.push_frames_owned(SegmentId(1), next, frames[k..].iter().copied().collect());
                 }
             }
             t.seal_last(SegmentId(1));

@@ -21,6 +21,7 @@ use std::io;
 
 use crate::format::checkpoint::{self, CHECKPOINT};
 use crate::format::frame::{self, FRAME_HEADER_LEN, FrameSpan};
+use crate::format::frames::FrameList;
 use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader, align_up};
 use crate::format::seq::{SegmentId, Seq};
 
@@ -31,7 +32,7 @@ use super::scan::LogStartMark;
 pub(crate) struct Listed {
     /// Every frame from the segment's first to the last checkpoint, that one
     /// included (as an internal frame), in order.
-    pub frames: Vec<FrameSpan>,
+    pub frames: FrameList,
     /// The highest log start a `LogStart` frame among them records, marked at
     /// the last frame before the last checkpoint.
     pub log_start: Option<LogStartMark>,
@@ -51,7 +52,7 @@ impl Listed {
     /// needs to hand the list back.
     pub(crate) fn without_frames(&self) -> Listed {
         Listed {
-            frames: Vec::new(),
+            frames: FrameList::new(),
             log_start: self.log_start,
             at: self.at,
             end: self.end,
@@ -177,12 +178,12 @@ fn fit(
     let before_end = before.as_ref().map(|b| b.end);
     // Decoded onto the list so far: the segment's frames end in one vector.
     let base = before.as_ref().map_or(0, |b| b.frames.len());
-    let cp = checkpoint::decode_onto(f.payload, before.map_or_else(Vec::new, |b| b.frames)).ok()?;
-    let own = cp.frames.get(base..).unwrap_or_default();
+    let cp = checkpoint::decode_onto(f.payload, before.map_or_else(FrameList::new, |b| b.frames))
+        .ok()?;
     // It starts its sync group on a block, continues the list where the one
     // before ended, names every checkpoint before it, and its own number is
     // the next after the frames it lists.
-    let n = own.len() as u64;
+    let n = (cp.frames.len() - base) as u64;
     let fits = h.kind == CHECKPOINT
         && h.group == h.seq
         && at.is_multiple_of(BLOCK as u64)
@@ -193,16 +194,17 @@ fn fit(
     if !fits {
         return None;
     }
-    let first = u64::from(own.first()?.offset);
+    let first = u64::from(cp.frames.get(base)?.offset);
     let starts_right = match before_end {
         Some(end) => first == end || first == align_up(end),
         None => first == FRAMES_AT as u64,
     };
-    let last_end = own.last()?.end();
+    let last = cp.frames.last()?;
+    let last_end = last.end();
     if !starts_right || !(at == last_end || at == align_up(last_end)) {
         return None;
     }
-    let last_listed = own.last()?.offset;
+    let last_listed = last.offset;
     let mut frames = cp.frames;
     frames.push(FrameSpan::new(
         u32::try_from(at).ok()?,

@@ -22,6 +22,7 @@ use super::verify::ReadOnly;
 use super::{plan, rebuild, state};
 use crate::error::{Corruption, Error, Result};
 use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind, FrameSpan};
+use crate::format::frames::FrameList;
 use crate::format::seq::{SegmentId, Seq};
 use crate::io::{StdStorage, Storage, StorageFile, read_exact_at};
 use crate::options::{OpenCheck, RecoveryMode};
@@ -174,7 +175,7 @@ struct Cursor {
     path: Arc<Path>,
     file: Arc<dyn StorageFile>,
     salt: u32,
-    frames: Vec<FrameSpan>,
+    frames: FrameList,
     /// The next frame to look at, and how many to read at most.
     next: usize,
     limit: usize,
@@ -388,7 +389,7 @@ impl Dump {
                 .take(limit)
                 .filter(|(_, f)| !f.is_record());
             let mut file: Option<Arc<dyn StorageFile>> = None;
-            for (i, &span) in internal {
+            for (i, span) in internal {
                 let file = match &file {
                     Some(file) => file.clone(),
                     None => {
@@ -476,7 +477,7 @@ impl Dump {
             Arc::from(path.as_path()),
             file,
             None,
-            vec![c.span],
+            std::iter::once(c.span).collect(),
             (usize::MAX, false),
         );
         let mut cursor = match cursor {
@@ -616,7 +617,7 @@ impl Cursor {
         path: Arc<Path>,
         file: Arc<dyn StorageFile>,
         salt: Option<u32>,
-        frames: Vec<FrameSpan>,
+        frames: FrameList,
         (limit, newest): (usize, bool),
     ) -> Result<Cursor> {
         let salt = match salt {
@@ -681,7 +682,7 @@ impl Cursor {
     /// when `own` is given, a relocated copy numbered `at` of the record
     /// `own`.
     fn record(&mut self, i: usize, at: Seq, own: Option<Seq>) -> Result<DumpedRecord> {
-        let Some(&span) = self.frames.get(i) else {
+        let Some(span) = self.frames.get(i) else {
             return Err(Error::Corrupt {
                 path: self.path.to_path_buf(),
                 offset: 0,

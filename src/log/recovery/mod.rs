@@ -42,7 +42,7 @@ pub use report::{Dropped, QuarantineReason, Quarantined, RecoveryReport, TornTai
 pub(crate) use scan::check_window_matches_whole;
 
 use crate::error::{Corruption, Error, Result};
-use crate::format::frame::FrameSpan;
+use crate::format::frames::FrameList;
 use crate::format::seq::{SEGMENT_SUFFIX, SegmentId, Seq};
 use crate::io::Storage;
 use crate::io::segment_file::{FreshSegment, PendingSeal};
@@ -55,7 +55,7 @@ pub(crate) struct RecoveredSegment {
     pub path: Arc<Path>,
     /// The seed of its frames' checksums.
     pub salt: u32,
-    pub frames: Vec<FrameSpan>,
+    pub frames: FrameList,
 }
 
 /// The log as recovery leaves it.

@@ -116,9 +116,10 @@ impl<'a> View<'a> {
 
     /// Byte offset just past the last frame kept.
     fn end(&self) -> u64 {
-        self.scan.frames[..self.kept]
-            .last()
-            .map_or(FRAMES_AT as u64, |f| f.end())
+        self.scan
+            .frames
+            .end_of_first(self.kept)
+            .unwrap_or(FRAMES_AT as u64)
     }
 
     /// A whole header and nothing after it.
@@ -152,7 +153,7 @@ impl<'a> View<'a> {
 
 /// How many frames of `scan` end at or before `cut`.
 fn frames_below(scan: &SegmentScan, cut: u64) -> usize {
-    scan.frames.iter().take_while(|f| f.end() <= cut).count()
+    scan.frames.count_ending_by(cut)
 }
 
 /// The log's state while the plan is decided.
@@ -551,12 +552,7 @@ fn finish(
     let records = d
         .live
         .iter()
-        .map(|s| {
-            s.scan.frames[..s.kept]
-                .iter()
-                .filter(|f| f.is_record())
-                .count() as u64
-        })
+        .map(|s| s.scan.frames.records_in_first(s.kept) as u64)
         .sum();
     Plan {
         remove_empty: d.remove_empty,
@@ -589,7 +585,7 @@ fn finish(
 /// through its index (docs/FORMAT.md, "Recycled segments").
 fn past_seal(s: &View<'_>) -> Option<u64> {
     s.seal?;
-    let end = s.scan.frames.get(s.kept.checked_sub(1)?)?.end();
+    let end = s.scan.frames.end_of_first(s.kept)?;
     (s.scan.len > end).then_some(end)
 }
 

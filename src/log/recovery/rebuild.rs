@@ -32,7 +32,8 @@ pub(crate) fn kept<'a>(
             path: &s.path,
             salt: s.header.map_or(0, |h| frame::salt(s.id, h.nonce)),
             first_seq: s.id.first_seq(),
-            frames: s.frames.get(..k.frames).unwrap_or_default(),
+            frames: &s.frames,
+            kept: k.frames.min(s.frames.len()),
         }
     })
 }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Corruption, Error, Result};
 use crate::format::checkpoint::{self, CHECKPOINT};
 use crate::format::frame::{self, FRAME_HEADER_LEN, FrameKind, FrameSpan};
+use crate::format::frames::FrameList;
 use crate::format::seal;
 use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader};
 use crate::format::seq::{SEQ_MAX, SegmentId, Seq};
@@ -106,7 +107,7 @@ pub(crate) struct SegmentScan {
     pub path: PathBuf,
     pub header: Option<SegmentHeader>,
     /// Every frame before the first damage, in order.
-    pub frames: Vec<FrameSpan>,
+    pub frames: FrameList,
     /// Every `LogStart` frame among them.
     pub log_starts: Vec<LogStartMark>,
     /// The seal frame, if the segment ends with one.
@@ -129,7 +130,7 @@ impl SegmentScan {
             id,
             path,
             header: None,
-            frames: Vec::new(),
+            frames: FrameList::new(),
             log_starts: Vec::new(),
             seal: None,
             len,
@@ -328,15 +329,16 @@ fn frame_at(src: &mut dyn Bytes, at: usize, salt: u32) -> Result<frame::Frame<'_
 /// With `listed` (what the segment's index checkpoints list), the walk
 /// starts just past the last checkpoint, taking the frames before it from the
 /// list, as a sealed segment's are taken from its seal index. Where the file
-/// is not whole, the list is handed back (`Err`) for the walk of the bytes
-/// read into memory, not copied beforehand: it is megabytes long.
+/// is not whole, the list is handed back (`Err`, boxed: it is the larger
+/// side) for the walk of the bytes read into memory, not copied beforehand:
+/// it is megabytes long.
 pub(crate) fn scan_window(
     id: SegmentId,
     path: PathBuf,
     src: &mut Window<'_>,
     regions: DataRegions<'_>,
     listed: Option<Listed>,
-) -> Result<SegmentScan, Option<Listed>> {
+) -> Result<SegmentScan, Option<Box<Listed>>> {
     let mut scan = SegmentScan::empty(id, path, src.len() as u64);
     // A walk that starts past the checkpoints starts far from the header:
     // only the header's block is read for it.
@@ -347,7 +349,7 @@ pub(crate) fn scan_window(
     };
     let block = src.read_from(0, FRAMES_AT, least).to_vec();
     if scan_header(&block, id, &mut scan).is_some() {
-        return Err(listed);
+        return Err(listed.map(Box::new));
     }
     let Some(listed) = listed else {
         if scan_frames(src, id, regions, &mut scan, None).is_some() || src.failed.is_some() {
@@ -362,7 +364,7 @@ pub(crate) fn scan_window(
         let mut frames = scan.frames;
         let whole = frames.len() >= taken && scan.listed == taken as u64;
         frames.truncate(taken);
-        return Err(whole.then_some(Listed { frames, ..rest }));
+        return Err(whole.then(|| Box::new(Listed { frames, ..rest })));
     }
     Ok(scan)
 }
@@ -427,7 +429,7 @@ pub(crate) fn check_window_matches_whole(id: SegmentId, bytes: &[u8], chunk: usi
         }
         // Handed back whole, as it was given.
         Err(back) => {
-            assert_eq!(back.as_ref(), Some(&listed), "the list handed back");
+            assert_eq!(back.as_deref(), Some(&listed), "the list handed back");
             listed
         }
     };
@@ -638,7 +640,7 @@ pub(crate) fn scan_file(
     let mut window = Window::new(&read_at, size);
     let listed = match scan_window(id, path.clone(), &mut window, &regions, listed) {
         Ok(scan) => return Ok((scan, opened(id, path))),
-        Err(listed) => listed,
+        Err(listed) => listed.map(|l| *l),
     };
     // Asked again: the walk found the file not whole, and another process
     // (a `verify` or `dump` beside a running owner) may have written past
@@ -1323,11 +1325,17 @@ fn check_checkpoint(payload: &[u8], walk: &Walk, scan: &SegmentScan) -> Result<(
     let first = walk
         .checkpoints
         .last()
-        .and_then(|&at| scan.frames.iter().position(|f| f.offset == at))
+        .and_then(|&at| scan.frames.position_of(at))
         .map_or(0, |k| k + 1);
     let what = if cp.earlier != walk.checkpoints {
         "earlier checkpoints differ from the segment's"
-    } else if cp.first as usize != first || scan.frames.get(first..) != Some(&cp.frames[..]) {
+    } else if cp.first as usize != first
+        || first > scan.frames.len()
+        || !scan
+            .frames
+            .range(first, scan.frames.len())
+            .eq(cp.frames.iter())
+    {
         "frames differ from the segment's"
     } else if cp.log_start != scan.log_start_marker() {
         "log start differs from the segment's"

@@ -15,6 +15,7 @@ use crate::format::checkpoint::CHECKPOINT;
 use crate::format::delivery::{self, Change};
 use crate::format::fields::{self, DedupDigest, Described, Tombstone};
 use crate::format::frame::{self, FRAME_HEADER_LEN, FrameSpan};
+use crate::format::frames::FrameList;
 use crate::format::hash::{Digest, Hasher};
 use crate::format::segment::BLOCK;
 use crate::format::seq::Seq;
@@ -27,7 +28,9 @@ pub(crate) struct Kept<'a> {
     pub salt: u32,
     /// The seq of the segment's first frame: frame `i` holds `first_seq + i`.
     pub first_seq: Seq,
-    pub frames: &'a [crate::format::frame::FrameSpan],
+    /// The segment's frames, of which the first `kept` are kept.
+    pub frames: &'a FrameList,
+    pub kept: usize,
 }
 
 /// One change of delivery state the log recorded.
@@ -99,10 +102,15 @@ pub(crate) fn recorded_state<'a>(
     for seg in segments {
         internal.clear();
         internal.extend(
-            (seg.first_seq.get()..)
-                .zip(seg.frames)
-                .filter(|(_, f)| !f.is_record())
-                .map(|(seq, f)| (Seq::from(seq), *f)),
+            seg.frames
+                .internal()
+                .iter()
+                .map(|&p| p as usize)
+                .take_while(|&p| p < seg.kept)
+                .filter_map(|p| {
+                    let seq = Seq::from(seg.first_seq.get() + p as u64);
+                    Some((seq, seg.frames.get(p)?))
+                }),
         );
         if internal.is_empty() {
             continue;
@@ -111,7 +119,9 @@ pub(crate) fn recorded_state<'a>(
         let file = storage
             .open(path)
             .map_err(|e| Error::io("open segment", path, e))?;
-        let last = seg.frames.last().map(|f| f.offset);
+        let last = (seg.kept.checked_sub(1))
+            .and_then(|i| seg.frames.get(i))
+            .map(|f| f.offset);
         // Read one at a time, the frames would cost a round trip to the disk
         // each from a cold page cache (thousands of acks frames after a long
         // run): the file system is told of all of them first, and reads them
@@ -234,6 +244,7 @@ mod tests {
     use crate::error::{Corruption, Error};
     use crate::format::ext::RecordFields;
     use crate::format::frame::{self, FrameHeader, FrameKind, FrameSpan};
+    use crate::format::frames::FrameList;
     use crate::format::hash::Hasher;
     use crate::format::relocated::{self, Carried, CarriedState};
     use crate::format::seq::{SegmentId, Seq};
@@ -283,12 +294,15 @@ mod tests {
         let file = disk.create(&path).expect("create");
         crate::io::write_all_at(&*file, &bytes, 0).expect("write");
         let span = |from: usize, to: usize| FrameSpan::new(from as u32, (to - from) as u32, false);
-        let frames = [span(4096, second), span(second, bytes.len())];
+        let frames: FrameList = [span(4096, second), span(second, bytes.len())]
+            .into_iter()
+            .collect();
         let kept = Kept {
             path: &path,
             salt,
             first_seq: Seq::from(FIRST),
             frames: &frames,
+            kept: frames.len(),
         };
         recorded_state(&disk, [kept], false, &Hasher::new(1))
     }

@@ -753,7 +753,8 @@ fn apply_in_memory(
     if let (Some(seal), Some(last), true) = (&plan.seal, plan.keep.last(), take()) {
         let k = last.scan;
         let scan = &scans(&files[k..=k])[0];
-        let frames: Vec<FrameSpan> = scan.frames[..last.frames].to_vec();
+        let mut frames = scan.frames.clone();
+        frames.truncate(last.frames);
         let index = crate::format::seal::index_of(&frames, scan.log_start_below(seal.at), NONCE);
         if let Some(f) = out.get_mut(&id(k)) {
             f.resize(seal.at as usize, 0);
