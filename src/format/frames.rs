@@ -67,20 +67,20 @@ impl FrameList {
     /// Adds the next frame. A frame that does not start where the last one
     /// ends is recorded as it is (callers check how frames may follow each
     /// other; the list only keeps what it is given).
+    #[inline]
     pub(crate) fn push(&mut self, span: FrameSpan) {
-        if let Some(last) = self.offsets.len().checked_sub(1)
-            && span.offset != self.end
-        {
-            self.gaps.push((last as u32, self.end));
+        let n = self.offsets.len();
+        if n > 0 && span.offset != self.end {
+            self.gaps.push(((n - 1) as u32, self.end));
         }
         if !span.is_record() {
-            self.internal.push(self.offsets.len() as u32);
+            self.internal.push(n as u32);
         }
         self.offsets.push(span.offset);
         // Callers keep every frame below 4 GiB (its end fits in the u32
         // offsets the format uses); a saturated end would only make the
         // frame read as longer, and every caller checks the ends first.
-        self.end = u32::try_from(span.end()).unwrap_or(u32::MAX);
+        self.end = span.offset.saturating_add(span.len());
     }
 
     /// Marks the frame at `position` internal; false if there is none.
@@ -185,8 +185,24 @@ impl FrameList {
         self.internal.truncate(keep);
     }
 
+    /// The offset of each frame, in order.
+    pub(crate) fn offsets(&self) -> &[u32] {
+        &self.offsets
+    }
+
+    /// The frames the next one does not follow right away, as (position,
+    /// the frame's end), by position; never the last frame.
+    pub(crate) fn gaps(&self) -> &[(u32, u32)] {
+        &self.gaps
+    }
+
+    /// The end of the last frame (0 for an empty list).
+    pub(crate) fn end(&self) -> u32 {
+        self.end
+    }
+
     /// The offsets of the frames, in order, for the state table, which keeps
-    /// them as they are (and learns the rest from [`iter`](Self::iter)).
+    /// them as they are.
     pub(crate) fn into_offsets(self) -> Vec<u32> {
         self.offsets
     }

@@ -906,7 +906,7 @@ impl Table {
     /// Adds durable frames at the end of the segment `id` (the last one). Records
     /// enter Pending, internal frames Done.
     pub(crate) fn push_frames(&mut self, id: SegmentId, next_seq: Seq, frames: &[FrameSpan]) {
-        let seg = self.count_frames(id, next_seq, frames.iter().copied());
+        let seg = self.count_frames(id, next_seq, frames);
         seg.offsets.extend(frames.iter().map(|f| f.offset));
         if cfg!(debug_assertions) {
             seg.check_invariants();
@@ -920,27 +920,69 @@ impl Table {
     /// they are copied, as `push_frames` copies them: the outcome is the
     /// same either way.
     pub(crate) fn push_frames_owned(&mut self, id: SegmentId, next_seq: Seq, frames: FrameList) {
-        let seg = self.count_frames(id, next_seq, frames.iter());
-        let offsets = frames.into_offsets();
+        let seg = self.last_segment_at(id, next_seq);
+        let base = seg.offsets.len();
+        let offsets = frames.offsets();
+        let Some(&first) = offsets.first() else {
+            return;
+        };
+        // The list says where sync groups end and which frames are internal:
+        // the work is per group and per internal frame, not per frame. The
+        // bitmaps' words come zeroed in one go.
+        let words = (base + offsets.len()).div_ceil(64);
+        seg.claimed.resize(words, 0);
+        seg.done.resize(words, 0);
+        let joins = |end: u32, next: u32| {
+            assert_eq!(
+                u64::from(next),
+                align_up(u64::from(end)),
+                "frames pushed with a gap that is not to a block boundary"
+            );
+        };
+        if first != seg.end {
+            joins(seg.end, first);
+            if let Some(prev) = base.checked_sub(1) {
+                seg.gaps.push((prev as u32, seg.end));
+            }
+        }
+        // Bytes between the list's frames: the rest of each group's block.
+        let mut padding = 0u64;
+        for &(p, end) in frames.gaps() {
+            let next = offsets
+                .get(p as usize + 1)
+                .copied()
+                .expect("a list's gaps come before a frame of the list");
+            joins(end, next);
+            padding += u64::from(next - end);
+            seg.gaps.push(((base + p as usize) as u32, end));
+        }
+        let mut internal_bytes = 0u64;
+        for &p in frames.internal() {
+            let i = base + p as usize;
+            SegmentSlots::set(&mut seg.claimed, i, true);
+            SegmentSlots::set(&mut seg.done, i, true);
+            internal_bytes += frames.get(p as usize).map_or(0, |f| u64::from(f.len()));
+        }
+        let internal = frames.internal().len();
+        let records = (offsets.len() - internal) as u64;
+        let bytes = u64::from(frames.end()) - u64::from(first) - padding;
+        seg.end = frames.end();
+        seg.done_count += internal as u32;
         if seg.offsets.is_empty() {
-            seg.offsets = offsets;
+            seg.offsets = frames.into_offsets();
             seg.offsets.shrink_to_fit();
         } else {
-            seg.offsets.extend_from_slice(&offsets);
+            seg.offsets.extend_from_slice(frames.offsets());
         }
         if cfg!(debug_assertions) {
             seg.check_invariants();
         }
+        self.pending += records;
+        self.backlog_bytes += bytes - internal_bytes - records * FRAME_HEADER_LEN as u64;
     }
 
-    /// Everything [`push_frames`](Self::push_frames) does but add the
-    /// offsets, which the caller adds next: the states, the gaps, the counts.
-    fn count_frames(
-        &mut self,
-        id: SegmentId,
-        next_seq: Seq,
-        frames: impl ExactSizeIterator<Item = FrameSpan>,
-    ) -> &mut SegmentSlots {
+    /// The last segment, which must be `id` and end just before `next_seq`.
+    fn last_segment_at(&mut self, id: SegmentId, next_seq: Seq) -> &mut SegmentSlots {
         let seg = self
             .segments
             .back_mut()
@@ -954,18 +996,29 @@ impl Table {
             next_seq.get(),
             "frames pushed out of sequence"
         );
+        seg
+    }
+
+    /// Everything [`push_frames`](Self::push_frames) does but add the
+    /// offsets, which the caller adds next: the states, the gaps, the counts.
+    fn count_frames(
+        &mut self,
+        id: SegmentId,
+        next_seq: Seq,
+        frames: &[FrameSpan],
+    ) -> &mut SegmentSlots {
+        let seg = self.last_segment_at(id, next_seq);
         let base = seg.offsets.len();
-        // An open pushes a sealed segment's hundreds of thousands of frames
-        // at once: the bitmaps' words come zeroed in one go, the offsets are
-        // added in one pass by the caller, and the loop below keeps its
-        // counts in locals, touching the segment only for a sync group's gap
-        // or an internal frame.
+        // The bitmaps' words come zeroed in one go, the offsets are added in
+        // one pass by the caller, and the loop below keeps its counts in
+        // locals, touching the segment only for a sync group's gap or an
+        // internal frame.
         let words = (base + frames.len()).div_ceil(64);
         seg.claimed.resize(words, 0);
         seg.done.resize(words, 0);
         let mut end = seg.end;
         let (mut records, mut record_bytes, mut internal) = (0u64, 0u64, 0u32);
-        for (k, f) in frames.enumerate() {
+        for (k, f) in frames.iter().enumerate() {
             let (offset, len, is_record) = (f.offset, f.len(), f.is_record());
             let i = base + k;
             if offset != end {
