@@ -910,7 +910,7 @@ impl Outbox {
                 found.clear();
                 match reader::read_runs(&runs, &shared.files, &mut found, skip_crc) {
                     Ok(()) => break,
-                    Err(failure) if (failure.gone || failure.corrupt) && tries_left > 0 => {
+                    Err(failure) if failure.gone || failure.corrupt => {
                         let frames: Vec<_> = runs.iter().flat_map(|r| r.frames.clone()).collect();
                         let now = shared.table.lock().runs_of(&frames);
                         // Bytes that fail their check where the records no
@@ -922,6 +922,16 @@ impl Outbox {
                             || now.iter().zip(&runs).any(|(a, b)| a.path != b.path);
                         if failure.corrupt && !moved {
                             return Err(failure);
+                        }
+                        if tries_left == 0 {
+                            // Moved again under every try: never found bad
+                            // where it lies, so not set aside (which would
+                            // let its segment go without an ack), but held
+                            // back, claimed, until the next open.
+                            return Err(reader::ReadFailure {
+                                corrupt: false,
+                                ..failure
+                            });
                         }
                         runs = now;
                     }
