@@ -1432,6 +1432,7 @@ fn trace_open(_dir: &Path, _report: &RecoveryReport) {
                 offset = d.offset,
                 first_seq = d.first.get(),
                 last_seq = d.last.map(|s| s.get()),
+                relocated = ?d.relocated,
                 "lossy recovery dropped records"
             );
         }

@@ -266,6 +266,7 @@ fn report_json(v: &Verification) -> Value {
             "offset": d.offset,
             "first_seq": d.first.get(),
             "last_seq": d.last.map(|s| s.get()),
+            "relocated_seqs": d.relocated.iter().map(|s| s.get()).collect::<Vec<_>>(),
             "segments_set_aside": d.segments_set_aside.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         })),
     })
@@ -664,9 +665,20 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
             "repaired: dropped seqs {} to {last}",
             dropped.first
         ));
+        if !dropped.relocated.is_empty() {
+            let seqs: Vec<String> = dropped.relocated.iter().map(|s| s.to_string()).collect();
+            out.say(format_args!(
+                "repaired: dropped records carried forward from deleted segments: seqs {}",
+                seqs.join(", ")
+            ));
+        }
         out.set(
             "dropped",
-            json!({ "first_seq": dropped.first.get(), "last_seq": dropped.last.map(|l| l.get()) }),
+            json!({
+                "first_seq": dropped.first.get(),
+                "last_seq": dropped.last.map(|l| l.get()),
+                "relocated_seqs": dropped.relocated.iter().map(|s| s.get()).collect::<Vec<_>>(),
+            }),
         );
     }
     let mut quarantined = Vec::new();

@@ -202,6 +202,86 @@ fn a_claim_carried_forward_comes_back_after_a_crash_before_its_ack() {
     outbox.close().expect("close");
 }
 
+/// A lossy repair that drops the only copy of a record carried forward out
+/// of a deleted segment names it: its number lies below every number the
+/// repair reports as a range. Damage to each segment in turn (each on a copy
+/// of the outbox): the carried record is named exactly when it is gone.
+#[test]
+fn a_lossy_repair_names_a_relocated_record_it_drops() {
+    let (t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    let dead = churn(
+        &outbox,
+        0,
+        3000,
+        |n| n == 5 || n == 2990,
+        |seq| {
+            outbox
+                .dead_letter(seq, "schema rejected")
+                .expect("dead_letter");
+        },
+    );
+    assert!(outbox.stats().relocated >= 1);
+    // Records nobody acknowledges yet, over segments after the copy's.
+    let batch: Vec<Vec<u8>> = (3000..3800).map(payload).collect();
+    outbox.append_batch(&batch).expect("append_batch");
+    outbox.close().expect("close");
+    let carried = dead[0].0;
+    let files = crate::segment_files(&dir);
+    let first_of = |path: &std::path::Path| -> u64 {
+        path.file_name().and_then(|n| n.to_str()).expect("name")[..20]
+            .parse()
+            .expect("numeric")
+    };
+    assert!(
+        first_of(&files[0]) > carried.get(),
+        "the carried record's own segment is gone"
+    );
+    let mut named = 0;
+    assert!(files.len() >= 3, "{files:?}");
+    // Every segment holding frames (the last one is the empty active one).
+    for (k, file) in files.iter().enumerate().take(files.len() - 1) {
+        let copy = t.path().join(format!("copy-{k}"));
+        std::fs::create_dir(&copy).expect("mkdir");
+        for entry in std::fs::read_dir(&dir).expect("read dir") {
+            let path = entry.expect("entry").path();
+            if path.is_file() {
+                std::fs::copy(&path, copy.join(path.file_name().expect("name"))).expect("copy");
+            }
+        }
+        let damaged = copy.join(file.file_name().expect("name"));
+        // The first frame of the segment: it and everything after it go.
+        crate::flip_byte(&damaged, 4096 + 48 + 1);
+        let strict = options().open_check(segwal::OpenCheck::EveryFrame);
+        assert!(matches!(
+            Outbox::open(&copy, strict.clone()),
+            Err(Error::Corrupt { .. })
+        ));
+        let lossy = strict.recovery(segwal::RecoveryMode::Lossy);
+        let outbox = Outbox::open(&copy, lossy).expect("repair");
+        let dropped = outbox.recovery_report().dropped.clone().expect("dropped");
+        assert_eq!(dropped.first, Seq::from(first_of(file)));
+        // The dead letter still in its own segment is numbered within the
+        // range, never named apart.
+        assert!(dropped.last.is_some_and(|l| l >= dead[1].0));
+        let left: Vec<Seq> = outbox
+            .dead_letters(10)
+            .expect("dead_letters")
+            .iter()
+            .map(|r| r.seq())
+            .collect();
+        let gone = !left.contains(&carried);
+        assert_eq!(
+            dropped.relocated,
+            if gone { vec![carried] } else { vec![] },
+            "damage in segment {k}: gone {gone}, left {left:?}"
+        );
+        named += usize::from(gone);
+        outbox.close().expect("close");
+    }
+    assert!(named >= 1, "damage before every copy drops the record");
+}
+
 /// The test: one record in 10,000 left unacknowledged (dead or
 /// delayed) for the whole run of 2 M appends; disk use stays under three
 /// times the live bytes plus two segments.

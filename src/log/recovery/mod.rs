@@ -118,6 +118,7 @@ pub(crate) fn recover(
     let hasher = crate::format::hash::Hasher::new(plan.outbox_id.unwrap_or(0));
     let kept = rebuild::kept(&scans, &plan.keep);
     let mut recorded = state::recorded_state(storage, kept, mode == RecoveryMode::Lossy, &hasher)?;
+    name_relocated(storage, &scans, &mut plan, &recorded, &hasher)?;
     // The negative controls forget what the log recorded.
     if crate::injected!(options, ForgetAcksAtRecovery) {
         recorded.retain(|r| !matches!(r, state::Recorded::Acks(..)));
@@ -152,6 +153,36 @@ pub(crate) fn recover(
     )?;
     recovered.state = recorded;
     Ok(recovered)
+}
+
+/// A lossy repair names what it drops: numbers from the damage on
+/// (`Dropped::first` to `last`), and the records carried forward into what
+/// it drops out of segments gone before, whose numbers lie below those
+/// (`Dropped::relocated`), read here from the dropped frames; `kept` is the
+/// state the kept frames record. Nothing to do for a plan that drops
+/// nothing.
+pub(crate) fn name_relocated(
+    storage: &dyn Storage,
+    scans: &[scan::SegmentScan],
+    plan: &mut plan::Plan,
+    kept: &[state::Recorded],
+    hasher: &crate::format::hash::Hasher,
+) -> Result<()> {
+    if let Some(dropped) = plan.dropped.as_mut()
+        && let Some(damaged) = scans.iter().position(|s| s.path == dropped.path)
+    {
+        let part = rebuild::dropped(scans, &plan.keep, damaged);
+        let listed = state::recorded_state(storage, part, true, hasher)?;
+        let copies = listed.iter().filter_map(|r| match r {
+            state::Recorded::Relocated { seq, .. } => Some(*seq),
+            _ => None,
+        });
+        // And the copies in valid frames past the damage of each dropped file.
+        let past = scans.iter().skip(damaged).filter_map(|s| s.damage.as_ref());
+        let copies = copies.chain(past.flat_map(|d| d.relocated.iter().copied()));
+        dropped.relocated = rebuild::relocated_dropped(copies, kept, plan.log_start);
+    }
+    Ok(())
 }
 
 /// Scans every segment of `ids` (in log order), the newest never through a

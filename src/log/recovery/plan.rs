@@ -503,6 +503,8 @@ fn drop_from(d: &mut Deciding<'_>, k: usize, damage: Damage, max_seen: Seq) {
         cause: damage.cause,
         first,
         last: Some(max_seen).filter(|&m| m >= first),
+        // Found once the dropped frames are read (`recover`).
+        relocated: Vec::new(),
         segments_set_aside: deleted,
     });
 }

@@ -33,9 +33,63 @@ pub(crate) fn kept<'a>(
             salt: s.header.map_or(0, |h| frame::salt(s.id, h.nonce)),
             first_seq: s.id.first_seq(),
             frames: &s.frames,
+            from: 0,
             kept: k.frames.min(s.frames.len()),
         }
     })
+}
+
+/// The frames a lossy repair drops, as [`recorded_state`](super::state::recorded_state)
+/// reads them: those of the damaged segment `damaged` (an index into
+/// `scans`) from where the plan cuts it, and every frame of each segment
+/// after it.
+pub(crate) fn dropped<'a>(
+    scans: &'a [SegmentScan],
+    keep: &'a [Keep],
+    damaged: usize,
+) -> impl Iterator<Item = Kept<'a>> {
+    scans.iter().enumerate().skip(damaged).map(move |(k, s)| {
+        let from = keep
+            .iter()
+            .find(|kept| kept.scan == k)
+            .map_or(0, |kept| kept.frames);
+        Kept {
+            path: &s.path,
+            salt: s.header.map_or(0, |h| frame::salt(s.id, h.nonce)),
+            first_seq: s.id.first_seq(),
+            frames: &s.frames,
+            from,
+            kept: s.frames.len(),
+        }
+    })
+}
+
+/// The records a lossy repair drops below the numbers it reports: each
+/// record carried forward (relocated) out of a segment deleted before, whose
+/// copies all lie in what is dropped (`copies`: the own numbers its
+/// relocated frames name), is gone with them; its own number lies below the
+/// log's start (`log_start`), so no range of what is dropped names it. Not
+/// those with a copy or an acknowledgement in what is kept (`kept`, the
+/// state the kept frames record). In order.
+pub(crate) fn relocated_dropped(
+    copies: impl IntoIterator<Item = Seq>,
+    kept: &[Recorded],
+    log_start: Seq,
+) -> Vec<Seq> {
+    let safe = |seq: Seq| {
+        kept.iter().any(|r| match r {
+            Recorded::Relocated { seq: own, .. } => *own == seq,
+            Recorded::Acks(first, last) => (*first..=*last).contains(&seq),
+            _ => false,
+        })
+    };
+    let mut out: Vec<Seq> = copies
+        .into_iter()
+        .filter(|&seq| seq < log_start && !safe(seq))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// The segments a plan keeps as an open would leave them (without the seal
@@ -158,7 +212,7 @@ pub(crate) fn records_on_disk(segments: &[RecoveredSegment], recorded: &[Recorde
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
 
     use super::*;
     use crate::format::frame::FrameSpan;
@@ -207,5 +261,54 @@ mod tests {
         // one record; seq 11 is still in its place.
         let recorded = vec![copy(3, 12), copy(3, 14), copy(11, 13)];
         assert_eq!(records_on_disk(&segs, &recorded), 6);
+    }
+
+    #[test]
+    fn a_repair_names_the_carried_records_it_drops_and_nothing_kept() {
+        // Copies of 3, 5, 7, 9 (3 twice) and of 30 dropped; the log now
+        // starts at 20. 5 has a copy in what is kept, 7 an acknowledgement;
+        // 30 lies in a kept segment of its own.
+        let kept = vec![copy(5, 21), Recorded::Acks(Seq::from(6), Seq::from(8))];
+        let dropped = [3, 9, 5, 7, 3, 30].map(Seq::from);
+        assert_eq!(
+            relocated_dropped(dropped, &kept, Seq::from(20)),
+            vec![Seq::from(3), Seq::from(9)]
+        );
+        assert!(relocated_dropped([], &kept, Seq::from(20)).is_empty());
+    }
+
+    #[test]
+    fn a_repair_reads_the_damaged_segment_from_its_cut_and_every_later_one_whole() {
+        let scan = |first: u64, frames: u32| {
+            let mut s = SegmentScan::empty(SegmentId(first), PathBuf::from("s"), 0);
+            s.frames = (0..frames)
+                .map(|i| FrameSpan::new(FRAMES_AT as u32 + i * 100, 100, i % 2 == 0))
+                .collect();
+            s
+        };
+        let scans = vec![scan(1, 10), scan(11, 10), scan(21, 6), scan(27, 4)];
+        let keep = vec![
+            Keep {
+                scan: 0,
+                frames: 10,
+                cut: None,
+            },
+            Keep {
+                scan: 1,
+                frames: 4,
+                cut: Some(4096 + 400),
+            },
+        ];
+        let read: Vec<(Seq, usize, usize)> = dropped(&scans, &keep, 1)
+            .map(|k| (k.first_seq, k.from, k.kept))
+            .collect();
+        assert_eq!(
+            read,
+            vec![
+                (Seq::from(11), 4, 10),
+                (Seq::from(21), 0, 6),
+                (Seq::from(27), 0, 4)
+            ]
+        );
     }
 }

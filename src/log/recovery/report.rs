@@ -89,6 +89,12 @@ pub struct Dropped {
     /// no complete record. Every number in `first..=last` is dropped, and none
     /// of them will be assigned again.
     pub last: Option<Seq>,
+    /// Records dropped whose numbers lie below [`first`](Dropped::first):
+    /// each was carried forward (relocated, keeping its number) out of a
+    /// segment deleted before, and every copy of it lay in what is dropped,
+    /// with no acknowledgement of it in what is kept. In order; empty when
+    /// there are none.
+    pub relocated: Vec<Seq>,
     /// Segment files dropped whole (later segments, and the damaged one when
     /// nothing of it is kept): moved into the `quarantine` folder (each also
     /// listed in [`RecoveryReport::quarantined`]), never deleted.

@@ -69,6 +69,10 @@ pub(crate) struct Damage {
     /// The highest number the bytes after the damage could hold, whether or
     /// not their frames can be found: none up to it is assigned again.
     pub could_hold: Option<Seq>,
+    /// The own numbers of the relocated records in the valid frames found
+    /// after the damage (each sync group's frames from its first on): copies
+    /// that a lossy repair drops with the damage, and names.
+    pub relocated: Vec<Seq>,
 }
 
 impl Damage {
@@ -90,6 +94,7 @@ impl Damage {
             evidence: None,
             max_seen: None,
             could_hold: None,
+            relocated: Vec::new(),
         }
     }
 
@@ -125,7 +130,7 @@ pub(crate) struct SegmentScan {
 
 impl SegmentScan {
     /// What is known of a file of `len` bytes before any of it is read.
-    fn empty(id: SegmentId, path: PathBuf, len: u64) -> SegmentScan {
+    pub(super) fn empty(id: SegmentId, path: PathBuf, len: u64) -> SegmentScan {
         SegmentScan {
             id,
             path,
@@ -891,6 +896,22 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
         // cannot have been written there, and is treated as garbage.
         if h.seq <= d.expected {
             continue;
+        }
+        // The rest of its sync group, for the relocated copies it holds.
+        let mut next = Some(f);
+        while let Some(f) = next.take() {
+            if f.header.kind == FrameKind::Relocated
+                && let Ok((own, _)) = crate::format::relocated::decode_ext(f.ext)
+            {
+                d.relocated.push(own);
+            }
+            let more = buf
+                .get(at..)
+                .and_then(|rest| frame::decode(rest, salt).ok());
+            if let Some(g) = more.filter(|g| g.header.seq.get() == f.header.seq.get() + 1) {
+                at += g.len.max(1);
+                next = Some(g);
+            }
         }
         d.max_seen = d.max_seen.max(Some(h.seq));
         if h.group > d.expected && d.evidence.is_none() {

@@ -28,8 +28,10 @@ pub(crate) struct Kept<'a> {
     pub salt: u32,
     /// The seq of the segment's first frame: frame `i` holds `first_seq + i`.
     pub first_seq: Seq,
-    /// The segment's frames, of which the first `kept` are kept.
+    /// The segment's frames, of which those at positions `from` to `kept`
+    /// (exclusive) are read.
     pub frames: &'a FrameList,
+    pub from: usize,
     pub kept: usize,
 }
 
@@ -106,6 +108,7 @@ pub(crate) fn recorded_state<'a>(
                 .internal()
                 .iter()
                 .map(|&p| p as usize)
+                .skip_while(|&p| p < seg.from)
                 .take_while(|&p| p < seg.kept)
                 .filter_map(|p| {
                     let seq = Seq::from(seg.first_seq.get() + p as u64);
@@ -302,6 +305,7 @@ mod tests {
             salt,
             first_seq: Seq::from(FIRST),
             frames: &frames,
+            from: 0,
             kept: frames.len(),
         };
         recorded_state(&disk, [kept], false, &Hasher::new(1))

@@ -475,9 +475,19 @@ fn pass(
         }
         Err(e) => {
             out.records = out.segments.iter().map(|s| s.records as u64).sum();
+            // What a repair would drop, with the records carried forward
+            // into it (read as the repair would; a read that fails leaves
+            // them out of this preview, and the repair itself reports it).
             out.repair = plan::plan(&scans, RecoveryMode::Lossy)
                 .ok()
-                .and_then(|p| p.dropped);
+                .and_then(|mut p| {
+                    let hasher = crate::format::hash::Hasher::new(p.outbox_id.unwrap_or(0));
+                    let kept = rebuild::kept(&scans, &p.keep);
+                    if let Ok(kept) = state::recorded_state(storage, kept, true, &hasher) {
+                        let _ = super::name_relocated(storage, &scans, &mut p, &kept, &hasher);
+                    }
+                    p.dropped
+                });
             // The first rule broken, as an open reports it, then the damage
             // of every other segment.
             out.problems.push(problem(e)?);
