@@ -586,11 +586,19 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         plan.offset,
         plan.segments_set_aside.len()
     ));
+    if !plan.relocated.is_empty() {
+        let seqs: Vec<String> = plan.relocated.iter().map(|s| s.to_string()).collect();
+        out.say(format_args!(
+            "and records carried forward from deleted segments: seqs {}",
+            seqs.join(", ")
+        ));
+    }
     out.set(
         "would_drop",
         json!({
             "first_seq": plan.first.get(),
             "last_seq": plan.last.map(|l| l.get()),
+            "relocated_seqs": plan.relocated.iter().map(|s| s.get()).collect::<Vec<_>>(),
             "file": plan.path.display().to_string(),
             "offset": plan.offset,
             "later_segments": plan

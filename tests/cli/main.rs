@@ -446,6 +446,13 @@ fn repair_json_says_what_it_would_drop_then_what_it_dropped() {
         done["dropped"]["first_seq"], first,
         "it drops what it said it would"
     );
+    // No record was carried forward out of a deleted segment here: the
+    // list of such records it drops is there, and empty, both times.
+    assert_eq!(
+        preview["would_drop"]["relocated_seqs"],
+        serde_json::json!([])
+    );
+    assert_eq!(done["dropped"]["relocated_seqs"], serde_json::json!([]));
     assert!(!done["copied"].as_array().expect("copied").is_empty());
     assert!(done["records_kept"].as_u64().expect("kept") > 0);
 
