@@ -118,7 +118,7 @@ pub(crate) fn recover(
     let hasher = crate::format::hash::Hasher::new(plan.outbox_id.unwrap_or(0));
     let kept = rebuild::kept(&scans, &plan.keep);
     let mut recorded = state::recorded_state(storage, kept, mode == RecoveryMode::Lossy, &hasher)?;
-    name_relocated(storage, &scans, &mut plan, &recorded, &hasher)?;
+    name_relocated(storage, &scans, &mut plan, &recorded, &hasher);
     // The negative controls forget what the log recorded.
     if crate::injected!(options, ForgetAcksAtRecovery) {
         recorded.retain(|r| !matches!(r, state::Recorded::Acks(..)));
@@ -167,12 +167,14 @@ pub(crate) fn name_relocated(
     plan: &mut plan::Plan,
     kept: &[state::Recorded],
     hasher: &crate::format::hash::Hasher,
-) -> Result<()> {
+) {
     if let Some(dropped) = plan.dropped.as_mut()
         && let Some(damaged) = scans.iter().position(|s| s.path == dropped.path)
     {
         let part = rebuild::dropped(scans, &plan.keep, damaged);
-        let listed = state::recorded_state(storage, part, true, hasher)?;
+        // A repair is for a disk that fails: a read of what it drops that
+        // fails does not stop it, and names what the rest shows.
+        let listed = state::recorded_state(storage, part, true, hasher).unwrap_or_default();
         let copies = listed.iter().filter_map(|r| match r {
             state::Recorded::Relocated { seq, .. } => Some(*seq),
             _ => None,
@@ -182,7 +184,6 @@ pub(crate) fn name_relocated(
         let copies = copies.chain(past.flat_map(|d| d.relocated.iter().copied()));
         dropped.relocated = rebuild::relocated_dropped(copies, kept, plan.log_start);
     }
-    Ok(())
 }
 
 /// Scans every segment of `ids` (in log order), the newest never through a

@@ -889,6 +889,8 @@ fn walk_whole(
 /// batch that did land cannot all be found once its start is gone.
 fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
     let mut at = (d.offset as usize).saturating_add(1);
+    // The end of the frames read for relocated copies.
+    let mut walked = 0;
     while let Some((found_at, f)) = frame::find_frame_on_block(buf, at, salt) {
         let h = f.header;
         at = found_at + f.len.max(1);
@@ -897,8 +899,13 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
         if h.seq <= d.expected {
             continue;
         }
-        // The rest of its sync group, for the relocated copies it holds.
-        let mut next = Some(f);
+        // The frames that follow it, one after another, for the relocated
+        // copies they hold: read with a cursor of their own, so that the
+        // search for later groups, and all it decides, is as it is without
+        // them; and only past the frames read so already, so that each is
+        // read once this way (a copy found both ways is named once).
+        let mut next = (found_at >= walked).then_some(f);
+        let mut cursor = at;
         while let Some(f) = next.take() {
             if f.header.kind == FrameKind::Relocated
                 && let Ok((own, _)) = crate::format::relocated::decode_ext(f.ext)
@@ -906,13 +913,14 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
                 d.relocated.push(own);
             }
             let more = buf
-                .get(at..)
+                .get(cursor..)
                 .and_then(|rest| frame::decode(rest, salt).ok());
             if let Some(g) = more.filter(|g| g.header.seq.get() == f.header.seq.get() + 1) {
-                at += g.len.max(1);
+                cursor += g.len.max(1);
                 next = Some(g);
             }
         }
+        walked = walked.max(cursor);
         d.max_seen = d.max_seen.max(Some(h.seq));
         if h.group > d.expected && d.evidence.is_none() {
             d.tearable = false;

@@ -476,15 +476,15 @@ fn pass(
         Err(e) => {
             out.records = out.segments.iter().map(|s| s.records as u64).sum();
             // What a repair would drop, with the records carried forward
-            // into it (read as the repair would; a read that fails leaves
-            // them out of this preview, and the repair itself reports it).
+            // into it (read as the repair would; a read of what is kept that
+            // fails leaves them out of this preview).
             out.repair = plan::plan(&scans, RecoveryMode::Lossy)
                 .ok()
                 .and_then(|mut p| {
                     let hasher = crate::format::hash::Hasher::new(p.outbox_id.unwrap_or(0));
                     let kept = rebuild::kept(&scans, &p.keep);
                     if let Ok(kept) = state::recorded_state(storage, kept, true, &hasher) {
-                        let _ = super::name_relocated(storage, &scans, &mut p, &kept, &hasher);
+                        super::name_relocated(storage, &scans, &mut p, &kept, &hasher);
                     }
                     p.dropped
                 });

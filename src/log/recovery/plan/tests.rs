@@ -355,6 +355,32 @@ fn bit_rot_in_a_batch_that_was_fsynced() {
     assert!(matches!(every_frame, Err(Error::Corrupt { .. })));
 }
 
+#[test]
+fn bit_rot_before_sync_groups_that_end_on_block_boundaries_is_corruption() {
+    // Frames of 512 bytes, sixteen to a sync group: every eighth frame
+    // starts a block, and each group ends where a block ends, so the next
+    // group starts right after it. Looking past the damage must still see
+    // the later groups' first frames, not read on from a frame of the
+    // damaged group into them.
+    let mut seg = Seg::new(1, 0, 1);
+    for _ in 0..3 {
+        seg = seg.align();
+        let group = seg.next;
+        for k in 0..16 {
+            seg.frame(FrameKind::Record, &[7; 464], group, k == 15);
+        }
+    }
+    assert_eq!(seg.offset_of(17), seg.offset_of(16) + 512, "no padding");
+    let at = seg.offset_of(2);
+    match decide(&[seg.flip(at + PAYLOAD + 3, 0).file()]) {
+        Err(Error::Corrupt { offset, seq, .. }) => {
+            assert_eq!(offset, at as u64);
+            assert_eq!(seq, Some(Seq::from(2)));
+        }
+        other => panic!("fsynced groups followed the damage: expected Corrupt, got {other:?}"),
+    }
+}
+
 /// Offset of frame `seq` in a segment of batches of `sizes` records from 1.
 fn seg_offset(first_batch: usize, second_batch: usize, seq: u64) -> u64 {
     Seg::new(1, 0, 1)
