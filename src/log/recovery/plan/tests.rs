@@ -381,6 +381,54 @@ fn bit_rot_before_sync_groups_that_end_on_block_boundaries_is_corruption() {
     }
 }
 
+#[test]
+fn bit_rot_in_the_newest_segment_is_cut_only_in_its_last_group() {
+    // Sync groups of random lengths, some of frames that fill whole blocks
+    // (so that the next group follows with no padding), a bit flipped in a
+    // random frame's payload: corruption wherever a later group follows it,
+    // a torn tail (its group cut) only in the last group.
+    let mut rng = crate::sim::Rng::new(20261206);
+    for case in 0..400 {
+        let mut seg = Seg::new(1, 0, 1);
+        let mut groups = Vec::new();
+        let mut sizes = std::collections::BTreeMap::new();
+        for _ in 0..2 + rng.below(4) {
+            seg = seg.align();
+            let group = seg.next;
+            groups.push(group);
+            let size = match rng.below(4) {
+                0 => 464,
+                1 => 976,
+                2 => 2000,
+                _ => 8 + rng.below(600) as usize,
+            };
+            let n = 1 + rng.below(24);
+            for k in 0..n {
+                let seq = seg.frame(FrameKind::Record, &vec![7; size], group, k + 1 == n);
+                sizes.insert(seq, size);
+            }
+        }
+        let victim = 1 + rng.below(seg.next - 1);
+        let at = seg.offset_of(victim) + PAYLOAD + rng.below(sizes[&victim] as u64) as usize;
+        let last = *groups.last().expect("groups");
+        let cut = seg.offset_of(last) as u64;
+        let result = decide(&[seg.flip(at, rng.below(8) as u8).file()]);
+        if victim >= last {
+            let plan = result.unwrap_or_else(|e| panic!("case {case}: {e:?}"));
+            assert_eq!(
+                kept(&plan),
+                vec![(0, last as usize - 1, Some(cut))],
+                "case {case}"
+            );
+        } else {
+            assert!(
+                matches!(result, Err(Error::Corrupt { .. })),
+                "case {case}: damage in frame {victim} before group {last}: {result:?}"
+            );
+        }
+    }
+}
+
 /// Offset of frame `seq` in a segment of batches of `sizes` records from 1.
 fn seg_offset(first_batch: usize, second_batch: usize, seq: u64) -> u64 {
     Seg::new(1, 0, 1)
