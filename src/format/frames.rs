@@ -67,7 +67,7 @@ impl FrameList {
     /// Adds the next frame. A frame that does not start where the last one
     /// ends is recorded as it is (callers check how frames may follow each
     /// other; the list only keeps what it is given).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push(&mut self, span: FrameSpan) {
         let n = self.offsets.len();
         if n > 0 && span.offset != self.end {
