@@ -923,15 +923,30 @@ impl Outbox {
                         if failure.corrupt && !moved {
                             return Err(failure);
                         }
-                        if tries_left == 0 {
+                        if tries_left == 0 && moved {
                             // Moved again under every try: never found bad
                             // where it lies, so not set aside (which would
                             // let its segment go without an ack), but held
-                            // back, claimed, until the next open.
+                            // back, claimed, until the next open; and the
+                            // claim says so rather than pass on a checksum
+                            // failure of bytes that are no longer its.
+                            let path = runs
+                                .first()
+                                .map(|r| r.path.to_path_buf())
+                                .unwrap_or_default();
+                            let moving = std::io::Error::new(
+                                std::io::ErrorKind::Interrupted,
+                                "its frames moved (relocated) under every retry of the read; \
+                                 held back, claimed, until the next open",
+                            );
                             return Err(reader::ReadFailure {
                                 corrupt: false,
+                                error: Error::io("read a claimed record", path, moving),
                                 ..failure
                             });
+                        }
+                        if tries_left == 0 {
+                            return Err(failure);
                         }
                         runs = now;
                     }
