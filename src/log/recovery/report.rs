@@ -93,9 +93,10 @@ pub struct Dropped {
     /// each was carried forward (relocated, keeping its number) out of a
     /// segment deleted before, and every copy of it lay in what is dropped,
     /// with no acknowledgement of it in what is kept. In order; empty when
-    /// there are none. Found by reading what is dropped: where a read of it
-    /// fails (the disk a repair is for), those its bytes would name are
-    /// missing.
+    /// there are none. Found by reading what is dropped: a copy whose own
+    /// bytes are the damage cannot be read, nor can what a failed read of
+    /// the dropped part (the disk a repair is for) would have shown; such
+    /// records are missing from the list.
     pub relocated: Vec<Seq>,
     /// Segment files dropped whole (later segments, and the damaged one when
     /// nothing of it is kept): moved into the `quarantine` folder (each also
