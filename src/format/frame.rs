@@ -134,11 +134,14 @@ impl FrameKind {
 /// recovery, the seal index and the state table know of a frame without
 /// reading it.
 ///
-/// Eight bytes: an open lists every frame of every segment it reads (a
-/// million of them for a million records), and each byte of the list is
-/// fresh memory it faults in. A frame is shorter than 2 GiB (its payload is
-/// at most [`RECORD_BYTES_LIMIT`], and lists refuse longer lengths), so the
-/// length's top bit says whether it is internal.
+/// Eight bytes: the writer keeps one for each frame it has written but not
+/// yet handed to the state table, and recovery reads and writes lists of
+/// them as [`FrameList`](crate::format::frames::FrameList)s, about four
+/// bytes a frame (an open lists every frame of every segment it reads, and
+/// in a new process each byte is fresh memory it faults in). A frame is
+/// shorter than 2 GiB (its payload is at most [`RECORD_BYTES_LIMIT`], and
+/// lists refuse longer lengths), so the length's top bit says whether it is
+/// internal.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FrameSpan {
     /// Byte offset of the frame in its segment file.

@@ -53,21 +53,21 @@ fn churn(
     kept
 }
 
+/// [`churn`] of 3,000 records, those `keep` picks made dead letters
+/// ("schema rejected").
+fn churn_dead(outbox: &Outbox, keep: impl Fn(u64) -> bool) -> Vec<(Seq, u64)> {
+    churn(outbox, 0, 3000, keep, |seq| {
+        outbox
+            .dead_letter(seq, "schema rejected")
+            .expect("dead_letter");
+    })
+}
+
 #[test]
 fn a_dead_letter_is_carried_forward_and_stays_dead_across_restarts() {
     let (_t, dir) = tmp();
     let outbox = Outbox::open(&dir, options()).expect("open");
-    let dead = churn(
-        &outbox,
-        0,
-        3000,
-        |n| n == 5,
-        |seq| {
-            outbox
-                .dead_letter(seq, "schema rejected")
-                .expect("dead_letter");
-        },
-    );
+    let dead = churn_dead(&outbox, |n| n == 5);
     let stats = outbox.stats();
     assert!(stats.relocated >= 1, "{stats:?}");
     assert!(
@@ -212,17 +212,7 @@ fn a_claim_carried_forward_comes_back_after_a_crash_before_its_ack() {
 fn a_lossy_repair_names_a_relocated_record_it_drops() {
     let (t, dir) = tmp();
     let outbox = Outbox::open(&dir, options()).expect("open");
-    let dead = churn(
-        &outbox,
-        0,
-        3000,
-        |n| n == 5 || n == 2990,
-        |seq| {
-            outbox
-                .dead_letter(seq, "schema rejected")
-                .expect("dead_letter");
-        },
-    );
+    let dead = churn_dead(&outbox, |n| n == 5 || n == 2990);
     assert!(outbox.stats().relocated >= 1);
     // Records nobody acknowledges yet, after the copy.
     let batch: Vec<Vec<u8>> = (3000..3800).map(payload).collect();
