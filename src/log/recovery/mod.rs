@@ -158,9 +158,9 @@ pub(crate) fn recover(
 /// A lossy repair names what it drops: numbers from the damage on
 /// (`Dropped::first` to `last`), and the records carried forward into what
 /// it drops out of segments gone before, whose numbers lie below those
-/// (`Dropped::relocated`), read here from the dropped frames; `kept` is the
-/// state the kept frames record. Nothing to do for a plan that drops
-/// nothing.
+/// (`Dropped::relocated`), read here from the dropped frames, leaving out
+/// those acknowledged in either part; `kept` is the state the kept frames
+/// record. Nothing to do for a plan that drops nothing.
 pub(crate) fn name_relocated(
     storage: &dyn Storage,
     scans: &[scan::SegmentScan],
@@ -174,15 +174,22 @@ pub(crate) fn name_relocated(
         let part = rebuild::dropped(scans, &plan.keep, damaged);
         // A repair is for a disk that fails: a read of what it drops that
         // fails does not stop it, and names what the rest shows.
-        let listed = state::recorded_state(storage, part, true, hasher).unwrap_or_default();
-        let copies = listed.iter().filter_map(|r| match r {
-            state::Recorded::Relocated { seq, .. } => Some(*seq),
-            _ => None,
-        });
-        // And the copies in valid frames past the damage of each dropped file.
-        let past = scans.iter().skip(damaged).filter_map(|s| s.damage.as_ref());
-        let copies = copies.chain(past.flat_map(|d| d.relocated.iter().copied()));
-        dropped.relocated = rebuild::relocated_dropped(copies, kept, plan.log_start);
+        let mut listed = state::recorded_state(storage, part, true, hasher).unwrap_or_default();
+        let mut copies: Vec<Seq> = listed
+            .iter()
+            .filter_map(|r| match r {
+                state::Recorded::Relocated { seq, .. } => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        // And the copies and acknowledgements in valid frames past the
+        // damage of each dropped file.
+        for d in scans.iter().skip(damaged).filter_map(|s| s.damage.as_ref()) {
+            copies.extend_from_slice(&d.relocated);
+            let acked = d.acked.iter().map(|&(a, b)| state::Recorded::Acks(a, b));
+            listed.extend(acked);
+        }
+        dropped.relocated = rebuild::relocated_dropped(copies, kept, &listed, plan.log_start);
     }
 }
 

@@ -70,18 +70,22 @@ pub(crate) fn dropped<'a>(
 /// relocated frames name), is gone with them; its own number lies below the
 /// log's start (`log_start`), so no range of what is dropped names it. Not
 /// those with a copy or an acknowledgement in what is kept (`kept`, the
-/// state the kept frames record). In order.
+/// state the kept frames record), nor those acknowledged in what is dropped
+/// (`dropped`, the state the dropped frames record, of which only the
+/// acknowledgements count): a record delivered and acknowledged is not lost
+/// with its copy. In order.
 pub(crate) fn relocated_dropped(
     copies: impl IntoIterator<Item = Seq>,
     kept: &[Recorded],
+    dropped: &[Recorded],
     log_start: Seq,
 ) -> Vec<Seq> {
+    let acked = |seq: Seq, r: &Recorded| matches!(r, Recorded::Acks(first, last) if (*first..=*last).contains(&seq));
     let safe = |seq: Seq| {
         kept.iter().any(|r| match r {
             Recorded::Relocated { seq: own, .. } => *own == seq,
-            Recorded::Acks(first, last) => (*first..=*last).contains(&seq),
-            _ => false,
-        })
+            r => acked(seq, r),
+        }) || dropped.iter().any(|r| acked(seq, r))
     };
     let mut out: Vec<Seq> = copies
         .into_iter()
@@ -265,16 +269,19 @@ mod tests {
 
     #[test]
     fn a_repair_names_the_carried_records_it_drops_and_nothing_kept() {
-        // Copies of 3, 5, 7, 9 (3 twice) and of 30 dropped; the log now
-        // starts at 20. 5 has a copy in what is kept, 7 an acknowledgement;
-        // 30 lies in a kept segment of its own.
+        // Copies of 3, 5, 7, 9, 11, 13 (3 twice) and of 30 dropped; the log
+        // now starts at 20. 5 has a copy in what is kept, 7 an
+        // acknowledgement; 11 is acknowledged in what is dropped, whereas
+        // 13's other copy there does not keep it; 30 lies in a kept segment
+        // of its own.
         let kept = vec![copy(5, 21), Recorded::Acks(Seq::from(6), Seq::from(8))];
-        let dropped = [3, 9, 5, 7, 3, 30].map(Seq::from);
+        let in_dropped = vec![Recorded::Acks(Seq::from(10), Seq::from(11)), copy(13, 40)];
+        let copies = [3, 9, 5, 7, 3, 30, 11, 13].map(Seq::from);
         assert_eq!(
-            relocated_dropped(dropped, &kept, Seq::from(20)),
-            vec![Seq::from(3), Seq::from(9)]
+            relocated_dropped(copies, &kept, &in_dropped, Seq::from(20)),
+            vec![Seq::from(3), Seq::from(9), Seq::from(13)]
         );
-        assert!(relocated_dropped([], &kept, Seq::from(20)).is_empty());
+        assert!(relocated_dropped([], &kept, &in_dropped, Seq::from(20)).is_empty());
     }
 
     #[test]

@@ -92,7 +92,10 @@ pub struct Dropped {
     /// Records dropped whose numbers lie below [`first`](Dropped::first):
     /// each was carried forward (relocated, keeping its number) out of a
     /// segment deleted before, and every copy of it lay in what is dropped,
-    /// with no acknowledgement of it in what is kept. In order; empty when
+    /// with no acknowledgement of it in what is kept or in what is dropped
+    /// (a record delivered and acknowledged is not lost with its copy; its
+    /// acknowledgement may lie in the dropped part, and is read there). In
+    /// order; empty when
     /// there are none. Found by reading what is dropped: a copy whose own
     /// bytes are the damage cannot be read, nor can what a failed read of
     /// the dropped part (the disk a repair is for) would have shown; such

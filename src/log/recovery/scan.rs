@@ -73,6 +73,9 @@ pub(crate) struct Damage {
     /// after the damage (each sync group's frames from its first on): copies
     /// that a lossy repair drops with the damage, and names.
     pub relocated: Vec<Seq>,
+    /// The ranges of acknowledgements in those frames: a copy acknowledged
+    /// is not named.
+    pub acked: Vec<(Seq, Seq)>,
 }
 
 impl Damage {
@@ -95,6 +98,7 @@ impl Damage {
             max_seen: None,
             could_hold: None,
             relocated: Vec::new(),
+            acked: Vec::new(),
         }
     }
 
@@ -900,7 +904,7 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
             continue;
         }
         // The frames that follow it, one after another, for the relocated
-        // copies they hold: read with a cursor of their own, so that the
+        // copies and the acknowledgements they hold: read with a cursor of their own, so that the
         // search for later groups, and all it decides, is as it is without
         // them; and only past the frames read so already, so that each is
         // read once this way (a copy found both ways is named once).
@@ -911,6 +915,10 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
                 && let Ok((own, _)) = crate::format::relocated::decode_ext(f.ext)
             {
                 d.relocated.push(own);
+            } else if f.header.kind == frame::ACKS
+                && let Ok(ranges) = crate::format::acks::decode(f.payload)
+            {
+                d.acked.extend(ranges);
             }
             let more = buf
                 .get(cursor..)

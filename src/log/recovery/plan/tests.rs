@@ -382,6 +382,31 @@ fn bit_rot_before_sync_groups_that_end_on_block_boundaries_is_corruption() {
 }
 
 #[test]
+fn looking_past_damage_reads_the_acknowledgements_of_later_groups() {
+    // A repair names the relocated records it drops unless an
+    // acknowledgement covers them, and reads those past the damage too: in
+    // each later group, its first frame's and the frames after it.
+    let mut seg = Seg::new(1, 0, 1).batch(3).align();
+    let group = seg.next;
+    seg.frame(FrameKind::Record, &[7; 20], group, false);
+    let acks = crate::format::acks::encode(&[(Seq::from(2), Seq::from(3))]);
+    seg.frame(frame::ACKS, &acks, group, true);
+    let mut seg = seg.align();
+    let group = seg.next;
+    let acks = crate::format::acks::encode(&[(Seq::from(5), Seq::from(5))]);
+    seg.frame(frame::ACKS, &acks, group, true);
+    let at = seg.offset_of(2);
+    let scans = scans(&[seg.flip(at + PAYLOAD, 2).file()]);
+    let damage = scans[0].damage.as_ref().expect("damage");
+    assert_eq!(damage.offset, at as u64);
+    assert_eq!(
+        damage.acked,
+        vec![(Seq::from(2), Seq::from(3)), (Seq::from(5), Seq::from(5))]
+    );
+    assert!(damage.relocated.is_empty());
+}
+
+#[test]
 fn bit_rot_in_the_newest_segment_is_cut_only_in_its_last_group() {
     // Sync groups of random lengths, some of frames that fill whole blocks
     // (so that the next group follows with no padding), a bit flipped in a
