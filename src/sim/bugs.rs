@@ -28,6 +28,10 @@ pub enum Bug {
     NoDirSyncAfterCreate,
     /// Treat damage anywhere as a torn tail: cut the log there and drop the rest.
     TruncateMidLogCorruption,
+    /// Treat damage in the newest segment as a torn tail whatever follows it:
+    /// a later sync group, which proves the damaged bytes were fsynced, is
+    /// not looked for, and the fsynced records from the damage on are cut.
+    NewestDamageIsTorn,
     /// Retry a failed fsync, and believe the retry (behind the storage seam).
     RetryFailedFsync,
     /// Hand out records without checking their CRC on the read path.

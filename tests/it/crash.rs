@@ -333,6 +333,19 @@ fn negative_controls_every_known_bug_is_caught() {
             }),
         ),
         (
+            Bug::NewestDamageIsTorn,
+            caught(|seed| {
+                // Every third draw flips a bit in the newest segment, where
+                // most bytes are padding: more draws than the others.
+                harness::bit_rot(
+                    seed,
+                    &Workload::random(seed, 40),
+                    48,
+                    Some(Bug::NewestDamageIsTorn),
+                )
+            }),
+        ),
+        (
             Bug::RetryFailedFsync,
             caught(|seed| {
                 harness::fault_loop(

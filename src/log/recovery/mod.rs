@@ -108,7 +108,16 @@ pub(crate) fn recover(
         RecoveryMode::Lossy => OpenCheck::EveryFrame,
         _ => options.open_check,
     };
-    let (scans, opened) = scan_all(storage, dir, &ids, check)?;
+    #[cfg_attr(not(feature = "testing"), allow(unused_mut))]
+    let (mut scans, opened) = scan_all(storage, dir, &ids, check)?;
+    // The negative control takes damage in the newest segment for a torn
+    // tail, whatever follows it.
+    if crate::injected!(options, NewestDamageIsTorn)
+        && let Some(d) = scans.last_mut().and_then(|s| s.damage.as_mut())
+    {
+        d.evidence = None;
+        d.tearable = true;
+    }
     let mut plan = plan::plan(&scans, mode)?;
     if silent_cut {
         plan.dropped = None;
