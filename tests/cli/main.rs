@@ -400,20 +400,37 @@ fn damage_a_sealed_segment(dir: &Path) -> Vec<u8> {
 }
 
 /// As [`damage_a_sealed_segment`], in the segment `back` from the end of
-/// the log (the newest, an empty active segment after the close, is 1; a
-/// `back` past the oldest is the oldest), in the frame that starts the block
-/// `blocks` after the middle one.
+/// the log (the newest, the active segment, is 1; a `back` past the oldest is
+/// the oldest), in the first record at or after the block `blocks` after
+/// the middle one.
 fn damage_sealed_segment_from_end(dir: &Path, back: usize, blocks: usize) -> Vec<u8> {
     written(dir);
     let segs = segments(dir);
     assert!(segs.len() >= 2, "{segs:?}");
     let sealed = segs[segs.len() - back.min(segs.len())].clone();
     let mut bytes = std::fs::read(&sealed).expect("read");
-    // 100 bytes into the frame that starts the block in the middle of the
-    // file: a block boundary before the seal is never padding, whereas the
-    // middle byte itself can be (a record alone in its sync group leaves
-    // the rest of its block as padding, where a flipped bit is no damage).
-    let at = (bytes.len() / 2 / 4096 + blocks) * 4096 + 100;
+    // The segment's records, found with `dump`: how the writer batched them,
+    // and whether relocation wrote copies or acknowledgements among them,
+    // depends on timing, so no offset is assumed (a fixed one can be
+    // padding, where a flipped bit is no damage). A record not carried
+    // forward where there is one: an open reads a copy's frame, which a
+    // test of a log that opens must not damage.
+    let records: Vec<(u64, bool)> = segwal::dump(dir, segwal::DumpOptions::new())
+        .expect("dump")
+        .map(|r| r.expect("record"))
+        .filter(|r| *r.path == *sealed)
+        .map(|r| (r.offset, r.relocated))
+        .collect();
+    let from = ((bytes.len() / 2 / 4096 + blocks) * 4096) as u64;
+    let (offset, _) = records
+        .iter()
+        .find(|r| !r.1 && r.0 >= from)
+        .or_else(|| records.iter().find(|r| r.0 >= from))
+        .or(records.last())
+        .copied()
+        .expect("a record in the sealed segment");
+    // 100 bytes into its payload (of 1,024).
+    let at = offset as usize + 48 + 100;
     bytes[at] ^= 0x40;
     std::fs::write(&sealed, &bytes).expect("write");
     bytes

@@ -362,33 +362,41 @@ fn an_idle_writer_writes_the_zeros_ahead_without_touching_a_record() {
 /// pauses again instead of leaving them to the producer's batches. On the
 /// simulated disk, whose instant `fdatasync` makes the grace its least
 /// (200 µs). A guard by chance, not a proof: on the rule before (the
-/// back-off ended only once zeros were not due) it failed 2 times in 3, as
-/// the thread sometimes looked while they were not.
+/// back-off ended only once zeros were not due) one burst and its pauses
+/// failed 2 times in 3, as the thread sometimes looked while they were not.
+/// Up to three bursts are tried: a machine so loaded that the thread wakes
+/// later than the grace allows at every pause of one of them does not fail
+/// the test, and the rule before still fails it about one run in three.
 #[test]
 fn a_producer_pausing_after_a_burst_finds_the_zeros_written_while_idle() {
     let disk = segwal::sim::SimDisk::new(31);
     let outbox =
         Outbox::open_with_storage("/outbox", Options::default(), Arc::new(disk)).expect("open");
-    // Back to back: the thread finds a batch written whenever it wakes for
-    // the zeros, and waits longer each time.
-    for i in 0..2_000usize {
-        outbox.append(&payload(0, i)).expect("append");
+    let mut tried = Vec::new();
+    for burst in 0..3usize {
+        // Back to back: the thread finds a batch written whenever it wakes
+        // for the zeros, and waits longer each time.
+        for i in 0..2_000usize {
+            outbox.append(&payload(2 * burst, i)).expect("append");
+        }
+        let before = outbox.stats();
+        for i in 0..100usize {
+            thread::sleep(std::time::Duration::from_millis(4));
+            outbox.append(&payload(2 * burst + 1, i)).expect("append");
+        }
+        let after = outbox.stats();
+        // 100 appends of one block each use up the 256 KiB of zeros ahead
+        // at least once; every batch has one fsync, so any fsync beyond
+        // them made zeros durable while the writer was idle.
+        let idle_fills =
+            (after.fsyncs - before.fsyncs).saturating_sub(after.batches - before.batches);
+        if idle_fills >= 1 {
+            outbox.close().expect("close");
+            return;
+        }
+        tried.push((before, after));
     }
-    let before = outbox.stats();
-    for i in 0..100usize {
-        thread::sleep(std::time::Duration::from_millis(4));
-        outbox.append(&payload(1, i)).expect("append");
-    }
-    let after = outbox.stats();
-    // 100 appends of one block each use up the 256 KiB of zeros ahead at
-    // least once; every batch has one fsync, so any fsync beyond them made
-    // zeros durable while the writer was idle.
-    let idle_fills = (after.fsyncs - before.fsyncs).saturating_sub(after.batches - before.batches);
-    assert!(
-        idle_fills >= 1,
-        "the zeros were left to the producer's batches: {before:?} -> {after:?}"
-    );
-    outbox.close().expect("close");
+    panic!("the zeros were left to the producer's batches: {tried:?}");
 }
 
 /// A producer appending alone writes and syncs its own batch

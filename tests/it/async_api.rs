@@ -156,8 +156,10 @@ fn a_current_thread_runtime_is_never_blocked() {
 #[test]
 fn a_minimal_executor_runs_every_method() {
     let (_d, path) = tmp();
+    // A lease that outlasts the calls between the two claims on a loaded
+    // machine, and that the wait below sits out.
     let outbox =
-        Outbox::open(&path, Options::default().lease(Duration::from_millis(100))).expect("open");
+        Outbox::open(&path, Options::default().lease(Duration::from_millis(500))).expect("open");
     let seq = pollster::block_on(outbox.append_async(b"first")).expect("append");
     let m = Message::new(b"second").dedup_id(b"order-7781");
     let a = pollster::block_on(outbox.append_message_async(&m)).expect("append message");

@@ -8,9 +8,11 @@ use segwal::{Error, Options, Outbox, Seq};
 
 use crate::tmp;
 
-const LEASE: Duration = Duration::from_millis(100);
+/// Long enough that the calls between a claim and the checks after it fit
+/// in it on a loaded machine.
+const LEASE: Duration = Duration::from_millis(400);
 /// Comfortably past a lease.
-const PAST: Duration = Duration::from_millis(300);
+const PAST: Duration = Duration::from_millis(1_000);
 
 fn open(lease: Duration) -> (tempfile::TempDir, Outbox) {
     let (t, dir) = tmp();

@@ -27,7 +27,13 @@ impl Model {
 
 fn run(seed: u64, steps: usize) {
     let (_t, dir) = tmp();
-    let options = || Options::default().segment_bytes(2048);
+    // Leases that never run out during a run: the model holds claims for
+    // as long as it likes.
+    let options = || {
+        Options::default()
+            .segment_bytes(2048)
+            .lease(std::time::Duration::from_secs(3600))
+    };
     let mut rng = Rng::new(seed);
     let mut outbox = Outbox::open(&dir, options()).expect("open");
     let mut model = Model::default();

@@ -204,22 +204,25 @@ fn refused_records_become_dead_letters_with_the_brokers_reason() {
 #[test]
 fn a_slow_publish_keeps_its_records_by_renewing_their_leases() {
     let (_t, dir) = tmp();
+    // A lease ten renewals long: the renewing thread may be kept off the
+    // processor for most of a second on a loaded machine without the lease
+    // running out.
     let outbox =
-        Outbox::open(&dir, Options::default().lease(Duration::from_millis(200))).expect("open");
+        Outbox::open(&dir, Options::default().lease(Duration::from_secs(1))).expect("open");
     let seq = outbox.append(b"slow").expect("append");
     let other = outbox.clone();
     let stolen = Arc::new(Mutex::new(Vec::new()));
     let seen = stolen.clone();
     let publish = move |records: &[Record]| {
-        // Four leases long; another relay claims all the while.
-        for _ in 0..16 {
-            std::thread::sleep(Duration::from_millis(50));
+        // Three leases long; another relay claims all the while.
+        for _ in 0..15 {
+            std::thread::sleep(Duration::from_millis(200));
             seen.lock()
                 .extend(other.claim(10).expect("claim").iter().map(|r| r.seq()));
         }
         records.iter().map(|_| Outcome::Stored).collect()
     };
-    let options = fast().renew_leases(Duration::from_millis(50), Duration::from_millis(200));
+    let options = fast().renew_leases(Duration::from_millis(100), Duration::from_secs(1));
     let mut relay = Relay::new(outbox.clone(), publish, options);
     assert_eq!(relay.step().expect("step"), 1);
     assert!(
