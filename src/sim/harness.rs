@@ -1654,21 +1654,23 @@ fn recover_again(
         .map_err(|e| ("I9", format!("close failed: {e}")))
 }
 
-/// Claims every pending record, keeping (seq, payload).
 /// Claims every record `outbox` holds, acknowledging each batch before the
 /// next claim, so that a key's later records are handed out too, and reads
-/// every dead letter.
+/// every dead letter, before and after (under `max_attempts` a claim makes a
+/// record past its limit a dead letter without reading it).
 fn claim_every_record(outbox: &Outbox) -> Result<(), Error> {
     outbox.dead_letters(usize::MAX)?;
     loop {
         let batch: Vec<Seq> = drain(outbox)?.iter().map(|r| r.0).collect();
         if batch.is_empty() {
-            return Ok(());
+            break;
         }
         outbox.ack_many(&batch)?;
     }
+    outbox.dead_letters(usize::MAX).map(drop)
 }
 
+/// Claims every pending record, keeping (seq, payload).
 fn drain(outbox: &Outbox) -> Result<Vec<(Seq, Vec<u8>)>, Error> {
     drain_attempts(outbox).map(|(all, _)| all)
 }
@@ -2044,8 +2046,8 @@ pub fn bit_rot(
         // behind its key: every record is claimed, each key's in turn (on a
         // copy of the disk, acknowledged as it goes), for the claim that
         // refuses it.
-        let probe = d.fork(seed ^ draw ^ 0x9e37);
         let claimed = if check == OpenCheck::SealIndex {
+            let probe = d.fork(seed ^ draw ^ 0x9e37);
             let opened = open(&probe, options.clone().open_check(check));
             opened.and_then(|o| {
                 let claimed = claim_every_record(&o);

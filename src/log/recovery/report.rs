@@ -95,9 +95,10 @@ pub struct Dropped {
     /// with no acknowledgement of it in what is kept or in what is dropped
     /// (a record delivered and acknowledged is not lost with its copy; its
     /// acknowledgement may lie in the dropped part, and is read there). In
-    /// order; empty when
-    /// there are none. Found by reading what is dropped: a copy whose own
-    /// bytes are the damage cannot be read, nor can what a failed read of
+    /// order; empty when there are none. Found by reading what is dropped:
+    /// a copy whose own bytes are the damage cannot be read, nor, when the
+    /// damage took its header, the copies written after it in its sync
+    /// group (they start on no block boundary), nor what a failed read of
     /// the dropped part (the disk a repair is for) would have shown; such
     /// records are missing from the list.
     pub relocated: Vec<Seq>,

@@ -895,6 +895,23 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
     let mut at = (d.offset as usize).saturating_add(1);
     // The end of the frames read for relocated copies.
     let mut walked = 0;
+    // The frames right after a damaged frame whose header holds (the damage
+    // lies in its payload), for the copies they hold: a relocation step
+    // writes its copies one after another in one sync group, and those
+    // after the damaged one start on no block boundary. For naming only.
+    let after = (d.offset as usize).saturating_add(
+        buf.get(d.offset as usize..)
+            .and_then(|h| frame::claimed_len(h, salt))
+            .unwrap_or(0),
+    );
+    if after > d.offset as usize
+        && let Some(f) = buf
+            .get(after..)
+            .and_then(|rest| frame::decode(rest, salt).ok())
+            .filter(|f| f.header.seq.get() == d.expected.get() + 1)
+    {
+        walked = read_chain(buf, salt, f, after + f.len.max(1), d);
+    }
     while let Some((found_at, f)) = frame::find_frame_on_block(buf, at, salt) {
         let h = f.header;
         at = found_at + f.len.max(1);
@@ -904,31 +921,14 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
             continue;
         }
         // The frames that follow it, one after another, for the relocated
-        // copies and the acknowledgements they hold: read with a cursor of their own, so that the
-        // search for later groups, and all it decides, is as it is without
-        // them; and only past the frames read so already, so that each is
-        // read once this way (a copy found both ways is named once).
-        let mut next = (found_at >= walked).then_some(f);
-        let mut cursor = at;
-        while let Some(f) = next.take() {
-            if f.header.kind == FrameKind::Relocated
-                && let Ok((own, _)) = crate::format::relocated::decode_ext(f.ext)
-            {
-                d.relocated.push(own);
-            } else if f.header.kind == frame::ACKS
-                && let Ok(ranges) = crate::format::acks::decode(f.payload)
-            {
-                d.acked.extend(ranges);
-            }
-            let more = buf
-                .get(cursor..)
-                .and_then(|rest| frame::decode(rest, salt).ok());
-            if let Some(g) = more.filter(|g| g.header.seq.get() == f.header.seq.get() + 1) {
-                cursor += g.len.max(1);
-                next = Some(g);
-            }
+        // copies and the acknowledgements they hold: read with a cursor of
+        // their own, so that the search for later groups, and all it
+        // decides, is as it is without them; and only past the frames read
+        // so already, so that each is read once this way (a copy found both
+        // ways is named once).
+        if found_at >= walked {
+            walked = walked.max(read_chain(buf, salt, f, at, d));
         }
-        walked = walked.max(cursor);
         d.max_seen = d.max_seen.max(Some(h.seq));
         if h.group > d.expected && d.evidence.is_none() {
             d.tearable = false;
@@ -949,6 +949,40 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
         );
         d.could_hold = Some(bound);
     }
+}
+
+/// Reads the frame `first` and the frames that follow it one after another
+/// (each numbered one past the one before, from `cursor`, the end of
+/// `first`), into what `d` names: the own numbers of relocated copies and
+/// the acknowledged ranges. Returns the end of the last frame read.
+fn read_chain(
+    buf: &[u8],
+    salt: u32,
+    first: frame::Frame<'_>,
+    cursor: usize,
+    d: &mut Damage,
+) -> usize {
+    let mut cursor = cursor;
+    let mut next = Some(first);
+    while let Some(f) = next.take() {
+        if f.header.kind == FrameKind::Relocated
+            && let Ok((own, _)) = crate::format::relocated::decode_ext(f.ext)
+        {
+            d.relocated.push(own);
+        } else if f.header.kind == frame::ACKS
+            && let Ok(ranges) = crate::format::acks::decode(f.payload)
+        {
+            d.acked.extend(ranges);
+        }
+        let more = buf
+            .get(cursor..)
+            .and_then(|rest| frame::decode(rest, salt).ok());
+        if let Some(g) = more.filter(|g| g.header.seq.get() == f.header.seq.get() + 1) {
+            cursor += g.len.max(1);
+            next = Some(g);
+        }
+    }
+    cursor
 }
 
 /// The end of the last byte from `from` on that is not zero (`from` if none).

@@ -407,6 +407,53 @@ fn looking_past_damage_reads_the_acknowledgements_of_later_groups() {
 }
 
 #[test]
+fn looking_past_a_damaged_copy_reads_the_copies_after_it_in_its_group() {
+    // A relocation step writes its copies one after another in one sync
+    // group: damage in one copy's payload (its header holds, so its length
+    // is known) leaves the copies after it, which start on no block
+    // boundary, to be found from its end, and named.
+    use crate::format::ext::RecordFields;
+    use crate::format::relocated::{self, Carried, CarriedState};
+    let mut seg = Seg::new(10, 0, 1).batch(2).align();
+    let group = seg.next;
+    let salt = frame::salt(seg.id, seg.nonce);
+    let mut copies = Vec::new();
+    for (k, own) in [3u64, 5, 7].into_iter().enumerate() {
+        let carried = Carried {
+            attempts: 0,
+            state: CarriedState::Pending,
+            reason: None,
+        };
+        let mut ext = Vec::new();
+        relocated::encode_ext(&RecordFields::default(), Seq::from(own), &carried, &mut ext);
+        let at = seg.bytes.len();
+        let seq = seg.next;
+        frame::encode_with(
+            &mut seg.bytes,
+            &FrameHeader {
+                kind: FrameKind::Relocated,
+                batch_end: k == 2,
+                seq: Seq::from(seq),
+                group: Seq::from(group),
+                timestamp_us: 1,
+            },
+            &ext,
+            &[7; 100],
+            salt,
+        );
+        seg.at.insert(seq, at);
+        seg.next += 1;
+        copies.push(at);
+    }
+    let seg = seg.batch(1);
+    let damaged = seg.flip(copies[0] + PAYLOAD + 40, 3);
+    let scans = scans(&[damaged.file()]);
+    let damage = scans[0].damage.as_ref().expect("damage");
+    assert_eq!(damage.offset, copies[0] as u64);
+    assert_eq!(damage.relocated, vec![Seq::from(5), Seq::from(7)]);
+}
+
+#[test]
 fn bit_rot_in_the_newest_segment_is_cut_only_in_its_last_group() {
     // Sync groups of random lengths, some of frames that fill whole blocks
     // (so that the next group follows with no padding), a bit flipped in a
