@@ -428,6 +428,12 @@ pub struct Figures {
     /// with no zeros ahead, while the workloads ran
     /// ([`DiskStats::large_writes_unzeroed`](crate::sim::disk::DiskStats::large_writes_unzeroed)).
     pub large_writes_unzeroed: u64,
+    /// Bits [`bit_rot`] flipped in the newest segment (outside its last
+    /// sync group), among [`faults`](Figures::faults).
+    pub newest_flips: u64,
+    /// Of those, the flips after which the outbox opened and every check
+    /// held (in padding, say); the others were refused with `Corrupt`.
+    pub newest_harmless: u64,
 }
 
 impl Figures {
@@ -447,6 +453,8 @@ impl Figures {
         self.leases_expired += o.leases_expired;
         self.checkpointed += o.checkpointed;
         self.large_writes_unzeroed += o.large_writes_unzeroed;
+        self.newest_flips += o.newest_flips;
+        self.newest_harmless += o.newest_harmless;
     }
 }
 
@@ -2013,7 +2021,8 @@ pub fn bit_rot(
         let mut rng = Rng::new(seed ^ (draw << 32));
         let mut files = segment_names(&d);
         let newest = files.pop();
-        let (file, at) = if draw % 3 == 2 {
+        let in_newest = draw % 3 == 2;
+        let (file, at) = if in_newest {
             let Some(newest) = newest else {
                 continue;
             };
@@ -2037,6 +2046,7 @@ pub fn bit_rot(
         };
         d.flip_bit(&file, at, rng.below(8) as u8);
         figures.faults += 1;
+        figures.newest_flips += u64::from(in_newest);
         let check = if draw % 2 == 0 {
             OpenCheck::EveryFrame
         } else {
@@ -2090,6 +2100,7 @@ pub fn bit_rot(
             .records;
         figures.records_checked += records;
         figures.recoveries += 1;
+        figures.newest_harmless += u64::from(in_newest);
     }
     Ok(figures)
 }
