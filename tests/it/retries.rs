@@ -63,16 +63,29 @@ fn a_delay_and_its_reason_survive_a_restart() {
     let outbox = Outbox::open(&dir, options()).expect("open");
     let a = outbox.append(b"a").expect("append");
     outbox.claim(1).expect("claim");
+    let released = std::time::Instant::now();
     outbox
         .release_after(a, DELAY, "timed out")
         .expect("release_after");
     outbox.close().expect("close");
     let outbox = Outbox::open(&dir, options()).expect("reopen");
-    assert_eq!(outbox.stats().delayed, 1);
-    assert!(
-        outbox.claim(1).expect("claim").is_empty(),
-        "delay forgotten"
-    );
+    let stats = outbox.stats();
+    let nothing = outbox.claim(1).expect("claim");
+    // A machine stalled past the delay between the release and these looks
+    // has nothing to say about the delay: the record is due either way.
+    if released.elapsed() < DELAY {
+        assert_eq!(stats.delayed, 1, "{stats:?}");
+        assert!(nothing.is_empty(), "delay forgotten");
+    } else {
+        eprintln!("the machine stalled past the delay: only its reason is checked");
+        let got = nothing.first().map(|r| r.seq());
+        assert!(got.is_none() || got == Some(a), "{got:?}");
+        if got == Some(a) {
+            assert_eq!(nothing[0].last_error(), Some("timed out"));
+            outbox.close().expect("close");
+            return;
+        }
+    }
     let got = outbox
         .claim_wait(1, Duration::from_secs(10))
         .expect("claim_wait");
