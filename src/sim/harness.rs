@@ -434,6 +434,14 @@ pub struct Figures {
     /// Of those, the flips after which the outbox opened and every check
     /// held (in padding, say); the others were refused with `Corrupt`.
     pub newest_harmless: u64,
+    /// Bits [`bit_rot`] flipped inside a frame of a sealed segment (a byte
+    /// of a frame picked on purpose, where the other draws pick any byte of
+    /// the file, most of them padding), among [`faults`](Figures::faults).
+    pub frame_flips: u64,
+    /// Of those, the flips after which the outbox opened and every check
+    /// held (a frame of a record acknowledged before the crash, say, which
+    /// no reader needs again); the others were refused with `Corrupt`.
+    pub frame_harmless: u64,
 }
 
 impl Figures {
@@ -455,6 +463,8 @@ impl Figures {
         self.large_writes_unzeroed += o.large_writes_unzeroed;
         self.newest_flips += o.newest_flips;
         self.newest_harmless += o.newest_harmless;
+        self.frame_flips += o.frame_flips;
+        self.frame_harmless += o.frame_harmless;
     }
 }
 
@@ -1988,8 +1998,9 @@ pub fn trace_fault(seed: u64, workload: &Workload, rule: FaultRule) -> Vec<Strin
 }
 
 /// Bit rot at rest: runs the workload, cuts the power cleanly, flips one bit in a
-/// sealed segment (any but the newest file), or in every third draw in the
-/// newest file outside its last sync group, and recovers, `draws` times, half of
+/// sealed segment (any but the newest file: in half of these draws a byte of one
+/// of its frames, in the other half any byte of the file), or in every third
+/// draw in the newest file outside its last sync group, and recovers, `draws` times, half of
 /// them reading every frame at open ([`OpenCheck::EveryFrame`]), half through the
 /// seal indexes. A strict recovery must refuse with `Corrupt`, or, through the
 /// indexes only, a claim of the damaged record must; otherwise the outbox opens
@@ -2022,6 +2033,7 @@ pub fn bit_rot(
         let mut files = segment_names(&d);
         let newest = files.pop();
         let in_newest = draw % 3 == 2;
+        let mut in_frame = false;
         let (file, at) = if in_newest {
             let Some(newest) = newest else {
                 continue;
@@ -2042,11 +2054,18 @@ pub fn bit_rot(
             if len <= 64 {
                 continue;
             }
-            (file, 64 + rng.below(len - 64))
+            let framed = if rng.below(2) == 0 {
+                in_a_frame(&d, &file, &mut rng)
+            } else {
+                None
+            };
+            in_frame = framed.is_some();
+            (file, framed.unwrap_or_else(|| 64 + rng.below(len - 64)))
         };
         d.flip_bit(&file, at, rng.below(8) as u8);
         figures.faults += 1;
         figures.newest_flips += u64::from(in_newest);
+        figures.frame_flips += u64::from(in_frame);
         let check = if draw % 2 == 0 {
             OpenCheck::EveryFrame
         } else {
@@ -2101,15 +2120,28 @@ pub fn bit_rot(
         figures.records_checked += records;
         figures.recoveries += 1;
         figures.newest_harmless += u64::from(in_newest);
+        figures.frame_harmless += u64::from(in_frame);
     }
     Ok(figures)
 }
 
-/// A random offset of the segment file `file` (an unsealed newest one) past its
-/// first 64 bytes and outside its last sync group: in its header's block, in a
-/// frame of an earlier group or its padding, or past its last frame. `None`
-/// when it holds no frame, or its last group starts in no frame of it.
-fn before_last_group(disk: &SimDisk, file: &Path, rng: &mut Rng) -> Option<u64> {
+/// A frame of a segment file, as [`frames_of`] finds it.
+struct Found {
+    /// Where it starts in the file.
+    at: u64,
+    /// Its length in bytes.
+    len: u64,
+    /// Its frame's sequence number.
+    seq: crate::format::seq::Seq,
+    /// The first sequence number of its sync group.
+    group: crate::format::seq::Seq,
+}
+
+/// Every frame of the segment file `file` that checks, in order, and the
+/// file's length, walked as the writer lays frames out: one after another in
+/// a sync group, each later group on a fresh block. `None` when the file or
+/// its header cannot be read.
+fn frames_of(disk: &SimDisk, file: &Path) -> Option<(Vec<Found>, u64)> {
     use crate::format::frame;
     use crate::format::segment::{BLOCK, FRAMES_AT, SegmentHeader};
     let f = crate::io::Storage::open(disk, file).ok()?;
@@ -2119,26 +2151,48 @@ fn before_last_group(disk: &SimDisk, file: &Path, rng: &mut Rng) -> Option<u64> 
     let header = SegmentHeader::decode(&bytes).ok()?;
     let id = crate::format::seq::SegmentId(header.first_seq.get());
     let salt = frame::salt(id, header.nonce);
-    // Every frame, as the writer lays them out: one after another in a sync
-    // group, each later group on a fresh block.
     let mut frames = Vec::new();
     let mut at = FRAMES_AT;
-    let mut end = at;
     while let Some(rest) = bytes.get(at..) {
         match frame::decode(rest, salt) {
             Ok(f) => {
-                frames.push((at, f.header.seq, f.header.group));
+                frames.push(Found {
+                    at: at as u64,
+                    len: f.len.max(1) as u64,
+                    seq: f.header.seq,
+                    group: f.header.group,
+                });
                 at += f.len.max(1);
-                end = at;
             }
             Err(_) if !at.is_multiple_of(BLOCK) => at = at.next_multiple_of(BLOCK),
             Err(_) => break,
         }
     }
-    let &(_, _, group) = frames.last()?;
-    let start = frames.iter().find(|&&(_, seq, _)| seq == group)?.0 as u64;
+    Some((frames, len))
+}
+
+/// A random byte of a random frame of the segment file `file` (a sealed
+/// one): its seal, a record, or any other frame. `None` when it holds no
+/// frame.
+fn in_a_frame(disk: &SimDisk, file: &Path, rng: &mut Rng) -> Option<u64> {
+    let (frames, _) = frames_of(disk, file)?;
+    if frames.is_empty() {
+        return None;
+    }
+    let frame = &frames[rng.below(frames.len() as u64) as usize];
+    Some(frame.at + rng.below(frame.len))
+}
+
+/// A random offset of the segment file `file` (an unsealed newest one) past its
+/// first 64 bytes and outside its last sync group: in its header's block, in a
+/// frame of an earlier group or its padding, or past its last frame. `None`
+/// when it holds no frame, or its last group starts in no frame of it.
+fn before_last_group(disk: &SimDisk, file: &Path, rng: &mut Rng) -> Option<u64> {
+    let (frames, len) = frames_of(disk, file)?;
+    let last = frames.last()?;
+    let start = frames.iter().find(|f| f.seq == last.group)?.at;
     // Past the last frame: up to the file's end (the padding of its block).
-    let end = end as u64;
+    let end = last.at + last.len;
     let before = start.saturating_sub(64);
     let after = len.saturating_sub(end);
     if before + after == 0 {

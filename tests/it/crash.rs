@@ -237,11 +237,18 @@ fn bit_rot_at_rest_is_refused_or_harmless() {
         harness::bit_rot(seed, &Workload::random(seed, 40), 8, None)
     });
     println!(
-        "bit rot: {} flips, {} harmless recoveries; in the newest segment {} flips, {} harmless",
-        total.faults, total.recoveries, total.newest_flips, total.newest_harmless
+        "bit rot: {} flips, {} harmless recoveries; in the newest segment {} flips, {} harmless; \
+         inside a sealed segment's frames {} flips, {} harmless",
+        total.faults,
+        total.recoveries,
+        total.newest_flips,
+        total.newest_harmless,
+        total.frame_flips,
+        total.frame_harmless
     );
     assert!(total.faults > 0);
     assert!(total.newest_flips > 0);
+    assert!(total.frame_flips > 0);
 }
 
 #[test]
