@@ -802,7 +802,8 @@ impl Outbox {
 
     /// Renews the lease of the claimed record `seq` for `lease` from now (the
     /// relay is still working on it). Fails with [`Error::NotClaimed`] if it is
-    /// not claimed, or its lease already ran out and it went back to pending.
+    /// not claimed, or its lease already ran out and it went back to pending;
+    /// with [`Error::UnknownSeq`] if `seq` was never assigned to a record.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
@@ -927,7 +928,7 @@ impl Outbox {
                             // Moved again under every try: never found bad
                             // where it lies, so not set aside (which would
                             // let its segment go without an ack), but held
-                            // back, claimed, until the next open; and the
+                            // back, claimed, until its lease runs out; and the
                             // claim says so rather than pass on a checksum
                             // failure of bytes that are no longer its.
                             let path = runs
@@ -937,7 +938,7 @@ impl Outbox {
                             let moving = std::io::Error::new(
                                 std::io::ErrorKind::Interrupted,
                                 "its frames moved (relocated) under every retry of the read; \
-                                 held back, claimed, until the next open",
+                                 held back, claimed, until its lease runs out",
                             );
                             return Err(reader::ReadFailure {
                                 corrupt: false,
@@ -968,8 +969,9 @@ impl Outbox {
                 let mut table = shared.table.lock();
                 // Every other record goes back to pending. The one that failed
                 // is set aside if its bytes are bad or gone; if the read
-                // failed, it stays claimed (held back until the next open), so
-                // that a failing range of the disk cannot wedge the queue.
+                // failed, it stays claimed (held back until its lease runs
+                // out, then handed out again as a later attempt), so that a
+                // failing range of the disk cannot wedge the queue.
                 let others = runs
                     .iter()
                     .flat_map(|r| r.frames.iter().map(|f| f.seq))
@@ -1092,7 +1094,8 @@ impl Outbox {
     }
 
     /// Returns a claimed record to pending: it is handed out again before any
-    /// newer record. Fails with [`Error::NotClaimed`] if it is not claimed.
+    /// newer record. Fails with [`Error::NotClaimed`] if it is not claimed;
+    /// with [`Error::UnknownSeq`] if `seq` was never assigned to a record.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {

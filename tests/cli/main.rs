@@ -112,7 +112,7 @@ fn verify_and_inspect_a_clean_outbox() {
 fn verify_names_the_file_offset_and_seq_of_damage_and_changes_nothing() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("outbox");
-    written(&dir);
+    let id = written(&dir);
     // One byte of a record's payload, in the middle of the first segment.
     let first = segments(&dir)[0].clone();
     let mut bytes = std::fs::read(&first).expect("read");
@@ -125,6 +125,8 @@ fn verify_names_the_file_offset_and_seq_of_damage_and_changes_nothing() {
     assert_eq!(out.status.code(), Some(1), "damage exits 1: {out:?}");
     let v = json(&out);
     assert_eq!(v["clean"], false);
+    // A damaged log is still this outbox's: its identity is named.
+    assert_eq!(v["outbox_id"], format!("{id:032x}"));
     let problem = &v["problems"][0];
     assert_eq!(problem["file"], first.display().to_string());
     let offset = problem["offset"].as_u64().expect("offset");
@@ -142,6 +144,9 @@ fn verify_names_the_file_offset_and_seq_of_damage_and_changes_nothing() {
     assert_eq!(text.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&text.stdout);
     assert!(stdout.contains("damage found") && stdout.contains(&first.display().to_string()));
+    let inspect = segwal(&["inspect", dir.to_str().expect("utf-8")]);
+    let stdout = String::from_utf8_lossy(&inspect.stdout);
+    assert!(stdout.contains(&format!("{id:032x}")), "{stdout}");
     assert_eq!(snapshot(&dir), before, "verify changes nothing");
 }
 

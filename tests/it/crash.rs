@@ -445,3 +445,59 @@ fn a_bad_range_and_a_file_cut_short_fail_claims_not_the_process() {
     assert_eq!(sorted, delivered, "in order");
     assert!(delivered.ends_with(&seqs[30..]), "the later segments flow");
 }
+
+/// A record whose read fails (a bad range of the medium) is held back,
+/// still claimed, while its lease runs, so the records after it flow; once
+/// the lease runs out it is handed out again, as a later attempt, and its
+/// claim fails again while the range stays bad. Nothing is lost: the
+/// record is never set aside, as one whose bytes are bad would be.
+#[test]
+fn a_record_on_a_bad_range_is_held_back_for_its_lease_then_tried_again() {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use segwal::sim::SimDisk;
+    use segwal::{Error, Options, Outbox};
+
+    const LEASE: Duration = Duration::from_secs(2);
+    let disk = SimDisk::new(11);
+    let dir = Path::new("/outbox");
+    let outbox =
+        Outbox::open_with_storage(dir, Options::default().lease(LEASE), Arc::new(disk.clone()))
+            .expect("open");
+    let seqs: Vec<_> = (0..3u8)
+        .map(|i| outbox.append(&[i; 100]).expect("append"))
+        .collect();
+    let file = dir.join(&disk.files(dir)[0]);
+    // The first record's bytes: a fresh segment's frames start on its
+    // second block.
+    assert!(disk.fail_reads_in(&file, 4096..4097));
+    let failed = Instant::now();
+    match outbox.claim(1) {
+        Err(Error::Io { path, .. }) => assert_eq!(path, file),
+        other => panic!("expected Io, got {other:?}"),
+    }
+    let after = outbox.claim(10).expect("claim");
+    if failed.elapsed() < LEASE {
+        assert_eq!(
+            after.iter().map(|r| r.seq()).collect::<Vec<_>>(),
+            seqs[1..],
+            "held back while its lease runs; the others flow"
+        );
+        assert_eq!(outbox.stats().claimed, 3);
+    }
+    for r in &after {
+        outbox.ack(r.seq()).expect("ack");
+    }
+    std::thread::sleep(LEASE + Duration::from_millis(500));
+    // Its lease ran out: it is handed out again, and the read fails again.
+    match outbox.claim(10) {
+        Err(Error::Io { path, .. }) => assert_eq!(path, file),
+        other => panic!("expected Io again, got {other:?}"),
+    }
+    let stats = outbox.stats();
+    assert_eq!(stats.corrupt_records, 0, "never set aside: {stats:?}");
+    assert_eq!(stats.claimed, 1, "{stats:?}");
+    outbox.close().expect("close");
+}

@@ -474,6 +474,12 @@ fn pass(
             }
         }
         Err(e) => {
+            // The identity the newest readable header names, as the plan
+            // takes it (a damaged log is still this outbox's).
+            out.outbox_id = scans
+                .iter()
+                .rev()
+                .find_map(|s| s.header.map(|h| h.outbox_id));
             out.records = out.segments.iter().map(|s| s.records as u64).sum();
             // What a repair would drop, with the records carried forward
             // into it (read as the repair would; a read of what is kept that
