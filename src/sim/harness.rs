@@ -2571,6 +2571,84 @@ pub fn offline_tools_on_files_cut_under_them() -> (Result<bool, String>, Result<
     (verified, dumped)
 }
 
+/// `verify` (with no wait between its passes) on a log of a dozen segments
+/// seen through [`GrowsPerListing`]: each listing of the directory shows one
+/// segment more than the one before, so the newest file of every first
+/// listing ends with a seal, as when the owner rotates between the listing
+/// and the read. `Ok(true)` when the check finds the log clean.
+pub fn verify_on_a_log_that_grows_between_listings() -> Result<bool, String> {
+    let disk = SimDisk::new(0);
+    let outbox =
+        open(&disk, Options::default().segment_bytes(16 * 4096)).map_err(|e| e.to_string())?;
+    while segment_names(&disk).len() < 12 {
+        outbox.append(b"grows").map_err(|e| e.to_string())?;
+    }
+    outbox.close().map_err(|e| e.to_string())?;
+    let storage = GrowsPerListing {
+        inner: disk,
+        shown: parking_lot::Mutex::new(2),
+    };
+    crate::log::recovery::verify::verify_with(
+        &storage,
+        &dir(),
+        &mut |_, _| {},
+        std::time::Duration::ZERO,
+    )
+    .map(|v| v.is_clean())
+    .map_err(|e| e.to_string())
+}
+
+/// A read-only view of a [`SimDisk`] whose directory listings show the
+/// oldest `shown` segment files only (and every other name), one more at
+/// each listing: a log that grows a segment between two listings.
+#[derive(Debug)]
+struct GrowsPerListing {
+    inner: SimDisk,
+    shown: parking_lot::Mutex<usize>,
+}
+
+impl crate::io::Storage for GrowsPerListing {
+    fn create_dir(&self, _: &Path) -> std::io::Result<bool> {
+        Err(read_only())
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        let mut names = self.inner.list(dir)?;
+        names.sort();
+        let mut shown = self.shown.lock();
+        let mut segments = 0;
+        names.retain(|n| {
+            if crate::format::seq::SegmentId::parse(n).is_none() {
+                return true;
+            }
+            segments += 1;
+            segments <= *shown
+        });
+        *shown += 1;
+        Ok(names)
+    }
+    fn create(&self, _: &Path) -> std::io::Result<Arc<dyn crate::io::StorageFile>> {
+        Err(read_only())
+    }
+    fn open(&self, path: &Path) -> std::io::Result<Arc<dyn crate::io::StorageFile>> {
+        self.inner.open_read(path)
+    }
+    fn open_read(&self, path: &Path) -> std::io::Result<Arc<dyn crate::io::StorageFile>> {
+        self.inner.open_read(path)
+    }
+    fn remove(&self, _: &Path) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn rename(&self, _: &Path, _: &Path) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn sync_dir(&self, _: &Path) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn lock(&self, _: &Path) -> Result<crate::io::LockGuard, crate::io::LockError> {
+        Err(crate::io::LockError::Io(read_only()))
+    }
+}
+
 /// A read-only view of a [`SimDisk`] where each file reads as 64 KiB longer
 /// than it is, until a read at or past its end finds that it is not: what a
 /// reader sees when the file is cut between its measure of the length and

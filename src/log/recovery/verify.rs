@@ -68,6 +68,10 @@ impl Storage for ReadOnly<'_> {
 /// How many passes a check makes at most when the log changes under it.
 const PASSES_MAX: usize = 5;
 
+/// How many times one pass lists the directory again for the segments a
+/// running owner created since its first listing.
+const FOLLOW_MAX: usize = 64;
+
 /// One segment file, as [`verify`](crate::verify) found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -398,7 +402,38 @@ fn pass(
     progress(0, total);
     let mut scans = Vec::with_capacity(ids.len());
     let mut damaged = Vec::new();
-    for &id in &ids {
+    // The files listed, then, while the newest one read ends with a seal,
+    // those the running owner created since: it creates a segment before it
+    // seals the one before, so a seal read in the newest file listed means
+    // its successor was created after the listing (a log that rotates
+    // faster than it is read), not that it is missing.
+    let mut queue: std::collections::VecDeque<SegmentId> = ids.iter().copied().collect();
+    let mut follows = 0;
+    loop {
+        let Some(id) = queue.pop_front() else {
+            let newest_sealed = scans
+                .last()
+                .is_some_and(|s: &scan::SegmentScan| s.seal.is_some());
+            if !newest_sealed || follows == FOLLOW_MAX {
+                break;
+            }
+            follows += 1;
+            let last = scans.last().map(|s: &scan::SegmentScan| s.id);
+            let names = storage
+                .list(dir)
+                .map_err(|e| Error::io("list directory", dir, e))?;
+            let mut newer: Vec<SegmentId> = names
+                .iter()
+                .filter_map(|n| SegmentId::parse(n))
+                .filter(|&id| last.is_none_or(|last| id > last))
+                .collect();
+            if newer.is_empty() {
+                break;
+            }
+            newer.sort();
+            queue.extend(newer);
+            continue;
+        };
         let scan = match scan::scan_file(
             storage,
             dir,
