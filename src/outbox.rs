@@ -1245,7 +1245,8 @@ impl Outbox {
 
     /// Makes the dead letter `seq` pending again, its attempts counted from
     /// zero. Durable like an acknowledgement. [`Error::NotClaimed`] if it is
-    /// not a dead letter.
+    /// not a dead letter; [`Error::UnknownSeq`] if `seq` was never assigned
+    /// to a record.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
@@ -1274,7 +1275,8 @@ impl Outbox {
     }
 
     /// Acknowledges the dead letter `seq`: done for good, as if delivered.
-    /// [`Error::NotClaimed`] if it is not a dead letter.
+    /// [`Error::NotClaimed`] if it is not a dead letter;
+    /// [`Error::UnknownSeq`] if `seq` was never assigned to a record.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {

@@ -371,10 +371,44 @@ fn inspect(v: &Verification) {
 /// Opens the outbox for a command that changes it; the error says who
 /// holds it.
 fn open(dir: &std::path::Path) -> Result<segwal::Outbox, ExitCode> {
+    an_outbox(dir)?;
     segwal::Outbox::open(dir, segwal::Options::default()).map_err(|e| {
         say_open_failed(dir, &e);
         ExitCode::from(2)
     })
+}
+
+/// Refuses, exit 2, a path that holds no outbox (none, not a directory, or a
+/// directory without a segment file): a command that opens the outbox
+/// would create one there, and a mistyped path would then answer "0 dead
+/// letters" with files made where nobody asked for them.
+fn an_outbox(dir: &std::path::Path) -> Result<(), ExitCode> {
+    let refuse = |why: String| {
+        eprintln!("segwal: {why}");
+        ExitCode::from(2)
+    };
+    let meta = std::fs::metadata(dir)
+        .map_err(|e| refuse(format!("stat directory {}: {e}", dir.display())))?;
+    if !meta.is_dir() {
+        return Err(refuse(format!("{}: not a directory", dir.display())));
+    }
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| refuse(format!("list directory {}: {e}", dir.display())))?;
+    let segment = |name: &str| {
+        name.strip_suffix(".seg")
+            .is_some_and(|n| n.len() == 20 && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if entries
+        .filter_map(|e| e.ok())
+        .any(|e| e.file_name().to_str().is_some_and(segment))
+    {
+        Ok(())
+    } else {
+        Err(refuse(format!(
+            "{} holds no outbox (no segment file): nothing changed",
+            dir.display()
+        )))
+    }
 }
 
 /// Says why a command that changes the outbox could not open it, naming the
@@ -442,12 +476,17 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
                 println!("{}", Value::Array(list));
             }
             Ok(letters) => {
-                println!("{} dead letters", letters.len());
+                let plural = |n: u64, one: &'static str, many: &'static str| {
+                    if n == 1 { one } else { many }
+                };
+                let n = letters.len() as u64;
+                println!("{n} {}", plural(n, "dead letter", "dead letters"));
                 for d in &letters {
+                    let attempts = u64::from(d.attempts());
                     println!(
-                        "  seq {} after {} attempts: {}\n    {}",
+                        "  seq {} after {attempts} {}: {}\n    {}",
                         d.seq(),
-                        d.attempts(),
+                        plural(attempts, "attempt", "attempts"),
                         d.reason(),
                         preview(d.payload())
                     );
@@ -472,10 +511,18 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
                     Ok(()) if *json => done.push(seq.get()),
                     Ok(()) => println!("{} {seq}", if requeue { "requeued" } else { "discarded" }),
                     Err(e) => {
+                        // `NotClaimed` from `requeue` and `discard` means the
+                        // record is not a dead letter: said so here.
+                        let why = match e {
+                            segwal::Error::NotClaimed { .. } => {
+                                format!("record {seq} is not a dead letter")
+                            }
+                            e => e.to_string(),
+                        };
                         if *json {
-                            refused.push(json!({ "seq": seq.get(), "error": e.to_string() }));
+                            refused.push(json!({ "seq": seq.get(), "error": why }));
                         } else {
-                            eprintln!("segwal: seq {seq}: {e}");
+                            eprintln!("segwal: seq {seq}: {why}");
                         }
                         failed = true;
                     }

@@ -488,9 +488,11 @@ impl Table {
     }
 
     /// Makes the dead letter `seq` pending again, its attempts counted from
-    /// zero. `NotClaimed` if it is not a dead letter.
+    /// zero. `NotClaimed` if it is not a dead letter; `UnknownSeq` if `seq`
+    /// was never assigned to a record.
     pub(crate) fn requeue(&mut self, seq: Seq) -> Result<()> {
         if self.dead.remove(&seq.get()).is_none() {
+            self.slot(seq)?;
             return Err(Error::NotClaimed { seq });
         }
         self.reasons.remove(&seq.get());
@@ -500,9 +502,11 @@ impl Table {
     }
 
     /// Acknowledges the dead letter `seq`: done for good. Returns whether the
-    /// oldest segment became deletable.
+    /// oldest segment became deletable. `NotClaimed` if it is not a dead
+    /// letter; `UnknownSeq` if `seq` was never assigned to a record.
     pub(crate) fn discard(&mut self, seq: Seq) -> Result<bool> {
         if !self.dead.contains_key(&seq.get()) {
+            self.slot(seq)?;
             return Err(Error::NotClaimed { seq });
         }
         self.ack(&[seq])

@@ -274,7 +274,11 @@ fn dead_letters_listed_requeued_and_discarded_and_refused_while_the_owner_runs()
             "{stderr}"
         );
         outbox.close().expect("close");
-        [records[0].seq().get(), records[2].seq().get()]
+        [
+            records[0].seq().get(),
+            records[2].seq().get(),
+            records[1].seq().get(),
+        ]
     };
 
     let out = segwal(&["dead-letters", d, "list", "--json"]);
@@ -289,25 +293,26 @@ fn dead_letters_listed_requeued_and_discarded_and_refused_while_the_owner_runs()
 
     let out = segwal(&["dead-letters", d, "requeue", &seqs[0].to_string()]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    // One dead letter discarded, one seq that is none: the first is done,
-    // the second an error, and both are said in the JSON.
+    // One dead letter discarded, one seq never appended, one pending
+    // record: the first is done, the others are errors, each said as what
+    // it is, in the JSON.
     let out = segwal(&[
         "dead-letters",
         d,
         "discard",
         &seqs[1].to_string(),
         "999999",
+        &seqs[2].to_string(),
         "--json",
     ]);
     assert_eq!(out.status.code(), Some(1), "an unknown seq is an error");
     let said = json(&out);
     assert_eq!(said["done"], serde_json::json!([seqs[1]]));
     assert_eq!(said["failed"][0]["seq"], 999999);
-    assert!(
-        said["failed"][0]["error"]
-            .as_str()
-            .is_some_and(|e| !e.is_empty())
-    );
+    let error = |i: usize| said["failed"][i]["error"].as_str().unwrap_or("").to_owned();
+    assert!(error(0).contains("ever appended"), "{}", error(0));
+    assert_eq!(said["failed"][1]["seq"], seqs[2]);
+    assert!(error(1).contains("not a dead letter"), "{}", error(1));
 
     let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
     let stats = outbox.stats();
@@ -321,6 +326,31 @@ fn dead_letters_listed_requeued_and_discarded_and_refused_while_the_owner_runs()
         .collect();
     assert_eq!(pending, vec![b"webhook 1".to_vec(), b"webhook 2".to_vec()]);
     outbox.close().expect("close");
+}
+
+/// `dead-letters` opens the outbox, which would create one at a mistyped
+/// path: a path that holds no outbox is refused, exit 2, and left as it was.
+#[test]
+fn dead_letters_refuses_a_path_that_holds_no_outbox_and_creates_nothing() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let missing = tmp.path().join("outbx");
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).expect("dir");
+    for (dir, says) in [(&missing, "stat directory"), (&empty, "holds no outbox")] {
+        let d = dir.to_str().expect("utf-8");
+        for args in [vec!["list"], vec!["requeue", "5"], vec!["discard", "5"]] {
+            let out = segwal(&[&["dead-letters", d][..], &args[..]].concat());
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains(says), "{stderr}");
+        }
+    }
+    assert!(!missing.exists(), "no directory made at a mistyped path");
+    assert_eq!(
+        std::fs::read_dir(&empty).expect("list").count(),
+        0,
+        "nothing made in an empty directory"
+    );
 }
 
 #[test]

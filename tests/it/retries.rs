@@ -116,6 +116,30 @@ fn dead_letters_are_parked_listed_survive_restarts_and_can_be_requeued_or_discar
         Err(Error::NotClaimed { .. })
     ));
     assert_eq!(outbox.stats().dead_letters, 2);
+    // Only a dead letter can be requeued or discarded; a number never
+    // assigned is unknown.
+    for seq in [seqs[2], Seq::from(999_999)] {
+        let (requeued, discarded) = (outbox.requeue(seq), outbox.discard(seq));
+        if seq == seqs[2] {
+            assert!(
+                matches!(requeued, Err(Error::NotClaimed { .. })),
+                "{requeued:?}"
+            );
+            assert!(
+                matches!(discarded, Err(Error::NotClaimed { .. })),
+                "{discarded:?}"
+            );
+        } else {
+            assert!(
+                matches!(requeued, Err(Error::UnknownSeq { .. })),
+                "{requeued:?}"
+            );
+            assert!(
+                matches!(discarded, Err(Error::UnknownSeq { .. })),
+                "{discarded:?}"
+            );
+        }
+    }
     // Never handed out again.
     let rest = outbox.claim(10).expect("claim");
     assert_eq!(rest.iter().map(|r| r.seq()).collect::<Vec<_>>(), seqs[2..]);
