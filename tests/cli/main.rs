@@ -919,6 +919,69 @@ fn dump_of_a_damaged_log_prints_the_records_before_and_names_the_file_and_offset
     assert_eq!(gone.status.code(), Some(2), "{gone:?}");
 }
 
+/// What an open refuses, `dump` does not pass over in silence: a segment
+/// cut short (its tail and seal lost), a segment missing from the middle of
+/// the chain, and a file named like a segment that is not one each end the
+/// dump with exit 1 naming the file, after the records before them.
+#[test]
+fn dump_ends_at_a_lost_tail_a_missing_segment_or_a_foreign_file_as_an_open_would() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let build = |name: &str| {
+        let dir = tmp.path().join(name);
+        let outbox = Outbox::open(&dir, Options::default().segment_bytes(64 << 10)).expect("open");
+        for _ in 0..300 {
+            outbox.append(&[b'p'; 1000]).expect("append");
+        }
+        outbox.close().expect("close");
+        let records: Vec<_> = segwal::dump(&dir, segwal::DumpOptions::new())
+            .expect("dump")
+            .map(|r| r.expect("record"))
+            .collect();
+        (dir, records)
+    };
+    let refused = |dir: &Path, file: &Path, says: &str, last: Option<u64>| {
+        let out = segwal(&["dump", dir.to_str().expect("utf-8"), "--format", "json"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&file.display().to_string()) && stderr.contains(says),
+            "{stderr}"
+        );
+        assert_eq!(seqs_of(&lines(&out)).last().copied(), last, "{stderr}");
+    };
+
+    // The second segment cut at its fifth record: its tail and seal lost.
+    let (dir, records) = build("cut");
+    let second = segments(&dir)[1].clone();
+    let in_second: Vec<_> = records.iter().filter(|r| *r.path == *second).collect();
+    assert!(in_second.len() > 5 && segments(&dir).len() >= 3);
+    let cut = &in_second[4];
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&second)
+        .expect("open");
+    file.set_len(cut.offset).expect("cut");
+    refused(&dir, &second, "seal", Some(cut.seq.get() - 1));
+
+    // The second segment removed: the third does not follow the first.
+    let (dir, records) = build("missing");
+    let [first, second, third] = [0, 1, 2].map(|k| segments(&dir)[k].clone());
+    std::fs::remove_file(&second).expect("remove");
+    let last_of_first = records
+        .iter()
+        .filter(|r| *r.path == *first)
+        .map(|r| r.seq.get())
+        .max();
+    refused(&dir, &third, "missing segment", last_of_first);
+
+    // A text file named like a segment, alone.
+    let dir = tmp.path().join("foreign");
+    std::fs::create_dir(&dir).expect("dir");
+    let name = dir.join("00000000000000000001.seg");
+    std::fs::write(&name, b"not a segment\n".repeat(400)).expect("write");
+    refused(&dir, &name, "magic", None);
+}
+
 #[test]
 fn dump_while_the_owner_appends_stops_at_what_was_written() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -147,6 +147,10 @@ pub struct Dump {
     /// Damage found among those copies: yielded after them.
     copy_damage: Option<Error>,
     current: Option<Cursor>,
+    /// The seal of the segment read before the current one, when it ended
+    /// with one and the current one followed it in the listing: the number
+    /// the current one's header must name as its predecessor.
+    prev_seal: Option<Seq>,
     /// The state table, with states.
     table: Option<Table>,
     finished: bool,
@@ -180,6 +184,8 @@ struct Cursor {
     next: usize,
     limit: usize,
     damage: Option<Damage>,
+    /// The seal it ends with, if it does.
+    seal: Option<Seq>,
     /// The newest segment listed: damage it may tear is its torn tail.
     newest: bool,
     /// Read again once already, for damage a rotation may have left.
@@ -246,6 +252,7 @@ pub(crate) fn dump_with(
         copies: VecDeque::new(),
         copy_damage: None,
         current: None,
+        prev_seal: None,
         table: None,
         finished: false,
     };
@@ -492,6 +499,7 @@ impl Dump {
 
     /// Opens the next segment to read; `Ok(false)` when none is left.
     fn open_next(&mut self) -> Result<bool> {
+        let mut prev_seal = self.prev_seal.take();
         while let Some((id, limit)) = self.segments.pop_front() {
             let newest = self.segments.is_empty();
             // Every record of it numbered below the next segment's first.
@@ -500,11 +508,52 @@ impl Dump {
                 .front()
                 .is_some_and(|next| next.0.0 <= self.from)
             {
+                prev_seal = None;
                 continue;
             }
             let Some(scan) = self.scan_segment(id, newest)? else {
+                // Deleted by the running owner since the listing: the next
+                // one follows a segment not read.
+                prev_seal = None;
                 continue;
             };
+            // Checked as an open checks them, without states (with them the
+            // snapshot's plan did): a segment file's header, which it takes
+            // before its name, and the chain from the segment before.
+            if limit == usize::MAX {
+                if scan.header.is_none() && !scan.blank {
+                    let kind = scan
+                        .damage
+                        .map_or(Corruption::BadSegmentHeader, |d| d.cause);
+                    return Err(Error::Corrupt {
+                        path: scan.path,
+                        offset: 0,
+                        seq: None,
+                        kind,
+                    });
+                }
+                if let (Some(seal), Some(header)) = (prev_seal, scan.header)
+                    && (header.prev_seq != seal || id.first_seq() <= seal)
+                {
+                    let kind = if header.prev_seq > seal {
+                        Corruption::MissingSegment {
+                            expected_first: seal.next(),
+                        }
+                    } else {
+                        Corruption::BrokenChain {
+                            expected_prev: seal,
+                            found_prev: header.prev_seq,
+                        }
+                    };
+                    return Err(Error::Corrupt {
+                        path: scan.path,
+                        offset: 0,
+                        seq: Some(seal.next()),
+                        kind,
+                    });
+                }
+            }
+            let seal = scan.seal.map(|s| s.seq);
             let file = match ReadOnly(&*self.storage).open_read(&scan.path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -520,6 +569,7 @@ impl Dump {
                 (limit, newest),
             )?;
             cursor.damage = scan.damage;
+            cursor.seal = seal;
             // Skip the frames below `from`.
             cursor.next = usize::try_from(self.from.saturating_sub(id.0)).unwrap_or(usize::MAX);
             self.current = Some(cursor);
@@ -541,7 +591,32 @@ impl Dump {
             }
         }
         // Past the frames read: the segment ends, cleanly or at damage.
-        let damage = cursor.damage.take()?;
+        let Some(damage) = cursor.damage.take() else {
+            // A segment followed by another ends with a seal, unless a crash
+            // came between the next one's creation and this seal, before
+            // anything was written to the next one; a seal being written by
+            // a rotation is read again.
+            if cursor.seal.is_some() || cursor.newest || cursor.limit != usize::MAX {
+                return None;
+            }
+            let (again, end) = (cursor.again, cursor.frames.last().map(|f| f.end()));
+            let expected = Seq::from(cursor.id.0 + cursor.frames.len() as u64);
+            if self.later_hold_no_frames() {
+                return None;
+            }
+            if !again {
+                std::thread::sleep(self.settle);
+                return self.read_again();
+            }
+            self.finished = true;
+            let path = self.current.as_ref()?.path.to_path_buf();
+            return Some(Err(Error::Corrupt {
+                path,
+                offset: end.unwrap_or(crate::format::segment::FRAMES_AT as u64),
+                seq: Some(expected),
+                kind: Corruption::MissingSeal,
+            }));
+        };
         if cursor.limit != usize::MAX && end == cursor.limit {
             // With states, the snapshot ended here.
             return None;
@@ -599,6 +674,7 @@ impl Dump {
             }
         };
         let cursor = self.current.as_mut()?;
+        cursor.seal = scan.seal.map(|s| s.seq);
         cursor.frames = scan.frames;
         cursor.damage = scan.damage;
         cursor.next = next;
@@ -643,6 +719,7 @@ impl Cursor {
             next: 0,
             limit,
             damage: None,
+            seal: None,
             newest,
             again: false,
             buf: Vec::new(),
@@ -786,7 +863,7 @@ impl Iterator for Dump {
                     return Some(Err(e));
                 }
                 None if self.finished => return None,
-                None => self.current = None,
+                None => self.prev_seal = self.current.take().and_then(|c| c.seal),
             }
         }
     }
