@@ -261,6 +261,7 @@ fn report_json(v: &Verification) -> Value {
         "torn_tail": v.torn_tail.as_ref().map(problem_json),
         "problems": v.problems.iter().map(problem_json).collect::<Vec<_>>(),
         "clean": v.is_clean(),
+        "default_open_accepts": v.default_open_accepts,
         "repair": v.repair.as_ref().map(|d| json!({
             "file": d.path.display().to_string(),
             "offset": d.offset,
@@ -606,6 +607,10 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         out.set(key, Value::Null);
     }
     out.set("repaired", false.into());
+    out.set(
+        "default_open_accepts",
+        found.default_open_accepts.map_or(Value::Null, Value::from),
+    );
     if found.is_clean() {
         out.say(format_args!(
             "{}: clean, nothing to repair",
@@ -623,16 +628,26 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         eprintln!("segwal: a lossy recovery cannot repair this directory (see the damage above)");
         return out.finish(1);
     };
-    let last = plan
-        .last
-        .map_or_else(|| "none after it".to_owned(), |l| l.to_string());
+    let range = plan.last.map_or_else(
+        || format!("from seq {} on (no complete record after it)", plan.first),
+        |l| format!("seqs {} to {l} at most", plan.first),
+    );
+    let whole = &plan.segments_set_aside;
+    let later = whole.iter().filter(|p| **p != plan.path).count();
+    let damaged = if whole.contains(&plan.path) {
+        "set aside whole"
+    } else {
+        "cut there"
+    };
     out.say(format_args!(
-        "a repair drops seqs {} to {last} (from {} at offset {}), and {} later segment files",
-        plan.first,
+        "a repair drops {range}: {} at offset {} ({damaged}), and {later} later segment {}",
         plan.path.display(),
         plan.offset,
-        plan.segments_set_aside.len()
+        if later == 1 { "file" } else { "files" }
     ));
+    if found.default_open_accepts == Some(true) {
+        out.say(DEFAULT_OPEN_ACCEPTS);
+    }
     if !plan.relocated.is_empty() {
         let seqs: Vec<String> = plan.relocated.iter().map(|s| s.to_string()).collect();
         out.say(format_args!(
@@ -648,9 +663,10 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
             "relocated_seqs": plan.relocated.iter().map(|s| s.get()).collect::<Vec<_>>(),
             "file": plan.path.display().to_string(),
             "offset": plan.offset,
-            "later_segments": plan
-                .segments_set_aside
+            "file_set_aside_whole": whole.contains(&plan.path),
+            "later_segments": whole
                 .iter()
+                .filter(|p| **p != plan.path)
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>(),
         }),
@@ -806,6 +822,9 @@ fn main() -> ExitCode {
             for p in &verification.problems {
                 print_problem(p);
             }
+            if verification.default_open_accepts == Some(true) {
+                println!("{DEFAULT_OPEN_ACCEPTS}");
+            }
         }
     }
     match (
@@ -816,6 +835,11 @@ fn main() -> ExitCode {
         _ => ExitCode::SUCCESS,
     }
 }
+
+/// Said under damage that only an open checking every frame refuses.
+const DEFAULT_OPEN_ACCEPTS: &str = "the default open (through seal indexes) opens this log all the same: \
+the damage lies in records it does not read at open; a claim of a damaged record fails naming it \
+and sets it aside, and every other record is delivered. No repair is needed to open it.";
 
 /// A log at least this large gets a progress bar (on a terminal).
 const PROGRESS_BYTES_MIN: u64 = 256 << 20;

@@ -148,6 +148,31 @@ fn verify_names_the_file_offset_and_seq_of_damage_and_changes_nothing() {
     let stdout = String::from_utf8_lossy(&inspect.stdout);
     assert!(stdout.contains(&format!("{id:032x}")), "{stdout}");
     assert_eq!(snapshot(&dir), before, "verify changes nothing");
+
+    // Damage in a record's bytes, which the default open (through seal
+    // indexes) does not read: it opens all the same, as verify says, and
+    // the claim of the damaged record fails naming it.
+    assert_eq!(v["default_open_accepts"], true);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("No repair is needed"));
+    let outbox = Outbox::open(&dir, Options::default()).expect("the default open accepts it");
+    let damaged = problem["seq"].as_u64().expect("seq");
+    loop {
+        match outbox.claim(256) {
+            Ok(records) if records.is_empty() => break,
+            Ok(records) => {
+                assert!(records.iter().all(|r| r.seq().get() != damaged));
+                for r in records {
+                    outbox.ack(r.seq()).expect("ack");
+                }
+            }
+            Err(segwal::Error::Corrupt { path, seq, .. }) => {
+                assert_eq!(path, first);
+                assert_eq!(seq.map(|s| s.get()), Some(damaged));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    outbox.close().expect("close");
 }
 
 #[test]
@@ -167,6 +192,7 @@ fn verify_refuses_a_foreign_file_and_leaves_it_alone() {
     let v = json(&out);
     assert_eq!(v["problems"][0]["file"], name.display().to_string());
     assert_eq!(v["problems"][0]["offset"], 0);
+    assert_eq!(v["default_open_accepts"], false, "no open accepts it");
     assert_eq!(snapshot(&dir), before);
 
     let out = segwal(&["verify", name.to_str().expect("utf-8")]);
@@ -369,6 +395,9 @@ fn repair_says_what_it_drops_then_keeps_the_damaged_file_aside() {
         stdout.contains("a repair drops seqs") && stdout.contains("--yes"),
         "{stdout}{stderr}"
     );
+    // The damage lies in a record of a sealed segment, which the default
+    // open does not read: the preview says no repair is needed to open.
+    assert!(stdout.contains("No repair is needed"), "{stdout}");
     assert_eq!(snapshot(&dir), before, "without --yes nothing changes");
 
     let out = segwal(&["repair", d, "--yes"]);
@@ -488,6 +517,18 @@ fn repair_json_says_what_it_would_drop_then_what_it_dropped() {
     let first = preview["would_drop"]["first_seq"]
         .as_u64()
         .expect("first seq");
+    // The damaged file is cut (part of it kept), not listed among the later
+    // segments; the default open would have opened this log.
+    let would = &preview["would_drop"];
+    assert_eq!(would["file_set_aside_whole"], false);
+    assert!(
+        !would["later_segments"]
+            .as_array()
+            .expect("later")
+            .contains(&would["file"]),
+        "{would}"
+    );
+    assert_eq!(preview["default_open_accepts"], true);
     assert_eq!(snapshot(&dir), before, "without --yes nothing changes");
 
     let out = segwal(&["repair", d, "--yes", "--json"]);

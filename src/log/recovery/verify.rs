@@ -159,7 +159,9 @@ pub struct StateCounts {
     pub disk_bytes: u64,
 }
 
-/// A problem [`verify`](crate::verify) found: what an open would refuse.
+/// A problem [`verify`](crate::verify) found: what an open that checks every
+/// frame ([`OpenCheck::EveryFrame`]) would refuse. (The default open, through
+/// seal indexes, may accept it: [`Verification::default_open_accepts`].)
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Problem {
@@ -181,7 +183,9 @@ pub struct Verification {
     pub dir: PathBuf,
     /// Every segment file, oldest first.
     pub segments: Vec<SegmentSummary>,
-    /// What an open would refuse (empty when the log is clean). Recovery
+    /// What an open that checks every frame would refuse (empty when the log
+    /// is clean; see [`default_open_accepts`](Verification::default_open_accepts)
+    /// for the default open). Recovery
     /// stops at a segment's first damage, so this lists at most one damage per
     /// segment, besides what concerns the log's chain (a missing segment, a
     /// broken link, another outbox's file), which may name the same file.
@@ -210,6 +214,16 @@ pub struct Verification {
     /// The records in each state, from the state table rebuilt as an open
     /// would; `None` when the log is too damaged for an open to plan it.
     pub states: Option<StateCounts>,
+    /// When damage was found: whether an open with the default check
+    /// ([`OpenCheck::SealIndex`]), which reads a sealed segment's seal index
+    /// rather than its frames, opens the log all the same. `Some(true)` when
+    /// the damage lies only in the bytes of records such an open does not
+    /// read: it opens, every other record is delivered, and the claim of a
+    /// damaged record fails with [`Error::Corrupt`](crate::Error::Corrupt)
+    /// naming it, and sets it aside (an acknowledged one is never read
+    /// again). No repair is needed to open such a log, and a repair would
+    /// drop every record after the damage. `None` when the log is clean.
+    pub default_open_accepts: Option<bool>,
 }
 
 impl Verification {
@@ -373,6 +387,7 @@ fn pass(
         repair: None,
         owner_pid: crate::io::StdStorage::owner_pid(dir),
         states: None,
+        default_open_accepts: None,
     };
     let mut ids = Vec::new();
     for name in &names {
@@ -509,6 +524,8 @@ fn pass(
             }
         }
         Err(e) => {
+            let listed: Vec<SegmentId> = scans.iter().map(|s| s.id).collect();
+            out.default_open_accepts = Some(opens_by_seal_index(storage, dir, &listed));
             // The identity the newest readable header names, as the plan
             // takes it (a damaged log is still this outbox's).
             out.outbox_id = scans
@@ -544,6 +561,35 @@ fn pass(
         }
     }
     Ok(out)
+}
+
+/// Whether a strict open with the default check ([`OpenCheck::SealIndex`])
+/// accepts the segments `ids` of `dir`: their scans (sealed segments through
+/// their seal indexes), the plan, and the delivery state it reads, as such
+/// an open makes them, without changing anything.
+fn opens_by_seal_index(storage: &dyn Storage, dir: &Path, ids: &[SegmentId]) -> bool {
+    let mut scans = Vec::with_capacity(ids.len());
+    for (k, &id) in ids.iter().enumerate() {
+        let newest = k + 1 == ids.len();
+        match scan::scan_file(
+            storage,
+            dir,
+            id,
+            OpenCheck::SealIndex,
+            false,
+            newest,
+            &mut Vec::new(),
+        ) {
+            Ok((scan, _)) => scans.push(scan),
+            Err(_) => return false,
+        }
+    }
+    let Ok(plan) = plan::plan(&scans, RecoveryMode::Strict) else {
+        return false;
+    };
+    let hasher = crate::format::hash::Hasher::new(plan.outbox_id.unwrap_or(0));
+    let kept = rebuild::kept(&scans, &plan.keep);
+    state::recorded_state(storage, kept, false, &hasher).is_ok()
 }
 
 /// The records of `segments` in each state, from the state table an open
