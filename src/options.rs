@@ -220,8 +220,10 @@ impl Options {
         self
     }
 
-    /// Largest payload accepted by `append`. Default 16 MiB; at most
-    /// [`MAX_RECORD_BYTES_LIMIT`] (1 GiB). Larger payloads fail with
+    /// Largest payload accepted by `append`. Default 16 MiB; at least 1, at
+    /// most [`MAX_RECORD_BYTES_LIMIT`] (1 GiB). [`queue_bytes`](Options::queue_bytes)
+    /// must hold one such record: a limit near or above its default (64 MiB)
+    /// wants it raised too. Larger payloads fail with
     /// [`Error::RecordTooLarge`] before anything touches the disk. Records written
     /// under a larger limit are still read after the limit is lowered.
     pub fn max_record_bytes(mut self, bytes: usize) -> Options {
@@ -346,7 +348,9 @@ impl Options {
     /// that died holding it does not hold it until the next restart), and its
     /// next delivery is a new [attempt](crate::Record::attempt). A late `ack`
     /// of a delivery whose lease ran out is accepted (the record was
-    /// delivered): the record is done, whatever became of it since.
+    /// delivered): the record is done, whatever became of it since. At
+    /// least 1 ms ([`Error::InvalidOption`](crate::Error::InvalidOption)
+    /// otherwise).
     pub fn lease(mut self, lease: Duration) -> Options {
         self.lease = lease;
         self
@@ -550,11 +554,19 @@ impl Options {
                 format!("{:?} exceeds {LINGER_MAX:?}", self.linger),
             );
         }
-        if self.max_record_bytes > MAX_RECORD_BYTES_LIMIT {
+        if !(1..=MAX_RECORD_BYTES_LIMIT).contains(&self.max_record_bytes) {
             return invalid(
                 "max_record_bytes",
-                format!("{} exceeds {MAX_RECORD_BYTES_LIMIT}", self.max_record_bytes),
+                format!(
+                    "{} is outside 1..={MAX_RECORD_BYTES_LIMIT}",
+                    self.max_record_bytes
+                ),
             );
+        }
+        if self.lease < Duration::from_millis(1) {
+            // A lease of nothing runs out at its claim: every record would
+            // be handed out again at the next claim, as a new attempt.
+            return invalid("lease", "must be at least 1 ms".into());
         }
         if !(1..=QUEUE_CAPACITY_MAX).contains(&self.queue_capacity) {
             return invalid(
@@ -570,7 +582,8 @@ impl Options {
             return invalid(
                 "queue_bytes",
                 format!(
-                    "{} is outside {one_record}..={QUEUE_BYTES_MAX} (one record of max_record_bytes, encoded)",
+                    "{} is outside {one_record}..={QUEUE_BYTES_MAX} (it must hold one record of \
+                     max_record_bytes, encoded: raise it with max_record_bytes)",
                     self.queue_bytes
                 ),
             );
@@ -626,6 +639,12 @@ mod tests {
             (
                 Options::default().max_record_bytes(MAX_RECORD_BYTES_LIMIT + 1),
                 "max_record_bytes",
+            ),
+            (Options::default().max_record_bytes(0), "max_record_bytes"),
+            (Options::default().lease(Duration::ZERO), "lease"),
+            (
+                Options::default().lease(Duration::from_micros(999)),
+                "lease",
             ),
             (Options::default().queue_capacity(0), "queue_capacity"),
             (

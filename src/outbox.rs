@@ -1007,7 +1007,11 @@ impl Outbox {
     /// [`Options::buffered_sync_interval`](crate::Options::buffered_sync_interval)
     /// (or at [`sync`](Outbox::sync)); once durable, the record is never handed
     /// out again, across restarts. An ack that arrives after the lease ran out
-    /// and the record was claimed again is accepted: it was delivered.
+    /// and the record was claimed again is accepted: it was delivered. So is
+    /// an ack of a record released with a delay
+    /// ([`release_after`](Outbox::release_after)) or parked as a dead letter
+    /// (its delivery turned out to have succeeded): it is done, and counted
+    /// as neither any more.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {

@@ -315,3 +315,34 @@ fn child_relay_that_crashes_on_poison() {
     }
     outbox.close().expect("child close");
 }
+
+/// A record released with a delay, or parked as a dead letter, may still be
+/// acknowledged (its delivery turned out to have succeeded): it is done,
+/// counted as neither any more, never handed out again, across a restart.
+#[test]
+fn a_delayed_record_or_a_dead_letter_can_still_be_acknowledged() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    let a = outbox.append(b"a").expect("append");
+    let b = outbox.append(b"b").expect("append");
+    outbox.claim(2).expect("claim");
+    outbox
+        .release_after(a, Duration::from_secs(3600), "timed out")
+        .expect("release_after");
+    outbox.dead_letter(b, "refused").expect("dead letter");
+    outbox.ack(a).expect("ack of a delayed record");
+    outbox.ack(b).expect("ack of a dead letter");
+    let stats = outbox.stats();
+    assert_eq!((stats.delayed, stats.dead_letters), (0, 0), "{stats:?}");
+    assert!(outbox.dead_letters(10).expect("dead letters").is_empty());
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options()).expect("reopen");
+    let stats = outbox.stats();
+    assert_eq!(
+        (stats.delayed, stats.dead_letters, stats.pending),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    assert!(outbox.claim(10).expect("claim").is_empty());
+    outbox.close().expect("close");
+}
