@@ -16,24 +16,49 @@ use std::time::{Duration, Instant};
 
 use segwal::{Options, Outbox, Seq};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+const USAGE: &str = "usage: relay [DIR] [PRODUCERS] [RECORDS_PER_PRODUCER] (each count at least 1)";
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("relay: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// A line on stdout; a reader that went away (`| head`) ends nothing.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let temp = tempfile::tempdir()?;
     let dir = args
         .next()
         .map_or_else(|| temp.path().join("outbox"), PathBuf::from);
-    let producers: usize = args.next().map_or(Ok(8), |a| a.parse())?;
-    let per_producer: usize = args.next().map_or(Ok(5_000), |a| a.parse())?;
+    let count = |arg: Option<String>, default: usize| -> Result<usize, String> {
+        match arg.map(|a| a.parse::<usize>()) {
+            None => Ok(default),
+            Some(Ok(n)) if n > 0 => Ok(n),
+            Some(_) => Err(USAGE.to_owned()),
+        }
+    };
+    let producers = count(args.next(), 8)?;
+    let per_producer = count(args.next(), 5_000)?;
     let total = producers * per_producer;
 
     let outbox = Outbox::open(&dir, Options::default().segment_bytes(4 << 20))?;
     let report = outbox.recovery_report();
-    println!(
+    say(format_args!(
         "opened {} ({} segments found, {} records recovered)",
         dir.display(),
         report.segments_found,
         report.records_recovered
-    );
+    ));
 
     // The relay: claim up to 256 records, publish them, acknowledge them.
     let relay = {
@@ -92,25 +117,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     latencies.sort();
     let pct = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q) as usize];
-    println!(
+    say(format_args!(
         "{producers} producers appended {total} records durably in {:.2} s: {:.0} records/s",
         append_time.as_secs_f64(),
         total as f64 / append_time.as_secs_f64()
-    );
-    println!(
+    ));
+    say(format_args!(
         "append latency p50 {:?}, p99 {:?}, max {:?}",
         pct(0.50),
         pct(0.99),
         pct(1.0)
-    );
-    println!(
+    ));
+    say(format_args!(
         "{} write batches, {:.1} records per batch (group commit), {} fsyncs",
         stats.batches, stats.records_per_batch, stats.fsyncs
-    );
-    println!(
+    ));
+    say(format_args!(
         "relay delivered and acknowledged {delivered} records; {} segments deleted, {} left ({} bytes)",
         stats.segments_deleted, stats.segments, stats.disk_bytes
-    );
+    ));
     if delivered < total as u64 {
         return Err(format!("only {delivered} of {total} records delivered").into());
     }

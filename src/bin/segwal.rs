@@ -626,6 +626,16 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
     }
     let Some(plan) = &found.repair else {
         eprintln!("segwal: a lossy recovery cannot repair this directory (see the damage above)");
+        // A file no segwal wrote, named like a segment: not the log's to
+        // drop, but an operator's to move.
+        for p in &found.problems {
+            if p.kind == segwal::Corruption::BadSegmentName {
+                eprintln!(
+                    "segwal: {} is not a segment segwal names so: move it out of the directory",
+                    p.path.display()
+                );
+            }
+        }
         return out.finish(1);
     };
     let range = plan.last.map_or_else(

@@ -500,6 +500,26 @@ fn damage_sealed_segment_from_end(dir: &Path, back: usize, blocks: usize) -> Vec
     bytes
 }
 
+/// A stray file named like a segment, which no repair may drop (segwal
+/// did not write it): `repair` refuses and says to move it.
+#[test]
+fn repair_refuses_a_stray_file_named_like_a_segment_and_says_to_move_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    written(&dir);
+    let stray = dir.join("notes.seg");
+    std::fs::write(&stray, b"an operator's notes\n").expect("write");
+    let before = snapshot(&dir);
+    let out = segwal(&["repair", dir.to_str().expect("utf-8"), "--yes"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&stray.display().to_string()) && stderr.contains("move it out"),
+        "{stderr}"
+    );
+    assert_eq!(snapshot(&dir), before, "nothing changed");
+}
+
 #[test]
 fn repair_json_says_what_it_would_drop_then_what_it_dropped() {
     let tmp = tempfile::tempdir().expect("tempdir");
