@@ -205,10 +205,11 @@ fn verify_refuses_a_foreign_file_and_leaves_it_alone() {
 }
 
 /// A directory of format version 1 (the golden one) is not damage: `dump
-/// --state`, which rebuilds the state table as an open would, refuses it with
-/// exit 2 and the version named, and changes nothing.
+/// --state`, which rebuilds the state table as an open would, and `dump`
+/// refuse it with exit 2 and the version named, and change nothing. (Without
+/// `--state`, `dump` called it damage, exit 1, until 2026-12-06.)
 #[test]
-fn dump_state_refuses_a_format_version_1_directory_with_exit_2() {
+fn dump_refuses_a_format_version_1_directory_with_exit_2() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("v1");
     std::fs::create_dir(&dir).expect("dir");
@@ -218,11 +219,13 @@ fn dump_state_refuses_a_format_version_1_directory_with_exit_2() {
         std::fs::copy(&from, dir.join(from.file_name().expect("name"))).expect("copy");
     }
     let before = snapshot(&dir);
-    let out = segwal(&["dump", "--state", dir.to_str().expect("utf-8")]);
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("version 1"), "{stderr}");
-    assert!(out.stdout.is_empty(), "no record printed");
+    for args in [&["dump", "--state"][..], &["dump"][..]] {
+        let out = segwal(&[args, &[dir.to_str().expect("utf-8")][..]].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("version 1"), "{stderr}");
+        assert!(out.stdout.is_empty(), "no record printed");
+    }
     assert_eq!(snapshot(&dir), before);
 }
 

@@ -525,6 +525,14 @@ impl Dump {
                     let kind = scan
                         .damage
                         .map_or(Corruption::BadSegmentHeader, |d| d.cause);
+                    // A version this build does not read is not damage.
+                    if let Corruption::UnsupportedVersion { found } = kind {
+                        return Err(Error::UnsupportedFormat {
+                            path: scan.path,
+                            found,
+                            supported: crate::format::segment::FORMAT_VERSION,
+                        });
+                    }
                     return Err(Error::Corrupt {
                         path: scan.path,
                         offset: 0,
