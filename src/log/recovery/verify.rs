@@ -520,7 +520,11 @@ fn pass(
                     let segments = rebuild::kept_segments(&mut scans, &plan.keep);
                     out.states = Some(count_states(storage, &mut out, segments, &recorded));
                 }
-                Err(e) => out.problems.push(problem(e)?),
+                Err(e) => {
+                    out.problems.push(problem(e)?);
+                    let listed: Vec<SegmentId> = scans.iter().map(|s| s.id).collect();
+                    out.default_open_accepts = Some(opens_by_seal_index(storage, dir, &listed));
+                }
             }
         }
         Err(e) => {
