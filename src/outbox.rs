@@ -714,6 +714,11 @@ impl Outbox {
         to.tx.send(request).map_err(|_| Error::Closed)
     }
 
+    /// [`Options::lease`](crate::Options::lease) of this outbox.
+    pub(crate) fn lease(&self) -> Duration {
+        self.handle.shared.options.lease
+    }
+
     /// Claims up to `max_records` of the oldest pending records and returns them.
     ///
     /// Records come oldest first (by sequence number), records released back

@@ -67,6 +67,9 @@ pub struct RelayOptions {
     pub(crate) backoff_max: Duration,
     pub(crate) renew_every: Duration,
     pub(crate) renew_by: Duration,
+    /// Whether [`renew_leases`](RelayOptions::renew_leases) was called:
+    /// else the renewals follow the outbox's lease.
+    pub(crate) renew_set: bool,
     pub(crate) sync_acks: bool,
 }
 
@@ -79,6 +82,7 @@ impl Default for RelayOptions {
             backoff_max: Duration::from_secs(60),
             renew_every: Duration::from_secs(10),
             renew_by: Duration::from_secs(30),
+            renew_set: false,
             sync_acks: true,
         }
     }
@@ -111,11 +115,15 @@ impl RelayOptions {
     }
 
     /// While a publish runs, the leases of its records are renewed every
-    /// `every` by `by` ([`Outbox::extend`]). Defaults 10 s and 30 s (the
-    /// default lease); `by` should exceed `every` by what a renewal may take.
+    /// `every` by `by` ([`Outbox::extend`]). Defaults 10 s and 30 s, for the
+    /// default lease of 30 s; under a shorter
+    /// [`Options::lease`](crate::Options::lease), unless this is called, a
+    /// third of the lease and the lease. `by` should exceed `every` by what a
+    /// renewal may take.
     pub fn renew_leases(mut self, every: Duration, by: Duration) -> RelayOptions {
         self.renew_every = every.max(Duration::from_millis(1));
         self.renew_by = by;
+        self.renew_set = true;
         self
     }
 
@@ -143,7 +151,10 @@ pub struct RelayStats {
     pub duplicates: u64,
     /// Deliveries that failed and were released to be tried again.
     pub retries: u64,
-    /// Records the broker refused for good, parked as dead letters.
+    /// Records the broker refused for good, parked as dead letters by this
+    /// relay (those a claim parks under
+    /// [`Options::max_attempts`](crate::Options::max_attempts) are counted in
+    /// [`Stats::dead_letters`](crate::Stats::dead_letters)).
     pub dead_letters: u64,
     /// Records pending in the outbox when the stats were taken.
     pub lag: u64,
@@ -190,7 +201,13 @@ struct InFlight {
 
 impl<P: Publisher> Relay<P> {
     /// A relay of `outbox` into `publisher`.
-    pub fn new(outbox: Outbox, publisher: P, options: RelayOptions) -> Relay<P> {
+    pub fn new(outbox: Outbox, publisher: P, mut options: RelayOptions) -> Relay<P> {
+        // Renewals that come after the lease ran out renew nothing.
+        let lease = outbox.lease();
+        if !options.renew_set && lease < options.renew_by {
+            options.renew_every = (lease / 3).max(Duration::from_millis(1));
+            options.renew_by = lease;
+        }
         let jitter = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
@@ -231,8 +248,12 @@ impl<P: Publisher> Relay<P> {
         self.start_keeper();
         *self.in_flight.seqs.lock() = records.iter().map(Record::seq).collect();
         self.in_flight.wake.notify_all();
+        // The keeper stops renewing when the publish returns, or when it
+        // panics: then the records come back as their leases run out, rather
+        // than be held for as long as the relay lives.
+        let publishing = Publishing(&self.in_flight);
         let outcomes = self.publisher.publish(&records);
-        self.in_flight.seqs.lock().clear();
+        drop(publishing);
         let mut outcomes = outcomes.into_iter();
         let mut stored = Vec::with_capacity(records.len());
         let mut first_error = None;
@@ -252,17 +273,23 @@ impl<P: Publisher> Relay<P> {
                     Ok(())
                 }
                 Outcome::Retry(reason) => {
-                    self.stats.retries += 1;
                     let delay = self.backoff(record.attempt());
-                    self.outbox.release_after(record.seq(), delay, &reason)
+                    let released = self.outbox.release_after(record.seq(), delay, &reason);
+                    self.stats.retries += u64::from(released.is_ok());
+                    released
                 }
                 Outcome::Refused(reason) => {
-                    self.stats.dead_letters += 1;
-                    self.outbox.dead_letter(record.seq(), &reason)
+                    let parked = self.outbox.dead_letter(record.seq(), &reason);
+                    self.stats.dead_letters += u64::from(parked.is_ok());
+                    parked
                 }
             };
+            // A record whose lease ran out during the publish went back to
+            // pending: it is delivered again, as a later attempt, and
+            // settled then. Not an error of the round.
             if let Err(e) = settled
                 && first_error.is_none()
+                && !matches!(e, Error::NotClaimed { .. })
             {
                 first_error = Some(e);
             }
@@ -341,6 +368,16 @@ impl<P: Publisher> Drop for Relay<P> {
         if let Some(keeper) = self.keeper.take() {
             let _ = keeper.join();
         }
+    }
+}
+
+/// A publish in progress: clears the records in flight when dropped, at its
+/// end or by a panic of the publisher.
+struct Publishing<'a>(&'a InFlight);
+
+impl Drop for Publishing<'_> {
+    fn drop(&mut self) {
+        self.0.seqs.lock().clear();
     }
 }
 

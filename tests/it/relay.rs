@@ -239,6 +239,105 @@ fn a_slow_publish_keeps_its_records_by_renewing_their_leases() {
     outbox.close().expect("close");
 }
 
+/// A publisher that panics, caught by the service around `step`: the relay
+/// stops renewing that batch's leases, so its records come back when the
+/// leases run out and are published by a later round (before, the relay
+/// renewed them for as long as it lived, and they were never delivered).
+#[test]
+fn a_batch_whose_publish_panicked_comes_back_when_its_leases_run_out() {
+    let (_t, dir) = tmp();
+    let outbox =
+        Outbox::open(&dir, Options::default().lease(Duration::from_secs(1))).expect("open");
+    let seq = outbox.append(b"panics once").expect("append");
+    let mut calls = 0;
+    let publish = move |records: &[Record]| {
+        calls += 1;
+        assert!(calls > 1, "the broker client panicked");
+        records.iter().map(|_| Outcome::Stored).collect()
+    };
+    // Renewals ten to a lease, as a relay would make them.
+    let options = fast().renew_leases(Duration::from_millis(100), Duration::from_secs(1));
+    let mut relay = Relay::new(outbox.clone(), publish, options);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| relay.step()));
+    assert!(panicked.is_err());
+    let started = std::time::Instant::now();
+    while relay.stats().published == 0 && started.elapsed() < Duration::from_secs(15) {
+        relay.step().expect("step");
+    }
+    assert_eq!(relay.stats().published, 1, "{seq} never came back");
+    assert_eq!(outbox.stats().claimed, 0);
+    drop(relay);
+    outbox.close().expect("close");
+}
+
+/// A publish that outlasts its lease (renewals too far apart) and then
+/// says `Retry` or `Refused`: the record went back to pending meanwhile, so
+/// it is settled by its next delivery; the round is not an error (before,
+/// `step` and `run` failed with `NotClaimed`).
+#[test]
+fn a_publish_that_outlasts_its_lease_settles_its_record_at_the_next_delivery() {
+    for refuse in [false, true] {
+        let (_t, dir) = tmp();
+        let outbox =
+            Outbox::open(&dir, Options::default().lease(Duration::from_millis(200))).expect("open");
+        outbox.append(b"slow").expect("append");
+        let other = outbox.clone();
+        let mut calls = 0;
+        let publish = move |records: &[Record]| {
+            calls += 1;
+            if calls == 1 {
+                // Until the outbox has seen the lease run out.
+                while other.stats().claimed_expired == 0 {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let outcome = || {
+                    if refuse {
+                        Outcome::Refused("too large".into())
+                    } else {
+                        Outcome::Retry("timed out".into())
+                    }
+                };
+                return records.iter().map(|_| outcome()).collect();
+            }
+            records.iter().map(|_| Outcome::Stored).collect()
+        };
+        let options = fast().renew_leases(Duration::from_secs(3600), Duration::from_secs(3600));
+        let mut relay = Relay::new(outbox.clone(), publish, options);
+        assert_eq!(relay.step().expect("a round whose lease ran out"), 1);
+        let stats = relay.stats();
+        assert_eq!((stats.retries, stats.dead_letters), (0, 0), "{stats:?}");
+        // Delivered again, as a later attempt, and stored.
+        while relay.stats().published == 0 {
+            relay.step().expect("step");
+        }
+        assert_eq!(outbox.stats().dead_letters, 0);
+        drop(relay);
+        outbox.close().expect("close");
+    }
+}
+
+/// Under a lease shorter than the relay's default renewal interval (10 s),
+/// the relay renews by a third of the lease unless told otherwise, so a
+/// publish longer than the lease keeps its records.
+#[test]
+fn the_relay_renews_leases_shorter_than_its_default_interval() {
+    let (_t, dir) = tmp();
+    let outbox =
+        Outbox::open(&dir, Options::default().lease(Duration::from_secs(2))).expect("open");
+    outbox.append(b"slow").expect("append");
+    let other = outbox.clone();
+    let publish = move |records: &[Record]| {
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(other.stats().claimed_expired, 0, "the lease ran out");
+        records.iter().map(|_| Outcome::Stored).collect()
+    };
+    let mut relay = Relay::new(outbox.clone(), publish, fast());
+    assert_eq!(relay.step().expect("step"), 1);
+    assert_eq!(relay.stats().published, 1);
+    drop(relay);
+    outbox.close().expect("close");
+}
+
 #[test]
 fn run_stops_between_rounds_holding_nothing() {
     let (_t, dir) = tmp();
