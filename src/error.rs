@@ -146,7 +146,9 @@ pub enum Error {
     Json {
         /// The record whose payload did not decode; `None` when serialising.
         seq: Option<Seq>,
-        /// What serde_json said.
+        /// What serde_json said, cut to its first [`JSON_REASON_MAX`] bytes
+        /// (it may quote the payload, which can be megabytes, and is then
+        /// logged).
         reason: String,
     },
     /// An append would take the outbox past a quota; nothing was written.
@@ -527,4 +529,23 @@ impl fmt::Display for Corruption {
             }
         }
     }
+}
+
+/// The longest [`Error::Json`] reason kept, in bytes.
+pub const JSON_REASON_MAX: usize = 256;
+
+/// What serde_json said, cut to [`JSON_REASON_MAX`] bytes on a character
+/// boundary, with an ellipsis where it was cut.
+#[cfg(feature = "json")]
+pub(crate) fn json_reason(e: &serde_json::Error) -> String {
+    let mut reason = e.to_string();
+    if reason.len() > JSON_REASON_MAX {
+        let mut end = JSON_REASON_MAX;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+        reason.push('…');
+    }
+    reason
 }

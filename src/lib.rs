@@ -87,7 +87,7 @@ mod relay;
 pub mod sim;
 mod state;
 
-pub use error::{Corruption, Error, Result};
+pub use error::{Corruption, Error, JSON_REASON_MAX, Result};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -107,7 +107,7 @@ impl<'a> Message<'a> {
     pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Result<Message<'static>> {
         let bytes = serde_json::to_vec(value).map_err(|e| Error::Json {
             seq: None,
-            reason: e.to_string(),
+            reason: crate::error::json_reason(&e),
         })?;
         Ok(Message {
             payload: Cow::Owned(bytes),

@@ -440,14 +440,16 @@ impl Options {
     /// Acknowledged records free room at once. A record counts its payload
     /// and its optional fields (key, not-before time, deduplication id), not
     /// its frame header: the bytes [`Stats::backlog_bytes`](crate::Stats::backlog_bytes)
-    /// counts, before its sync as after it.
+    /// counts, before its sync as after it. The optional fields count as
+    /// encoded (a few bytes each beside their own; a unique item's derived
+    /// id, 26). At least 1.
     pub fn max_backlog_bytes(mut self, bytes: u64) -> Options {
         self.max_backlog_bytes = Some(bytes);
         self
     }
 
     /// Like [`max_backlog_bytes`](Options::max_backlog_bytes), counting records.
-    /// Default: no quota.
+    /// Default: no quota. At least 1.
     pub fn max_backlog_records(mut self, records: u64) -> Options {
         self.max_backlog_records = Some(records);
         self
@@ -563,6 +565,13 @@ impl Options {
                 ),
             );
         }
+        // A quota of nothing refuses every append: no outbox at all.
+        if self.max_backlog_bytes == Some(0) {
+            return invalid("max_backlog_bytes", "must be at least 1".into());
+        }
+        if self.max_backlog_records == Some(0) {
+            return invalid("max_backlog_records", "must be at least 1".into());
+        }
         if self.lease < Duration::from_millis(1) {
             // A lease of nothing runs out at its claim: every record would
             // be handed out again at the next claim, as a new attempt.
@@ -641,6 +650,8 @@ mod tests {
                 "max_record_bytes",
             ),
             (Options::default().max_record_bytes(0), "max_record_bytes"),
+            (Options::default().max_backlog_bytes(0), "max_backlog_bytes"),
+            (Options::default().max_backlog_records(0), "max_backlog_records"),
             (Options::default().lease(Duration::ZERO), "lease"),
             (
                 Options::default().lease(Duration::from_micros(999)),

@@ -557,7 +557,7 @@ impl Outbox {
     pub fn append_json<T: serde::Serialize + ?Sized>(&self, value: &T) -> Result<Seq> {
         let bytes = serde_json::to_vec(value).map_err(|e| Error::Json {
             seq: None,
-            reason: e.to_string(),
+            reason: crate::error::json_reason(&e),
         })?;
         self.append(&bytes)
     }

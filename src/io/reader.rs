@@ -63,7 +63,7 @@ impl Record {
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> crate::Result<T> {
         serde_json::from_slice(self.payload()).map_err(|e| Error::Json {
             seq: Some(self.seq),
-            reason: e.to_string(),
+            reason: crate::error::json_reason(&e),
         })
     }
 

@@ -75,6 +75,30 @@ fn a_payload_of_another_type_is_a_typed_error_naming_the_seq() {
     outbox.close().expect("close");
 }
 
+/// serde's message may quote the payload: the error keeps its start only,
+/// so that a record of megabytes does not become an error (and a log line)
+/// of megabytes.
+#[test]
+fn a_json_error_quotes_at_most_the_start_of_the_payload() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let big = format!("\"{}\"", "é".repeat(1 << 20));
+    outbox.append(big.as_bytes()).expect("append");
+    let got = outbox.claim(1).expect("claim");
+    match got[0].json::<OrderCreated>() {
+        Err(Error::Json { reason, .. }) => {
+            assert!(
+                reason.len() <= segwal::JSON_REASON_MAX + '…'.len_utf8(),
+                "{} bytes",
+                reason.len()
+            );
+            assert!(reason.ends_with('…'), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    outbox.close().expect("close");
+}
+
 #[test]
 fn a_value_that_cannot_be_json_writes_nothing() {
     let (_t, dir) = tmp();
