@@ -46,9 +46,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if delivery || producers || checkpoints {
         args.remove(0);
     }
-    let dir = args.first().map(PathBuf::from).ok_or(
-        "usage: golden [--delivery | --producers | --checkpoints] DIR (DIR must not exist)",
-    )?;
+    const USAGE: &str =
+        "usage: golden [--delivery | --producers | --checkpoints] DIR (DIR must not exist)";
+    if args.len() != 1 || args[0].starts_with('-') {
+        return Err(USAGE.into());
+    }
+    let dir = PathBuf::from(&args[0]);
     if dir.exists() {
         return Err(format!("{} exists: golden files are never rewritten", dir.display()).into());
     }
@@ -71,9 +74,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if producers {
         std::fs::write(dir.join("fields.txt"), expected_fields(&dir)?)?;
     }
-    // The owner file and the reserve are not part of the format.
+    // The owner file, the reserve and a file kept for recycling are not
+    // part of the format.
     let _ = std::fs::remove_file(dir.join("OWNER"));
     let _ = std::fs::remove_file(dir.join("RESERVE"));
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        if path.to_str().is_some_and(|p| p.ends_with(".seg.free")) {
+            std::fs::remove_file(path)?;
+        }
+    }
     println!("wrote {}", dir.display());
     Ok(())
 }

@@ -41,7 +41,23 @@ impl Publisher for Timed {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nats_relay: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// A line on stdout; a reader that went away (`| head`) ends nothing.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let url = args
         .next()
@@ -59,7 +75,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         inner: JetStream::connect(&outbox, options)?,
         latencies: latencies.clone(),
     };
-    println!("outbox {:032x}, relaying into {url}", outbox.id());
+    say(format_args!(
+        "outbox {:032x}, relaying into {url}",
+        outbox.id()
+    ));
 
     let stop = Arc::new(AtomicBool::new(false));
     let relay = {
@@ -108,26 +127,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut latencies = latencies.lock().expect("latencies").clone();
     latencies.sort();
     let pct = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q) as usize];
-    println!(
+    say(format_args!(
         "{producers} producers appended {total} records durably in {:.2} s ({:.0}/s)",
         appended.as_secs_f64(),
         total as f64 / appended.as_secs_f64()
-    );
-    println!(
+    ));
+    say(format_args!(
         "stored in the stream and acknowledged in {:.2} s: {:.0} records/s from append to PubAck",
         delivered.as_secs_f64(),
         total as f64 / delivered.as_secs_f64()
-    );
+    ));
     if !latencies.is_empty() {
-        println!(
+        say(format_args!(
             "latency from append to PubAck: p50 {:?}, p99 {:?}",
             pct(0.50),
             pct(0.99)
-        );
+        ));
     }
-    println!(
+    say(format_args!(
         "relay: {} published, {} duplicates, {} retries, {} dead letters",
         figures.published, figures.duplicates, figures.retries, figures.dead_letters
-    );
+    ));
     Ok(())
 }

@@ -100,10 +100,15 @@ fn main() {
         child(args.get(2).map_or("plain", String::as_str), n);
         return;
     }
-    let n: u64 = args
-        .get(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
+    let n: u64 = match args.get(1).map(|v| v.parse::<u64>()) {
+        None => 1_000_000,
+        // Fewer records than this measure the allocator, not the records.
+        Some(Ok(n)) if n >= 10_000 => n,
+        Some(_) => {
+            eprintln!("usage: producer_memory [RECORDS] (at least 10,000; default 1,000,000)");
+            std::process::exit(2);
+        }
+    };
     let plain = measure("plain", n);
     let dedup = measure("dedup", n);
     let keys = measure("keys", n);

@@ -21,6 +21,7 @@ use segwal::{Options, Outbox, Stats};
 const COUNTERS: &[&str] = &[
     "records_appended",
     "batches",
+    "caller_batches",
     "fsyncs",
     "segments_deleted",
     "segments_recycled",
@@ -78,26 +79,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     match std::env::args().nth(1) {
         None => print!("{}", prometheus(&outbox.stats())),
         Some(addr) => {
-            let listener = TcpListener::bind(&addr)?;
+            let listener = match TcpListener::bind(&addr) {
+                Ok(listener) => listener,
+                Err(e) => {
+                    outbox.close()?;
+                    std::fs::remove_dir_all(&dir)?;
+                    return Err(format!("listen on {addr}: {e}").into());
+                }
+            };
             eprintln!("serving http://{addr}/metrics (Ctrl-C stops)");
             for stream in listener.incoming() {
-                let mut stream = stream?;
-                let mut request_line = String::new();
-                BufReader::new(&stream).read_line(&mut request_line)?;
-                let (status, body) = if request_line.starts_with("GET /metrics ") {
-                    ("200 OK", prometheus(&outbox.stats()))
-                } else {
-                    ("404 Not Found", String::from("try /metrics\n"))
-                };
-                write!(
-                    stream,
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )?;
+                // One client that goes away mid-request ends its own
+                // connection, not the exporter.
+                if let Err(e) = stream.and_then(|stream| answer(&stream, &outbox)) {
+                    eprintln!("a scrape failed: {e}");
+                }
             }
         }
     }
     outbox.close()?;
     std::fs::remove_dir_all(&dir)?;
     Ok(())
+}
+
+/// Answers one HTTP request on `stream`: the metrics at `/metrics`.
+fn answer(mut stream: &std::net::TcpStream, outbox: &Outbox) -> std::io::Result<()> {
+    let mut request_line = String::new();
+    BufReader::new(stream).read_line(&mut request_line)?;
+    let (status, body) = if request_line.starts_with("GET /metrics ") {
+        ("200 OK", prometheus(&outbox.stats()))
+    } else {
+        ("404 Not Found", String::from("try /metrics\n"))
+    };
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
 }

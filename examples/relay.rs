@@ -16,7 +16,13 @@ use std::time::{Duration, Instant};
 
 use segwal::{Options, Outbox, Seq};
 
-const USAGE: &str = "usage: relay [DIR] [PRODUCERS] [RECORDS_PER_PRODUCER] (each count at least 1)";
+/// At most this many producer threads.
+const PRODUCERS_MAX: usize = 1024;
+/// At most this many records in all (the job keeps a latency for each).
+const RECORDS_MAX: usize = 100_000_000;
+
+const USAGE: &str = "usage: relay [DIR] [PRODUCERS] [RECORDS_PER_PRODUCER] \
+                     (producers 1 to 1024, records in all at most 100,000,000)";
 
 fn main() -> std::process::ExitCode {
     match run() {
@@ -35,20 +41,25 @@ fn say(line: std::fmt::Arguments<'_>) {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `--help`, an option, or more than three arguments: the usage.
+    if args.len() > 3 || args.iter().any(|a| a.starts_with('-')) {
+        return Err(USAGE.into());
+    }
+    let mut args = args.into_iter();
     let temp = tempfile::tempdir()?;
     let dir = args
         .next()
         .map_or_else(|| temp.path().join("outbox"), PathBuf::from);
-    let count = |arg: Option<String>, default: usize| -> Result<usize, String> {
+    let count = |arg: Option<String>, default: usize, max: usize| -> Result<usize, String> {
         match arg.map(|a| a.parse::<usize>()) {
             None => Ok(default),
-            Some(Ok(n)) if n > 0 => Ok(n),
+            Some(Ok(n)) if (1..=max).contains(&n) => Ok(n),
             Some(_) => Err(USAGE.to_owned()),
         }
     };
-    let producers = count(args.next(), 8)?;
-    let per_producer = count(args.next(), 5_000)?;
+    let producers = count(args.next(), 8, PRODUCERS_MAX)?;
+    let per_producer = count(args.next(), 5_000, RECORDS_MAX / producers)?;
     let total = producers * per_producer;
 
     let outbox = Outbox::open(&dir, Options::default().segment_bytes(4 << 20))?;

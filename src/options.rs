@@ -651,7 +651,10 @@ mod tests {
             ),
             (Options::default().max_record_bytes(0), "max_record_bytes"),
             (Options::default().max_backlog_bytes(0), "max_backlog_bytes"),
-            (Options::default().max_backlog_records(0), "max_backlog_records"),
+            (
+                Options::default().max_backlog_records(0),
+                "max_backlog_records",
+            ),
             (Options::default().lease(Duration::ZERO), "lease"),
             (
                 Options::default().lease(Duration::from_micros(999)),
