@@ -2598,9 +2598,9 @@ pub fn verify_on_a_log_that_grows_between_listings() -> Result<bool, String> {
     .map_err(|e| e.to_string())
 }
 
-/// A read-only view of a [`SimDisk`] whose directory listings show the
-/// oldest `shown` segment files only (and every other name), one more at
-/// each listing: a log that grows a segment between two listings.
+/// A view of a [`SimDisk`] whose directory listings show the oldest `shown`
+/// segment files only (and every other name), one more at each listing: a
+/// log that grows a segment between two listings.
 #[derive(Debug)]
 struct GrowsPerListing {
     inner: SimDisk,
@@ -2608,8 +2608,10 @@ struct GrowsPerListing {
 }
 
 impl crate::io::Storage for GrowsPerListing {
-    fn create_dir(&self, _: &Path) -> std::io::Result<bool> {
-        Err(read_only())
+    // Everything but the listing is the disk's own: `verify` reads through
+    // its read-only view, which refuses every change.
+    fn create_dir(&self, path: &Path) -> std::io::Result<bool> {
+        self.inner.create_dir(path)
     }
     fn list(&self, dir: &Path) -> std::io::Result<Vec<String>> {
         let mut names = self.inner.list(dir)?;
@@ -2626,26 +2628,26 @@ impl crate::io::Storage for GrowsPerListing {
         *shown += 1;
         Ok(names)
     }
-    fn create(&self, _: &Path) -> std::io::Result<Arc<dyn crate::io::StorageFile>> {
-        Err(read_only())
+    fn create(&self, path: &Path) -> std::io::Result<Arc<dyn crate::io::StorageFile>> {
+        self.inner.create(path)
     }
     fn open(&self, path: &Path) -> std::io::Result<Arc<dyn crate::io::StorageFile>> {
-        self.inner.open_read(path)
+        self.inner.open(path)
     }
     fn open_read(&self, path: &Path) -> std::io::Result<Arc<dyn crate::io::StorageFile>> {
         self.inner.open_read(path)
     }
-    fn remove(&self, _: &Path) -> std::io::Result<()> {
-        Err(read_only())
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        self.inner.remove(path)
     }
-    fn rename(&self, _: &Path, _: &Path) -> std::io::Result<()> {
-        Err(read_only())
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.inner.rename(from, to)
     }
-    fn sync_dir(&self, _: &Path) -> std::io::Result<()> {
-        Err(read_only())
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.inner.sync_dir(dir)
     }
-    fn lock(&self, _: &Path) -> Result<crate::io::LockGuard, crate::io::LockError> {
-        Err(crate::io::LockError::Io(read_only()))
+    fn lock(&self, dir: &Path) -> Result<crate::io::LockGuard, crate::io::LockError> {
+        self.inner.lock(dir)
     }
 }
 
