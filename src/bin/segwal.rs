@@ -631,7 +631,7 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         for p in &found.problems {
             if p.kind == segwal::Corruption::BadSegmentName {
                 eprintln!(
-                    "segwal: {} is not a segment segwal names so: move it out of the directory",
+                    "segwal: {} is named like a segment but no segment is named so: move it out of the directory",
                     p.path.display()
                 );
             }
