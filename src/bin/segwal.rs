@@ -638,10 +638,7 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         }
         return out.finish(1);
     };
-    let range = plan.last.map_or_else(
-        || format!("from seq {} on (no complete record after it)", plan.first),
-        |l| format!("seqs {} to {l} at most", plan.first),
-    );
+    let range = dropped_range(plan.first, plan.last);
     let whole = &plan.segments_set_aside;
     let later = whole.iter().filter(|p| **p != plan.path).count();
     let damaged = if whole.contains(&plan.path) {
@@ -739,12 +736,9 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
     };
     let report = outbox.recovery_report().clone();
     if let Some(dropped) = &report.dropped {
-        let last = dropped
-            .last
-            .map_or_else(|| "none after it".to_owned(), |l| l.to_string());
         out.say(format_args!(
-            "repaired: dropped seqs {} to {last}",
-            dropped.first
+            "repaired: dropped {}",
+            dropped_range(dropped.first, dropped.last)
         ));
         if !dropped.relocated.is_empty() {
             let seqs: Vec<String> = dropped.relocated.iter().map(|s| s.to_string()).collect();
@@ -844,6 +838,15 @@ fn main() -> ExitCode {
         (true, false) => ExitCode::from(1),
         _ => ExitCode::SUCCESS,
     }
+}
+
+/// The seqs a lossy recovery drops, said as what they are: `last` is a
+/// bound, and `None` when no complete record lay past `first`.
+fn dropped_range(first: segwal::Seq, last: Option<segwal::Seq>) -> String {
+    last.map_or_else(
+        || format!("from seq {first} on (no complete record after it)"),
+        |l| format!("seqs {first} to {l} at most"),
+    )
 }
 
 /// Said under damage that only an open checking every frame refuses.
