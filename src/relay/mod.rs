@@ -45,7 +45,7 @@ pub trait Publisher: Send {
     /// Publishes `records` (oldest first; records of one ordering key never
     /// more than one at a time) and returns one outcome per record, in order.
     /// Fewer outcomes than records count the missing ones as
-    /// [`Outcome::Retry`].
+    /// [`Outcome::Retry`]; outcomes beyond the last record are ignored.
     fn publish(&mut self, records: &[Record]) -> Vec<Outcome>;
 }
 

@@ -202,6 +202,59 @@ fn refused_records_become_dead_letters_with_the_brokers_reason() {
 }
 
 #[test]
+fn outcomes_missing_from_a_publish_are_retries_and_extra_ones_are_ignored() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    for i in 0..4u8 {
+        outbox.append(&[i; 8]).expect("append");
+    }
+    // The first publish answers for its first record only; the later ones
+    // answer with twice as many outcomes as records, all stored, and note
+    // what each record carries.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let notes = seen.clone();
+    let mut rounds = 0;
+    let publish = move |records: &[Record]| {
+        rounds += 1;
+        if rounds == 1 {
+            return vec![Outcome::Stored];
+        }
+        notes.lock().extend(records.iter().map(|r| {
+            (
+                r.payload()[0],
+                r.attempt(),
+                r.last_error().map(str::to_owned),
+            )
+        }));
+        vec![Outcome::Stored; 2 * records.len()]
+    };
+    let mut relay = Relay::new(outbox.clone(), publish, fast());
+    assert_eq!(relay.step().expect("a round with one outcome"), 4);
+    let stats = relay.stats();
+    assert_eq!((stats.published, stats.retries), (1, 3));
+    let mut rounds = 0;
+    while relay.stats().published < 4 {
+        relay.step().expect("a round with extra outcomes");
+        rounds += 1;
+        assert!(rounds < 10_000, "the three records never came back");
+    }
+    assert_eq!(relay.stats().published, 4);
+    let mut seen = seen.lock().clone();
+    seen.sort();
+    let reason = Some("the publisher gave no outcome".to_owned());
+    assert_eq!(
+        seen,
+        vec![
+            (1, 2, reason.clone()),
+            (2, 2, reason.clone()),
+            (3, 2, reason)
+        ]
+    );
+    drop(relay);
+    outbox.close().expect("close");
+}
+
+#[test]
 fn a_slow_publish_keeps_its_records_by_renewing_their_leases() {
     let (_t, dir) = tmp();
     // A lease ten renewals long: the renewing thread may be kept off the
