@@ -317,8 +317,11 @@ impl Outbox {
         // records are never handed out, delayed ones wait, dead letters stay.
         let clock = Clock::new(recovered.active.segment.id.first_seq());
         let (now, now_wall) = (clock.now_us(), crate::io::segment_file::now_us());
-        let (table, ids) =
+        let (mut table, ids) =
             recovery::rebuild::rebuild(recovered.segments, &recovered.state, now, now_wall);
+        if options.max_attempts.is_none() {
+            table.forget_deliveries();
+        }
         let dedup = recovered_ids(ids, &options, now_wall);
         let mut report = recovered.report;
         report.records_recovered = table.pending();
@@ -1618,7 +1621,13 @@ impl DeadLetter {
         self.record.payload()
     }
 
-    /// When it was parked (the wall clock then).
+    /// When it was parked: the wall clock at [`Outbox::dead_letter`], or at
+    /// the claim that parked it under
+    /// [`Options::max_attempts`](crate::Options::max_attempts). After a
+    /// restart, the time the frame that recorded it was written, a little
+    /// later (the writer's next batch: milliseconds, or up to
+    /// [`Options::buffered_sync_interval`](crate::Options::buffered_sync_interval)
+    /// when nothing else was written).
     pub fn dead_since(&self) -> std::time::SystemTime {
         std::time::UNIX_EPOCH + Duration::from_micros(self.since_us)
     }

@@ -111,16 +111,19 @@ impl Record {
     /// record starts again at 1, unless
     /// [`Options::max_attempts`](crate::Options::max_attempts) is set: then
     /// every delivery's number is written to the log before the record is
-    /// handed out, and the count goes on after a restart. A record relocated
-    /// forward keeps its count.
+    /// handed out, and the count goes on after a restart (a record relocated
+    /// forward keeps its count then too).
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
 
-    /// Why the previous delivery failed, as given to
-    /// [`release_after`](crate::Outbox::release_after) (at most
-    /// [`REASON_BYTES_MAX`](crate::REASON_BYTES_MAX) bytes); `None` if it was
-    /// not released with a reason.
+    /// Why a delivery failed: the reason the latest
+    /// [`release_after`](crate::Outbox::release_after) of this record gave (at
+    /// most [`REASON_BYTES_MAX`](crate::REASON_BYTES_MAX) bytes), kept, after
+    /// a restart too, until the record is acknowledged or requeued. A later
+    /// [`release`](crate::Outbox::release) or a lease running out, which give
+    /// no reason, leave it as it is. `None` if no delivery of the record was
+    /// released with a reason.
     pub fn last_error(&self) -> Option<&str> {
         self.last_error.as_deref()
     }

@@ -144,6 +144,12 @@ impl Leases {
         held.max(self.delivered.get(&seq).copied().unwrap_or(0))
     }
 
+    /// At open, when deliveries are counted in memory only: every record
+    /// starts again at its first attempt (nothing is held yet).
+    pub(crate) fn forget_deliveries(&mut self) {
+        self.delivered = SeqMap::default();
+    }
+
     /// The record `seq` is done: nothing is kept of it.
     pub(crate) fn done(&mut self, seq: u64) {
         self.held.remove(&seq);

@@ -764,6 +764,14 @@ impl Table {
         (self.pending + self.claimed, self.backlog_bytes)
     }
 
+    /// At open without `max_attempts`: attempts live in memory, so every
+    /// record starts again at attempt 1, relocated ones too (whose copies
+    /// carry their count, for an outbox that counts them). Dead letters keep
+    /// theirs.
+    pub(crate) fn forget_deliveries(&mut self) {
+        self.leases.forget_deliveries();
+    }
+
     /// Records Pending.
     pub(crate) fn pending(&self) -> u64 {
         self.pending

@@ -199,6 +199,32 @@ fn a_claim_carried_forward_comes_back_after_a_crash_before_its_ack() {
             .map(|&(s, n)| (s, payload(n)))
             .collect::<Vec<_>>()
     );
+    // Attempts live in memory without `max_attempts`: both start again at
+    // 1, the one carried forward while claimed too.
+    let attempts: Vec<u32> = back.iter().map(|r| r.attempt()).collect();
+    assert_eq!(attempts, [1, 1]);
+    outbox.close().expect("close");
+}
+
+/// Under `max_attempts` the claim a crash interrupted counts, whether the
+/// record was carried forward while claimed or not.
+#[test]
+fn under_max_attempts_an_interrupted_claim_counts_whether_carried_forward_or_not() {
+    let (_t, dir) = tmp();
+    let counted = || options().lease(Duration::MAX).max_attempts(5);
+    let outbox = Outbox::open(&dir, counted()).expect("open");
+    let held = churn(&outbox, 0, 3000, |n| n == 3 || n == 2990, |_| {});
+    let relocated = outbox.stats().relocated;
+    assert!(relocated >= 1);
+    drop(outbox);
+    let outbox = Outbox::open(&dir, counted()).expect("reopen");
+    let back: Vec<(Seq, u32)> = outbox
+        .claim(10)
+        .expect("claim")
+        .iter()
+        .map(|r| (r.seq(), r.attempt()))
+        .collect();
+    assert_eq!(back, [(held[0].0, 2), (held[1].0, 2)]);
     outbox.close().expect("close");
 }
 

@@ -57,6 +57,39 @@ fn a_release_with_a_delay_holds_the_record_back_and_hands_out_the_reason() {
     outbox.close().expect("close");
 }
 
+/// `last_error` is the latest reason given: a plain release or a lease that
+/// runs out gives none and leaves it; a restart keeps it; a requeue clears it.
+#[test]
+fn a_failure_reason_stays_with_its_record_until_it_is_requeued_or_acknowledged() {
+    let (_t, dir) = tmp();
+    let lease = Duration::from_millis(50);
+    let outbox = Outbox::open(&dir, options().lease(lease)).expect("open");
+    let a = outbox.append(b"a").expect("append");
+    outbox.claim(1).expect("claim");
+    outbox
+        .release_after(a, Duration::ZERO, "HTTP 503")
+        .expect("release_after");
+    let reason_of = |outbox: &Outbox| {
+        let got = outbox
+            .claim_wait(1, Duration::from_secs(60))
+            .expect("claim_wait");
+        assert_eq!(got.len(), 1);
+        got[0].last_error().map(str::to_owned)
+    };
+    assert_eq!(reason_of(&outbox).as_deref(), Some("HTTP 503"));
+    outbox.release(a).expect("release");
+    assert_eq!(reason_of(&outbox).as_deref(), Some("HTTP 503"));
+    // This claim's lease runs out: the next one still has the reason.
+    assert_eq!(reason_of(&outbox).as_deref(), Some("HTTP 503"));
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options().lease(lease)).expect("reopen");
+    assert_eq!(reason_of(&outbox).as_deref(), Some("HTTP 503"));
+    outbox.dead_letter(a, "schema").expect("dead_letter");
+    outbox.requeue(a).expect("requeue");
+    assert_eq!(reason_of(&outbox), None);
+    outbox.close().expect("close");
+}
+
 #[test]
 fn a_delay_and_its_reason_survive_a_restart() {
     let (_t, dir) = tmp();

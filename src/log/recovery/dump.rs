@@ -123,9 +123,10 @@ pub struct DumpedRecord {
     pub payload: Vec<u8>,
     /// Its state, with [`DumpOptions::with_states`].
     pub state: Option<RecordState>,
-    /// Deliveries counted in the log so far (written only under
-    /// `Options::max_attempts`; for a dead letter, those before it died),
-    /// with [`DumpOptions::with_states`].
+    /// Deliveries counted in the log so far (written under
+    /// `Options::max_attempts`, and carried by a relocated copy, which an
+    /// open without that option sets back to none; for a dead letter, those
+    /// before it died), with [`DumpOptions::with_states`].
     pub attempts: Option<u32>,
 }
 
