@@ -155,9 +155,11 @@ pub enum Error {
     /// Acknowledged records free room; so does free disk space.
     QuotaExceeded {
         /// The quota: `"max_backlog_bytes"`, `"max_backlog_records"` or
-        /// `"min_free_disk_bytes"`.
+        /// `"min_free_disk_bytes"`; or `"reserve"`, when the disk has no room
+        /// for the reserve an open needs on a full disk (see
+        /// [`Stats::reserve_missing`](crate::Stats::reserve_missing)).
         quota: &'static str,
-        /// Its configured limit.
+        /// Its configured limit (for `"reserve"`, the reserve's size).
         limit: u64,
         /// The value the append found: the backlog (bytes or records), or the
         /// free bytes of the file system.
@@ -273,6 +275,10 @@ impl fmt::Display for Error {
                 "min_free_disk_bytes" => write!(
                     f,
                     "quota {quota}: the file system has {current} bytes free, below the floor of {limit}; nothing written"
+                ),
+                "reserve" => write!(
+                    f,
+                    "quota {quota}: the file system has {current} bytes free, no room for the outbox's reserve of {limit} bytes (what an open needs on a full disk); appends resume once acknowledged segments or freed space make room for it; nothing written"
                 ),
                 _ => write!(
                     f,

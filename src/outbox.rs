@@ -189,6 +189,12 @@ pub struct Stats {
     pub corrupt_records: u64,
     /// Whether a failed write or fsync poisoned the outbox.
     pub poisoned: bool,
+    /// Whether the outbox has no reserve (the space an open needs on a full
+    /// disk) because the disk had no room for it: appends are then refused
+    /// with [`Error::QuotaExceeded`](crate::Error::QuotaExceeded) (quota
+    /// `"reserve"`) until acknowledged segments or freed disk space give the
+    /// room back.
+    pub reserve_missing: bool,
     /// Encoded bytes of the appends in the writer's queue: the budget that
     /// [`Options::queue_bytes`](crate::Options::queue_bytes) bounds. An append
     /// takes its bytes before it is sent (so this includes producers still
@@ -350,6 +356,7 @@ impl Outbox {
             timers: OnceLock::new(),
             writer_waiting_since_us: Default::default(),
             writer_wants_lock: Default::default(),
+            reserve_missing: Default::default(),
             writer_sleeps_until_us: AtomicU64::new(crate::log::shared::WRITER_AWAKE),
             caller_batch_end_us: AtomicU64::new(0),
             waiters: Default::default(),
@@ -371,12 +378,19 @@ impl Outbox {
             .spawn(move || writer::run(thread_core, thread_rx))
             .map_err(|e| Error::io("spawn writer thread", &shared.dir, e))?;
         trace_open(&shared.dir, &report);
-        // Kept aside for the next open that finds the disk full (best effort).
-        reserve::ensure(
+        // Kept aside for the next open that finds the disk full. Where there
+        // is no room for it, appends wait until there is: what is left is the
+        // next open's (the writer tries again, `Writer::reserve_short`).
+        let reserved = reserve::ensure(
             &*shared.storage,
             &shared.dir,
             reserve::size(shared.options.segment_bytes),
         );
+        if reserved.is_err_and(|e| reserve::is_no_space(&e)) {
+            shared
+                .reserve_missing
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(Outbox {
             handle: Arc::new(Handle {
                 shared,
@@ -1397,6 +1411,9 @@ impl Outbox {
             duplicates: load(&c.duplicates),
             dead_letters: t.dead_letters,
             poisoned: shared.poison.get().is_some(),
+            reserve_missing: shared
+                .reserve_missing
+                .load(std::sync::atomic::Ordering::Relaxed),
             queued_bytes: shared.budget.used(),
             fsync_p50: c.fsync_latency.quantile(0.50),
             fsync_p99: c.fsync_latency.quantile(0.99),

@@ -202,6 +202,7 @@ fn stats_json(v: &Verification, now: u64) -> Value {
         "relocated": Value::Null,
         "corrupt_records": Value::Null,
         "poisoned": Value::Null,
+        "reserve_missing": Value::Null,
         "queued_bytes": Value::Null,
         "fsync_p50_us": Value::Null,
         "fsync_p99_us": Value::Null,

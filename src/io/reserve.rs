@@ -8,7 +8,9 @@
 //! space makes sure a `RESERVE` file of zeros is there (space reserved with
 //! `fallocate`, or written where that is not supported), and an open that finds
 //! the disk full removes it, after checking that its bytes are what segwal
-//! wrote, and tries again.
+//! wrote, and tries again. An outbox whose reserve could not be made for want
+//! of space refuses appends until it can make it (the writer tries again as
+//! appends come): what space is left is the next open's.
 
 use std::io;
 use std::path::Path;
@@ -30,13 +32,14 @@ pub(crate) fn is_no_space(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(28 | 122)) || e.kind() == io::ErrorKind::StorageFull
 }
 
-/// Makes sure the reserve of `bytes` exists in `dir`: best effort (a full disk
-/// is exactly when it cannot be made, and then there is none to make). A
-/// reserve of another length is left alone.
-pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) {
+/// Makes sure the reserve of `bytes` exists in `dir`; the error says why it
+/// could not be made (a full disk is exactly when it cannot, and then the
+/// writer keeps the space it needs free: `Writer::reserve_short`). A reserve
+/// of another length is left alone.
+pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) -> io::Result<()> {
     let path = dir.join(RESERVE_FILE);
     if storage.open(&path).is_ok() {
-        return;
+        return Ok(());
     }
     let mut created = false;
     let made = (|| -> io::Result<()> {
@@ -62,6 +65,7 @@ pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) {
         let _ = storage.remove(&path);
         let _ = storage.sync_dir(dir);
     }
+    made
 }
 
 /// Removes the reserve of `dir` to give its space to an open that found the

@@ -57,6 +57,10 @@ pub(crate) struct Shared {
     /// queues its append instead of taking the lock ahead of the thread and
     /// the request it took.
     pub writer_wants_lock: AtomicBool,
+    /// Set when the open could not make the reserve for want of space
+    /// (`io/reserve.rs`); cleared by the writer once it made it. While set,
+    /// appends are refused: the space left is the next open's.
+    pub reserve_missing: AtomicBool,
     /// Until when the writer thread sleeps, on the outbox's clock
     /// ([`WRITER_AWAKE`] while it works, [`WRITER_NO_DEADLINE`] if it sleeps
     /// until a request). Set under the table's lock together with the

@@ -33,6 +33,7 @@ use crate::format::seal::IndexBuilder;
 use crate::format::segment::{BLOCK, FRAMES_AT, align_up};
 use crate::format::seq::{SegmentId, Seq};
 use crate::io;
+use crate::io::reserve;
 use crate::io::segment_file::{FreshSegment, SegmentFile, Successor, now_us};
 use crate::log::shared::{
     Answers, Completer, Counters, Notifier, PRODUCER_WRITING_WITHIN_US, Shared, Ticket, Verdict,
@@ -365,6 +366,8 @@ pub(crate) struct Writer {
     unpublished: (u64, u64),
     /// The last answer of the file system's free space, and when.
     free_checked: Option<(Instant, Option<u64>)>,
+    /// When the writer last tried to make the missing reserve.
+    reserve_tried: Option<Instant>,
     /// Scratch space of [`Writer::plan`], kept across batches so that a
     /// batch of messages allocates nothing for it: what the fields frame
     /// says, the ids the batch writes, and those of the append being planned.
@@ -445,6 +448,7 @@ impl Writer {
             unsynced_described: Vec::new(),
             unpublished: (0, 0),
             free_checked: None,
+            reserve_tried: None,
             described: Vec::new(),
             planned: HashMap::new(),
             local: Vec::new(),
@@ -1158,6 +1162,7 @@ impl Writer {
         }
         self.dedup.expire(now);
         let free = self.free_bytes();
+        let reserve_short = self.reserve_short();
         let opts = &self.shared.options;
         let mut next = self.next_seq.get();
         let (mut records, mut bytes) = (
@@ -1229,7 +1234,7 @@ impl Writer {
             {
                 Some(("min_free_disk_bytes", opts.min_free_disk_bytes, free))
             } else {
-                None
+                reserve_short.map(|free| ("reserve", reserve::size(opts.segment_bytes), free))
             };
             let refused = match (conflict, refusal) {
                 // All or nothing: the producer names the id (the writer knows
@@ -1335,6 +1340,38 @@ impl Writer {
             .map(|free| free.saturating_add(self.spare_len()));
         self.free_checked = Some((Instant::now(), free));
         free
+    }
+
+    /// While the outbox has no reserve for want of space (set at open), tries
+    /// to make it again, at most every [`RESERVE_RETRY_EVERY`]; returns the
+    /// file system's free bytes (0 when it cannot tell) while it is still
+    /// missing, and appends are then refused: the space left is what the next
+    /// open needs on a full disk. Any other failure than a full disk gives up
+    /// on it (appends go on, as they would with no reserve to make).
+    fn reserve_short(&mut self) -> Option<u64> {
+        if !self.shared.reserve_missing.load(Ordering::Relaxed) {
+            return None;
+        }
+        let due = self
+            .reserve_tried
+            .is_none_or(|at| at.elapsed() >= RESERVE_RETRY_EVERY);
+        if due {
+            self.reserve_tried = Some(Instant::now());
+            let made = reserve::ensure(
+                &*self.shared.storage,
+                &self.shared.dir,
+                reserve::size(self.shared.options.segment_bytes),
+            );
+            match made {
+                Err(e) if reserve::is_no_space(&e) => {}
+                _ => {
+                    self.shared.reserve_missing.store(false, Ordering::Relaxed);
+                    return None;
+                }
+            }
+        }
+        let free = self.shared.storage.free_bytes(&self.shared.dir);
+        Some(free.ok().flatten().unwrap_or(0))
     }
 
     /// The length of the file kept for recycling, 0 without one (or when it
@@ -1951,6 +1988,8 @@ impl Writer {
         }
         self.shared.table.lock().remove_front(count);
         Counters::add(&self.shared.counters.segments_deleted, count as u64);
+        // The space freed may hold the missing reserve: the next append tries.
+        self.reserve_tried = None;
     }
 
     /// Renames the deleted segment file `path` to its spare's name and keeps
@@ -2210,6 +2249,11 @@ const TOMBSTONES_PER_FRAME: usize = 1 << 16;
 /// How long an answer of the file system's free space is used before it is
 /// asked again (a `statvfs` call).
 const FREE_BYTES_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How often the writer tries to make a reserve it could not make for want of
+/// space, while appends come (each try creates a file, reserves its space and
+/// syncs the directory).
+const RESERVE_RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The most frame bytes one step of relocation copies: the step runs on the
 /// writer thread, between two batches, so it is kept short (the next step

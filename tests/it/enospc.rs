@@ -209,6 +209,21 @@ fn a_full_file_system_poisons_with_enospc_and_appends_work_again_once_space_retu
         "{:?}",
         outbox.recovery_report()
     );
+    // No room for a new reserve: appends are refused, without poisoning, so
+    // that the space left stays the next open's, and that open works.
+    assert!(outbox.stats().reserve_missing);
+    for _ in 0..3 {
+        match outbox.append(&record(failed + 99)) {
+            Err(Error::QuotaExceeded {
+                quota: "reserve", ..
+            }) => {}
+            other => panic!("expected the reserve's refusal, got {other:?}"),
+        }
+    }
+    assert!(!outbox.stats().poisoned);
+    outbox.close().expect("close with no reserve");
+    let outbox = Outbox::open(&dir, options()).expect("reopen, the disk still full");
+    assert!(outbox.stats().reserve_missing);
     let recovered = check_recovered(&outbox, &[], &acked, Some(failed));
     outbox.sync().expect("sync");
     let deleted = outbox.stats().segments_deleted;
@@ -223,6 +238,10 @@ fn a_full_file_system_poisons_with_enospc_and_appends_work_again_once_space_retu
             )
         })
         .collect();
+    assert!(
+        !outbox.stats().reserve_missing,
+        "the drain freed room for the reserve"
+    );
     outbox.close().expect("close");
     let outbox = Outbox::open(&dir, options()).expect("reopen after the drain");
     let recovered = {
