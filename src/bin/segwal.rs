@@ -23,6 +23,36 @@ use clap::{Parser, Subcommand, ValueEnum};
 use segwal::{DumpedRecord, Problem, RecordState, Verification};
 use serde_json::{Value, json};
 
+/// Set when writing to stdout failed other than by its reader going away.
+static OUTPUT_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `println!` that never panics: a reader that went away (`segwal verify DIR
+/// | head -1`) is no error, and the command goes on to its own exit code; any
+/// other failure is said once on stderr, and the exit code is then 2.
+macro_rules! outln {
+    () => {
+        out_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        out_line(format_args!($($arg)*))
+    };
+}
+
+/// One line of output to stdout, for [`outln!`].
+fn out_line(args: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = written
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+        && !OUTPUT_FAILED.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        eprintln!("segwal: writing the output: {e}");
+    }
+}
+
 /// An operator's view of a segwal outbox directory.
 #[derive(Parser)]
 #[command(name = "segwal", version, about)]
@@ -281,7 +311,7 @@ fn running(pid: u32) -> bool {
 
 fn print_problem(p: &Problem) {
     let seq = p.seq.map_or_else(|| "-".to_owned(), |s| s.to_string());
-    println!(
+    outln!(
         "  {} offset {} seq {seq}: {}",
         p.path.display(),
         p.offset,
@@ -290,57 +320,67 @@ fn print_problem(p: &Problem) {
 }
 
 fn inspect(v: &Verification) {
-    println!("outbox      {}", v.dir.display());
+    outln!("outbox      {}", v.dir.display());
     match v.outbox_id {
-        Some(id) => println!("identity    {id:032x}"),
-        None => println!("identity    - (no segment yet)"),
+        Some(id) => outln!("identity    {id:032x}"),
+        None => outln!("identity    - (no segment yet)"),
     }
     match v.format_version {
-        Some(version) => println!("format      version {version}"),
-        None => println!("format      -"),
+        Some(version) => outln!("format      version {version}"),
+        None => outln!("format      -"),
     }
     match v.owner_pid {
-        Some(pid) if running(pid) => println!("owner       pid {pid} (running)"),
-        Some(pid) => println!("owner       pid {pid} (not running)"),
-        None => println!("owner       -"),
+        Some(pid) if running(pid) => outln!("owner       pid {pid} (running)"),
+        Some(pid) => outln!("owner       pid {pid} (not running)"),
+        None => outln!("owner       -"),
     }
-    println!(
+    outln!(
         "records     {} in the log (acknowledged ones included until their segment goes)",
         v.records
     );
     match &v.states {
         Some(c) => {
-            println!(
+            outln!(
                 "states      {} pending, {} held back by a key, {} delayed, {} dead, {} acknowledged (still on disk), of {} records",
-                c.pending, c.held_by_key, c.delayed, c.dead, c.acknowledged, c.records
+                c.pending,
+                c.held_by_key,
+                c.delayed,
+                c.dead,
+                c.acknowledged,
+                c.records
             );
-            println!(
+            outln!(
                 "claimed     known only to the running owner (Outbox::stats): a record it claimed shows as pending"
             );
             match c.oldest_pending {
-                Some((seq, at)) => println!(
+                Some((seq, at)) => outln!(
                     "oldest      pending seq {seq}, appended {} ({} ago)",
                     rfc3339(at),
                     age(now_us().saturating_sub(at))
                 ),
-                None => println!("oldest      - (nothing pending)"),
+                None => outln!("oldest      - (nothing pending)"),
             }
-            println!(
+            outln!(
                 "held        {} sealed segments kept by {} live records",
-                c.held_segments, c.held_by_records
+                c.held_segments,
+                c.held_by_records
             );
         }
-        None => println!("states      - (the log is too damaged to plan an open)"),
+        None => outln!("states      - (the log is too damaged to plan an open)"),
     }
-    println!(
+    outln!(
         "disk        {} bytes in {} segments",
         v.bytes,
         v.segments.len()
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:>20} {:>20} {:>9} {:>9} {:>12}  state",
-        "first seq", "last seq", "records", "live", "bytes"
+        "first seq",
+        "last seq",
+        "records",
+        "live",
+        "bytes"
     );
     for s in &v.segments {
         let last = s.last_seq.map_or_else(|| "-".to_owned(), |q| q.to_string());
@@ -348,19 +388,23 @@ fn inspect(v: &Verification) {
             .live_records
             .map_or_else(|| "-".to_owned(), |n| n.to_string());
         let state = if s.sealed { "sealed" } else { "active" };
-        println!(
+        outln!(
             "{:>20} {:>20} {:>9} {:>9} {:>12}  {state}",
-            s.first_seq, last, s.records, live, s.bytes
+            s.first_seq,
+            last,
+            s.records,
+            live,
+            s.bytes
         );
     }
     if let Some(torn) = &v.torn_tail {
-        println!();
-        println!("torn tail (the next open truncates it):");
+        outln!();
+        outln!("torn tail (the next open truncates it):");
         print_problem(torn);
     }
     if !v.problems.is_empty() {
-        println!();
-        println!(
+        outln!();
+        outln!(
             "damage ({}; `segwal verify` for details):",
             v.problems.len()
         );
@@ -475,17 +519,17 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
                         })
                     })
                     .collect();
-                println!("{}", Value::Array(list));
+                outln!("{}", Value::Array(list));
             }
             Ok(letters) => {
                 let plural = |n: u64, one: &'static str, many: &'static str| {
                     if n == 1 { one } else { many }
                 };
                 let n = letters.len() as u64;
-                println!("{n} {}", plural(n, "dead letter", "dead letters"));
+                outln!("{n} {}", plural(n, "dead letter", "dead letters"));
                 for d in &letters {
                     let attempts = u64::from(d.attempts());
-                    println!(
+                    outln!(
                         "  seq {} after {attempts} {}: {}\n    {}",
                         d.seq(),
                         plural(attempts, "attempt", "attempts"),
@@ -511,7 +555,7 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
                 };
                 match outcome {
                     Ok(()) if *json => done.push(seq.get()),
-                    Ok(()) => println!("{} {seq}", if requeue { "requeued" } else { "discarded" }),
+                    Ok(()) => outln!("{} {seq}", if requeue { "requeued" } else { "discarded" }),
                     Err(e) => {
                         // `NotClaimed` from `requeue` and `discard` means the
                         // record is not a dead letter: said so here.
@@ -531,7 +575,7 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
                 }
             }
             if *json {
-                println!("{}", json!({ "done": done, "failed": refused }));
+                outln!("{}", json!({ "done": done, "failed": refused }));
             }
         }
     }
@@ -557,7 +601,7 @@ impl RepairReport {
     /// A line of text (not printed under `--json`).
     fn say(&self, line: impl std::fmt::Display) {
         if !self.json {
-            println!("{line}");
+            outln!("{line}");
         }
     }
 
@@ -569,7 +613,7 @@ impl RepairReport {
     /// Prints the JSON object (under `--json`) and returns `code`.
     fn finish(self, code: u8) -> ExitCode {
         if self.json {
-            println!("{}", Value::Object(self.fields));
+            outln!("{}", Value::Object(self.fields));
         }
         ExitCode::from(code)
     }
@@ -780,7 +824,15 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let code = run(Cli::parse());
+    if OUTPUT_FAILED.load(std::sync::atomic::Ordering::Relaxed) {
+        return ExitCode::from(2);
+    }
+    code
+}
+
+/// Runs the command `cli` names; its exit code.
+fn run(cli: Cli) -> ExitCode {
     let (dir, json) = match &cli.command {
         Command::Inspect { dir, json } | Command::Verify { dir, json } => (dir, json),
         Command::Dump {
@@ -805,11 +857,11 @@ fn main() -> ExitCode {
         }
     };
     if *json {
-        println!("{}", report_json(&verification));
+        outln!("{}", report_json(&verification));
     } else if matches!(cli.command, Command::Inspect { .. }) {
         inspect(&verification);
     } else {
-        println!(
+        outln!(
             "{}: {} segments, {} bytes, {} records checked",
             verification.dir.display(),
             verification.segments.len(),
@@ -817,18 +869,18 @@ fn main() -> ExitCode {
             verification.records
         );
         if let Some(torn) = &verification.torn_tail {
-            println!("torn tail (not damage: the next open truncates it):");
+            outln!("torn tail (not damage: the next open truncates it):");
             print_problem(torn);
         }
         if verification.is_clean() {
-            println!("clean");
+            outln!("clean");
         } else {
-            println!("damage found:");
+            outln!("damage found:");
             for p in &verification.problems {
                 print_problem(p);
             }
             if verification.default_open_accepts == Some(true) {
-                println!("{DEFAULT_OPEN_ACCEPTS}");
+                outln!("{DEFAULT_OPEN_ACCEPTS}");
             }
         }
     }

@@ -108,6 +108,64 @@ fn verify_and_inspect_a_clean_outbox() {
     outbox.close().expect("close");
 }
 
+/// `segwal verify DIR | head -1`: a reader that goes away ends the command
+/// quietly with its own exit code; output that cannot be written for another
+/// reason (a full disk) is said on stderr, exit 2. Never a panic.
+#[test]
+fn every_command_ends_quietly_when_its_reader_goes_away() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    written(&dir);
+    let d = dir.to_str().expect("utf-8");
+    let commands: [&[&str]; 7] = [
+        &["inspect", d],
+        &["inspect", "--json", d],
+        &["verify", d],
+        &["verify", "--json", d],
+        &["dump", d],
+        &["dump", "--state", "--format", "json", d],
+        &["dead-letters", d, "list"],
+    ];
+    for args in commands {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_segwal"))
+            .args(args)
+            .stdout(writer)
+            .output()
+            .expect("segwal runs");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if Path::new("/dev/full").exists() {
+            let full = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .expect("/dev/full");
+            let out = Command::new(env!("CARGO_BIN_EXE_segwal"))
+                .args(args)
+                .stdout(full)
+                .output()
+                .expect("segwal runs");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{args:?} to /dev/full: {stderr}"
+            );
+            assert!(stderr.contains("writing the output"), "{args:?}: {stderr}");
+        }
+    }
+}
+
 #[test]
 fn verify_names_the_file_offset_and_seq_of_damage_and_changes_nothing() {
     let tmp = tempfile::tempdir().expect("tempdir");
