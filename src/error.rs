@@ -111,11 +111,12 @@ pub enum Error {
         supported: u16,
     },
     /// The path given to [`Outbox::open`](crate::Outbox::open) cannot be an
-    /// outbox directory; nothing was created.
+    /// outbox directory; nothing was created or written.
     InvalidPath {
         /// The path, as given.
         path: PathBuf,
-        /// Why: empty, not a directory, its parent missing, permission denied.
+        /// Why: empty, not a directory, its parent missing, the process may
+        /// not write in it, a read-only file system.
         reason: &'static str,
     },
     /// An option is out of its documented range.

@@ -299,6 +299,12 @@ impl Outbox {
                     reason: "the process may not write in the directory (permission denied)",
                 });
             }
+            Err(LockError::Io(e)) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => {
+                return Err(Error::InvalidPath {
+                    path: dir,
+                    reason: READ_ONLY,
+                });
+            }
             Err(LockError::Io(e)) => return Err(Error::io("lock directory", dir, e)),
         };
         // On a full disk, the space the reserve kept is given to the open, once.
@@ -1536,6 +1542,7 @@ fn create_durably(storage: &dyn Storage, dir: &Path) -> Result<PathBuf> {
         std::io::ErrorKind::NotADirectory => invalid("it exists and is not a directory"),
         std::io::ErrorKind::NotFound => invalid("its parent directory does not exist"),
         std::io::ErrorKind::PermissionDenied => invalid("permission denied creating the directory"),
+        std::io::ErrorKind::ReadOnlyFilesystem => invalid(READ_ONLY),
         _ => Error::io("create directory", dir, e),
     })?;
     let dir = storage
@@ -1545,11 +1552,18 @@ fn create_durably(storage: &dyn Storage, dir: &Path) -> Result<PathBuf> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    storage
-        .sync_dir(parent)
-        .map_err(|e| Error::io("sync parent directory", parent, e))?;
+    storage.sync_dir(parent).map_err(|e| match e.kind() {
+        std::io::ErrorKind::ReadOnlyFilesystem => Error::InvalidPath {
+            path: dir.clone(),
+            reason: READ_ONLY,
+        },
+        _ => Error::io("sync parent directory", parent, e),
+    })?;
     Ok(dir)
 }
+
+/// Why an outbox cannot be opened on a read-only file system.
+const READ_ONLY: &str = "the directory is on a read-only file system";
 
 /// `a / b`, or 0 when `b` is 0.
 fn ratio(a: u64, b: u64) -> f64 {

@@ -224,9 +224,15 @@ impl Storage for StdStorage {
             }
             Err(TryLockError::Error(e)) => return Err(LockError::Io(e)),
         }
+        // A directory the process may not write is refused before anything
+        // is written or recovery starts: asked of the directory itself, as
+        // the process's effective user (an existing OWNER can be writable in
+        // a directory that is not: made read-only after the outbox was
+        // created, or owned by another user), rather than poisoned at the
+        // first rotation.
+        may_write_in(dir).map_err(LockError::Io)?;
         // Record our pid for the error message of a refused open. Not fsynced: it
-        // is a hint for humans, and the lock itself lives in the kernel. Writing
-        // it also proves the directory is writable before recovery starts.
+        // is a hint for humans, and the lock itself lives in the kernel.
         let record = || -> io::Result<()> {
             let mut owner = open_owner(dir, true)?;
             owner.set_len(0)?;
@@ -234,8 +240,8 @@ impl Storage for StdStorage {
         };
         match record() {
             Ok(()) => {}
-            // A directory the process may not write: refused here, before
-            // recovery starts.
+            // An OWNER the process may not write (another user's): refused
+            // here, before recovery starts.
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
                 return Err(LockError::Io(e));
             }
@@ -245,6 +251,31 @@ impl Storage for StdStorage {
         }
         held.insert(key);
         Ok(Box::new(HeldLock { file: handle, key }))
+    }
+}
+
+/// Whether the process may create and remove files in the directory `dir`
+/// (`faccessat` with `W_OK | X_OK` as the effective user): `PermissionDenied`
+/// if not, `ReadOnlyFilesystem` on a read-only file system.
+fn may_write_in(dir: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))?;
+    // SAFETY: `faccessat` only reads the NUL-terminated path `path` owns, for
+    // the duration of the call; it writes nothing of this process's memory.
+    #[expect(unsafe_code, reason = "faccessat(2) has no safe wrapper in std")]
+    let rc = unsafe {
+        libc::faccessat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::W_OK | libc::X_OK,
+            libc::AT_EACCESS,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

@@ -269,29 +269,66 @@ fn a_path_that_cannot_be_an_outbox_is_refused_before_anything_is_created() {
 /// Set in the environment of the child that opens a directory it cannot write.
 const UNWRITABLE: &str = "SEGWAL_TEST_UNWRITABLE_DIR";
 
+/// A directory the process may not write is refused with `InvalidPath`
+/// before anything in it is written: an empty one, and one holding an outbox
+/// whose files the process could write (the directory made read-only after
+/// the outbox was created), which would otherwise open and then fail at its
+/// first rotation.
 #[test]
 fn a_directory_the_process_cannot_write_is_refused_plainly() {
-    let t = tempfile::tempdir().expect("tempdir");
-    let dir = t.path().join("read-only");
-    std::fs::create_dir(&dir).expect("mkdir");
-    // Read and search only, for everyone (root is held to it by dropping to
-    // an unprivileged user in the child).
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).expect("chmod");
+    let t = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let out = std::process::Command::new(crate::this_binary())
-        .args(["--exact", "foreign::child_opening_an_unwritable_directory"])
-        .args(["--nocapture", "--test-threads=1"])
-        .env(UNWRITABLE, &dir)
-        .output()
-        .expect("spawn child");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "child failed: {stdout}");
-    assert!(
-        stdout.contains("segwal-child: refused: cannot open an outbox at"),
-        "{stdout}"
-    );
-    assert!(std::fs::read_dir(&dir).expect("list").next().is_none());
+    let empty = t.path().join("read-only");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let outbox_dir = t.path().join("read-only-outbox");
+    let outbox = Outbox::open(&outbox_dir, small_segments()).expect("open");
+    outbox.append(b"a record").expect("append");
+    outbox.close().expect("close");
+    for entry in std::fs::read_dir(&outbox_dir).expect("list") {
+        let path = entry.expect("entry").path();
+        if path.is_file() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        }
+    }
+    for dir in [&empty, &outbox_dir] {
+        // Read and search only, for everyone (root is held to it by dropping
+        // to an unprivileged user in the child).
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).expect("chmod");
+        let before = files_of(dir);
+        let out = std::process::Command::new(crate::this_binary())
+            .args(["--exact", "foreign::child_opening_an_unwritable_directory"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(UNWRITABLE, dir)
+            .output()
+            .expect("spawn child");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "child failed: {stdout}");
+        assert!(
+            stdout.contains("segwal-child: refused: cannot open an outbox at")
+                && stdout.contains("may not write in the directory"),
+            "{stdout}"
+        );
+        assert_eq!(files_of(dir), before, "{}: a file changed", dir.display());
+    }
+}
+
+/// Every entry of `dir` with its bytes (empty for a directory), sorted.
+fn files_of(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("list")
+        .map(|e| {
+            let path = e.expect("entry").path();
+            let bytes = if path.is_file() {
+                std::fs::read(&path).expect("read")
+            } else {
+                Vec::new()
+            };
+            (path, bytes)
+        })
+        .collect();
+    files.sort();
+    files
 }
 
 /// The child half: without its environment variable it has nothing to do.
