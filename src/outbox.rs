@@ -1061,6 +1061,11 @@ impl Outbox {
 
     /// Acknowledges many claimed records, all or none: if any of them would fail
     /// [`ack`](Outbox::ack), none is acknowledged and that error is returned.
+    /// A failed write or fsync ([`Error::Poisoned`], under
+    /// [`Durability::Sync`](crate::Durability::Sync) acknowledgements) is the
+    /// exception: the acknowledgement is then in doubt, record by record, and
+    /// after a reopen each record is either done or delivered again
+    /// (docs/GUARANTEES.md, section 5).
     pub fn ack_many(&self, seqs: &[Seq]) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
