@@ -1363,7 +1363,21 @@ impl Writer {
                 reserve::size(self.shared.options.segment_bytes),
             );
             match made {
-                Err(e) if reserve::is_no_space(&e) => {}
+                Err(e) if reserve::is_no_space(&e) => {
+                    // A file kept for recycling holds space the reserve needs
+                    // more: it goes, and the reserve is tried again at once.
+                    if let Some(spare) = self.spare.take() {
+                        let _removed = self.shared.storage.remove(&spare);
+                        crate::event!(
+                            info,
+                            path = %spare.display(),
+                            removed = _removed.is_ok(),
+                            "file kept for recycling removed to make the reserve"
+                        );
+                        self.reserve_tried = None;
+                        return self.reserve_short();
+                    }
+                }
                 _ => {
                     self.shared.reserve_missing.store(false, Ordering::Relaxed);
                     return None;
@@ -1997,7 +2011,11 @@ impl Writer {
     /// returns whether it did. (The directory fsync that follows every
     /// deletion makes the name durable.)
     fn keep_spare(&mut self, path: &Path) -> bool {
-        if !self.shared.options.recycle_segments || self.spare.is_some() {
+        // Without a reserve, a deleted segment's space is the reserve's.
+        if !self.shared.options.recycle_segments
+            || self.spare.is_some()
+            || self.shared.reserve_missing.load(Ordering::Relaxed)
+        {
             return false;
         }
         let Some(id) = path

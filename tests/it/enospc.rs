@@ -228,6 +228,14 @@ fn a_full_file_system_poisons_with_enospc_and_appends_work_again_once_space_retu
     outbox.sync().expect("sync");
     let deleted = outbox.stats().segments_deleted;
     assert!(deleted > 0, "draining a full disk deleted no segment");
+    // Without a reserve, no deleted segment is kept for recycling: its space
+    // is the reserve's.
+    let kept: Vec<String> = std::fs::read_dir(&dir)
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".seg.free"))
+        .collect();
+    assert!(kept.is_empty(), "kept for recycling: {kept:?}");
     // The space the drain freed takes new appends, the filler still there.
     let freed: Vec<(Seq, usize)> = (0..8)
         .map(|k| {
