@@ -32,6 +32,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::IntoFuture;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::{Context, PublishError, PublishErrorKind};
@@ -41,9 +42,10 @@ use async_nats::jetstream::stream::{
     Config, LastRawMessageErrorKind, RetentionPolicy, StorageType, Stream,
 };
 use async_nats::jetstream::{self, ErrorCode};
-use async_nats::{ConnectOptions, ServerAddr};
+use async_nats::{ConnectOptions, Event, ServerAddr};
 use bytes::Bytes;
 use futures_util::StreamExt;
+use parking_lot::Mutex;
 
 use crate::io::reader::Record;
 use crate::outbox::Outbox;
@@ -60,8 +62,14 @@ pub const CRC_HEADER: &str = "Segwal-Crc32";
 /// What a subject template's `{key}` becomes for a record without a key.
 pub const NO_KEY_TOKEN: &str = "_";
 
-/// How reconciliation reads the stream: this many message requests at once.
-const RECONCILE_CONCURRENCY: usize = 256;
+/// How reconciliation reads the stream: at most this many message requests
+/// at once,
+const RECONCILE_MESSAGES_AT_ONCE: u64 = 256;
+
+/// and, by the stream's mean message size, about this many bytes at once, so
+/// that a tail of large messages neither takes the memory of hundreds of them
+/// nor outlasts the timeout of each request.
+const RECONCILE_BYTES_AT_ONCE: u64 = 4 << 20;
 
 /// How a [`JetStream`] publisher connects and publishes. Built with
 /// [`JetStreamOptions::new`].
@@ -135,7 +143,8 @@ impl JetStreamOptions {
     /// Creates the stream when it does not exist: file storage, `replicas`
     /// copies (1, or 3 on a cluster), capturing the subject template with
     /// `{key}` as `*`, a duplicate window of 2 minutes. An existing stream is
-    /// used as it is.
+    /// used as it is. Found (or created) at the first publish, and again
+    /// after the stream was deleted while the relay runs.
     pub fn create_stream(mut self, replicas: usize) -> JetStreamOptions {
         self.create = Some(StreamSpec {
             replicas: replicas.max(1),
@@ -156,7 +165,10 @@ impl JetStreamOptions {
     }
 
     /// With [`create_stream`](JetStreamOptions::create_stream): the stream's
-    /// duplicate window (JetStream's deduplication of `Nats-Msg-Id`).
+    /// duplicate window (JetStream's deduplication of `Nats-Msg-Id`). Keep
+    /// it longer than the relay's longest backoff plus the publish
+    /// [`timeout`](JetStreamOptions::timeout): a record whose `PubAck` was
+    /// lost is published again that much later (docs/RELAY.md).
     pub fn stream_duplicate_window(mut self, window: Duration) -> JetStreamOptions {
         if let Some(spec) = &mut self.create {
             spec.duplicate_window = window;
@@ -229,9 +241,25 @@ pub struct JetStream {
     /// handed to this publisher since.
     stored_before: HashMap<u64, u32>,
     reconciled: Option<Reconciled>,
+    /// How far a reconciliation that failed had read: the next goes on.
+    progress: Option<Progress>,
     /// The stream, found by reconciliation, and what its configuration
     /// said when last read.
     stream: Option<(Stream, Keeping)>,
+    /// The client's last failure to connect (or loss of its connection), and
+    /// when; cleared when it connects. Said with every retry while it is not
+    /// connected, so that a refused login tells itself from a server down.
+    connection: Arc<Mutex<Option<(Instant, String)>>>,
+}
+
+/// How far reconciliation read the stream's tail (`next` to `last`, so many
+/// messages a round), kept when an attempt fails so that the next goes on.
+#[derive(Clone, Copy, Debug)]
+struct Progress {
+    next: u64,
+    last: u64,
+    at_once: u64,
+    report: Reconciled,
 }
 
 /// What a stream's configuration says about keeping what it acknowledges.
@@ -319,7 +347,13 @@ impl JetStream {
     /// yet). The stream is found (or created) and reconciled before the first
     /// publish, not here: a server that cannot be reached now is not an
     /// error; publishes wait for the connection and fail as
-    /// [`Outcome::Retry`] when their timeout passes.
+    /// [`Outcome::Retry`] when their timeout passes, naming the last failure
+    /// to connect.
+    ///
+    /// Blocking, as its publishes are: call it, and run the relay, on a
+    /// thread of its own or under `tokio::task::spawn_blocking`, never inside
+    /// an async task or a `block_on` of another runtime (tokio refuses a
+    /// runtime driven from inside another with a panic).
     pub fn connect(outbox: &Outbox, options: JetStreamOptions) -> Result<JetStream, NatsError> {
         JetStream::connect_as(outbox.id(), options)
     }
@@ -349,7 +383,8 @@ impl JetStream {
             .map(|url| url.trim().parse::<ServerAddr>())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| nats_error("connect", format!("{}: {e}", options.servers)))?;
-        let context = runtime.block_on(new_context(&servers, &options))?;
+        let connection = Arc::new(Mutex::new(None));
+        let context = runtime.block_on(new_context(&servers, &options, &connection))?;
         let subject = match options.subject.split_once("{key}") {
             Some((before, after)) => (before.to_owned(), Some(after.to_owned())),
             None => (options.subject.clone(), None),
@@ -363,7 +398,9 @@ impl JetStream {
             options,
             stored_before: HashMap::new(),
             reconciled: None,
+            progress: None,
             stream: None,
+            connection,
         })
     }
 
@@ -411,10 +448,12 @@ impl JetStream {
                 .await
                 .map_err(|e| nats_error("stream", e))?;
             let last = info.state.last_sequence;
+            let mean = (info.state.bytes / info.state.messages.max(1)).max(1);
+            let at_once = (RECONCILE_BYTES_AT_ONCE / mean).clamp(1, RECONCILE_MESSAGES_AT_ONCE);
             let mut out = Vec::with_capacity(max.min(1 << 16));
             let mut next = first.max(info.state.first_sequence).max(1);
             while next <= last && out.len() < max {
-                let end = (next + RECONCILE_CONCURRENCY as u64 - 1).min(last);
+                let end = (next + at_once - 1).min(last);
                 let gets = (next..=end).map(|seq| stream.get_raw_message(seq));
                 for message in futures_util::future::join_all(gets).await {
                     match message {
@@ -446,60 +485,62 @@ impl JetStream {
             return before.clone();
         };
         let mut subject = before.clone();
-        match record.key() {
-            None => subject.push_str(NO_KEY_TOKEN),
-            Some(key)
-                if !key.is_empty()
-                    && key
-                        .iter()
-                        .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_') =>
-            {
-                // Checked just above: ASCII only.
-                subject.push_str(std::str::from_utf8(key).unwrap_or(NO_KEY_TOKEN));
-            }
-            Some(key) => {
-                subject.push('x');
-                for b in key {
-                    subject.push_str(&format!("{b:02x}"));
-                }
-            }
-        }
+        push_key_token(&mut subject, record.key());
         subject.push_str(after);
         subject
     }
 
     /// Finds (or creates) the stream and reads its last messages for records
-    /// of this outbox.
+    /// of this outbox, going on from `progress` where an attempt failed.
     async fn reconcile(
         context: &Context,
         options: &JetStreamOptions,
         id_prefix: &str,
         found: &mut HashMap<u64, u32>,
+        progress: &mut Option<Progress>,
     ) -> Result<(Reconciled, Stream), String> {
         let stream = find_stream(context, options).await?;
-        let info = stream.get_info().await.map_err(|e| e.to_string())?;
-        let state = info.state;
-        let mut report = Reconciled::default();
-        if state.messages == 0 || options.reconcile_depth == 0 {
-            return Ok((report, stream));
-        }
-        let last = state.last_sequence;
-        let from = state
-            .first_sequence
-            .max(last.saturating_sub(options.reconcile_depth - 1))
-            .max(1);
-        let mut next = from;
-        while next <= last {
-            let end = (next + RECONCILE_CONCURRENCY as u64 - 1).min(last);
-            let gets = (next..=end).map(|seq| stream.get_raw_message(seq));
+        let mut p = match progress.take() {
+            Some(p) => p,
+            None => {
+                let info = stream.get_info().await.map_err(|e| e.to_string())?;
+                let state = info.state;
+                if state.messages == 0 || options.reconcile_depth == 0 {
+                    return Ok((Reconciled::default(), stream));
+                }
+                let last = state.last_sequence;
+                let from = state
+                    .first_sequence
+                    .max(last.saturating_sub(options.reconcile_depth - 1))
+                    .max(1);
+                let mean = (state.bytes / state.messages).max(1);
+                Progress {
+                    next: from,
+                    last,
+                    at_once: (RECONCILE_BYTES_AT_ONCE / mean).clamp(1, RECONCILE_MESSAGES_AT_ONCE),
+                    report: Reconciled::default(),
+                }
+            }
+        };
+        while p.next <= p.last {
+            let end = (p.next + p.at_once - 1).min(p.last);
+            let gets = (p.next..=end).map(|seq| stream.get_raw_message(seq));
+            let mut round = Reconciled::default();
+            let mut seen = Vec::new();
             for message in futures_util::future::join_all(gets).await {
                 let message = match message {
                     Ok(message) => message,
                     // Deleted (or aged out) since the stream's state was read.
                     Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => continue,
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => {
+                        let at = p.next;
+                        *progress = Some(p);
+                        return Err(format!(
+                            "{e} (the next attempt goes on from stream sequence {at})"
+                        ));
+                    }
                 };
-                report.examined += 1;
+                round.examined += 1;
                 // This outbox's: the seq from the message id, the same in
                 // its own header, and the payload's checksum.
                 let headers = &message.headers;
@@ -513,13 +554,18 @@ impl JetStream {
                 if let (Some(Some(seq)), Some(Some(same)), Some(crc)) = (from_id, from_header, crc)
                     && seq == same
                 {
-                    report.found += 1;
-                    found.insert(seq, crc);
+                    round.found += 1;
+                    seen.push((seq, crc));
                 }
             }
-            next = end + 1;
+            // Counted once the whole round is read: a failed round is read
+            // again whole.
+            found.extend(seen);
+            p.report.examined += round.examined;
+            p.report.found += round.found;
+            p.next = end + 1;
         }
-        Ok((report, stream))
+        Ok((p.report, stream))
     }
 
     /// Whether the stream keeps what it acknowledges now. Its configuration
@@ -538,7 +584,14 @@ impl JetStream {
             match self.runtime.block_on(stream.get_info()) {
                 Ok(info) => *keeping = Keeping::of(&info.config),
                 Err(e) => {
-                    return Gate::Closed(format!("reading stream {name}'s configuration: {e}"));
+                    let reason = format!("reading stream {name}'s configuration: {e}");
+                    // Deleted while the relay runs: found (or created) and
+                    // reconciled again before the next publish.
+                    if jetstream_code(&e) == Some(ErrorCode::STREAM_NOT_FOUND) {
+                        self.stream = None;
+                        self.reconciled = None;
+                    }
+                    return Gate::Closed(reason);
                 }
             }
         }
@@ -579,8 +632,22 @@ impl JetStream {
 async fn new_context(
     servers: &[ServerAddr],
     options: &JetStreamOptions,
+    connection: &Arc<Mutex<Option<(Instant, String)>>>,
 ) -> Result<Context, NatsError> {
+    let last = connection.clone();
     let client = ConnectOptions::new()
+        .event_callback(move |event| {
+            let last = last.clone();
+            async move {
+                match event {
+                    Event::Connected => *last.lock() = None,
+                    Event::Disconnected | Event::ClientError(_) | Event::ServerError(_) => {
+                        *last.lock() = Some((Instant::now(), event.to_string()));
+                    }
+                    _ => {}
+                }
+            }
+        })
         .retry_on_initial_connect()
         .max_reconnects(None)
         .connection_timeout(options.timeout)
@@ -593,6 +660,45 @@ async fn new_context(
         .max_ack_inflight(options.in_flight)
         .backpressure_on_inflight(true)
         .build(client))
+}
+
+/// Appends the subject token of a record's `key`: the key as it is where it
+/// cannot be taken for another key's token (letters, digits, `-` and `_`,
+/// not starting with the `x` of an encoded key, not the no-key token), else
+/// `x` and its bytes in hex; [`NO_KEY_TOKEN`] for no key. One key, one token.
+fn push_key_token(subject: &mut String, key: Option<&[u8]>) {
+    match key {
+        None => subject.push_str(NO_KEY_TOKEN),
+        Some(key)
+            if !key.is_empty()
+                && key[0] != b'x'
+                && key != NO_KEY_TOKEN.as_bytes()
+                && key
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_') =>
+        {
+            // Checked just above: ASCII only.
+            subject.push_str(std::str::from_utf8(key).unwrap_or(NO_KEY_TOKEN));
+        }
+        Some(key) => {
+            subject.push('x');
+            for b in key {
+                subject.push_str(&format!("{b:02x}"));
+            }
+        }
+    }
+}
+
+/// The JetStream error code behind `error`, if any.
+fn jetstream_code(error: &(dyn std::error::Error + 'static)) -> Option<ErrorCode> {
+    let mut at = Some(error);
+    while let Some(e) = at {
+        if let Some(js) = e.downcast_ref::<jetstream::Error>() {
+            return Some(js.error_code());
+        }
+        at = e.source();
+    }
+    None
 }
 
 /// A seq written by this publisher: ASCII digits only.
@@ -641,12 +747,39 @@ impl Drop for JetStream {
 
 impl Publisher for JetStream {
     fn publish(&mut self, records: &[Record]) -> Vec<Outcome> {
+        let mut outcomes = self.publish_batch(records);
+        // Not connected: every retry says why the client is not, so that a
+        // refused login or certificate tells itself from a server down.
+        let connected =
+            self.context.client().connection_state() == async_nats::connection::State::Connected;
+        if !connected {
+            let note = match &*self.connection.lock() {
+                Some((at, why)) => format!(
+                    "not connected to any server; the last attempt, {} s ago: {why}",
+                    at.elapsed().as_secs()
+                ),
+                None => "not connected to any server yet".to_owned(),
+            };
+            for outcome in &mut outcomes {
+                if let Outcome::Retry(reason) = outcome {
+                    *reason = format!("{reason} ({note})");
+                }
+            }
+        }
+        outcomes
+    }
+}
+
+impl JetStream {
+    /// [`Publisher::publish`], but for what the connection's state adds.
+    fn publish_batch(&mut self, records: &[Record]) -> Vec<Outcome> {
         if self.reconciled.is_none() {
             let reconciled = self.runtime.block_on(JetStream::reconcile(
                 &self.context,
                 &self.options,
                 &self.id_prefix,
                 &mut self.stored_before,
+                &mut self.progress,
             ));
             match reconciled {
                 Ok((report, stream)) => {
@@ -796,9 +929,11 @@ fn outcome_of_error(error: &PublishError, connected: bool) -> Outcome {
             .is_some_and(|e| e.error_code() == ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM),
         _ => false,
     };
-    let reason = match std::error::Error::source(error) {
-        Some(source) => format!("{error}: {source}"),
-        None => error.to_string(),
+    // The source, where the error's own text does not say it already.
+    let reason = error.to_string();
+    let reason = match std::error::Error::source(error).map(ToString::to_string) {
+        Some(source) if !reason.contains(&source) => format!("{reason}: {source}"),
+        _ => reason,
     };
     if refused {
         Outcome::Refused(reason)
@@ -814,6 +949,51 @@ mod tests {
     /// A `PubAck` as the server writes it.
     fn ack(json: &str) -> PublishAck {
         serde_json::from_str(json).expect("a PubAck")
+    }
+
+    /// Regression: `.` was encoded as `x2e`, which the key `x2e` also gave,
+    /// and the key `_` gave the no-key token.
+    #[test]
+    fn each_key_has_a_subject_token_of_its_own() {
+        let token = |key: Option<&[u8]>| {
+            let mut t = String::new();
+            push_key_token(&mut t, key);
+            t
+        };
+        assert_eq!(token(None), "_");
+        assert_eq!(token(Some(b"order-42")), "order-42");
+        assert_eq!(token(Some(b"a_b")), "a_b");
+        assert_eq!(token(Some(b".")), "x2e");
+        assert_eq!(token(Some(b"x2e")), "x783265");
+        assert_eq!(token(Some(b"_")), "x5f");
+        let keys: [Option<&[u8]>; 14] = [
+            None,
+            Some(b""),
+            Some(b"_"),
+            Some(b"x"),
+            Some(b"X"),
+            Some(b"."),
+            Some(b"x2e"),
+            Some(b"x5f"),
+            Some(b"x78"),
+            Some(b"-"),
+            Some(b"a.b"),
+            Some(b"a b"),
+            Some(b"xa"),
+            Some("é".as_bytes()),
+        ];
+        let mut tokens: Vec<String> = keys.iter().map(|k| token(*k)).collect();
+        for t in &tokens {
+            assert!(
+                !t.is_empty()
+                    && t.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "{t:?} is not one subject token"
+            );
+        }
+        tokens.sort();
+        tokens.dedup();
+        assert_eq!(tokens.len(), keys.len(), "two keys share a token");
     }
 
     #[test]

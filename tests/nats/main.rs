@@ -57,6 +57,14 @@ const TESTS: &[Test] = &[
         "a_stream_keeping_messages_only_for_consumers_gets_records_once_it_has_one",
         interest,
     ),
+    (
+        "a_stream_deleted_while_the_relay_runs_is_created_again",
+        deleted_stream,
+    ),
+    (
+        "retries_say_that_no_server_is_connected_and_why",
+        not_connected,
+    ),
 ];
 
 fn main() {
@@ -618,5 +626,95 @@ fn interest() {
         "{outcomes:?}"
     );
     assert_eq!(stored(&mut reader), Some(10));
+    outbox.close().expect("close");
+}
+
+/// A stream deleted while the publisher runs: the records published then
+/// are `Retry`, and with `create_stream` the publisher creates it again and
+/// stores them; none is acknowledged that the new stream does not hold.
+fn deleted_stream() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut server = Server::single(tmp.path());
+    server.start();
+    let url = server.url();
+    let outbox = outbox_of(&tmp.path().join("outbox"), 10);
+    let options = JetStreamOptions::new(&url, "GONE", "gone.{key}").create_stream(1);
+    let mut publisher = JetStream::connect(&outbox, options).expect("publisher");
+    let first = outbox.claim(5).expect("claim");
+    assert!(
+        publisher
+            .publish(&first)
+            .iter()
+            .all(|o| matches!(o, Outcome::Stored))
+    );
+    for r in &first {
+        outbox.ack(r.seq()).expect("ack");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let client = async_nats::connect(url.as_str()).await.expect("connects");
+        async_nats::jetstream::new(client)
+            .delete_stream("GONE")
+            .await
+            .expect("delete the stream");
+    });
+    // The publisher reads the stream's configuration at most once a second.
+    std::thread::sleep(Duration::from_millis(1100));
+    let rest = outbox.claim(5).expect("claim");
+    let mut stored = HashSet::new();
+    let mut retried = Vec::new();
+    for _ in 0..20 {
+        let pending: Vec<Record> = rest
+            .iter()
+            .filter(|r| !stored.contains(&r.seq()))
+            .cloned()
+            .collect();
+        if pending.is_empty() {
+            break;
+        }
+        for (r, outcome) in pending.iter().zip(publisher.publish(&pending)) {
+            match outcome {
+                Outcome::Stored => {
+                    stored.insert(r.seq());
+                }
+                Outcome::Retry(reason) => retried.push(reason),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert_eq!(stored.len(), 5, "retries: {retried:?}");
+    assert!(
+        retried.iter().any(|r| r.contains("not found")),
+        "the deletion was not seen: {retried:?}"
+    );
+    let mut reader = reader(&url, "GONE");
+    let messages = read_back(&mut reader);
+    let seqs: HashSet<u64> = messages.iter().filter_map(|m| m.seq).collect();
+    let expected: HashSet<u64> = rest.iter().map(|r| r.seq().get()).collect();
+    assert_eq!(
+        seqs, expected,
+        "the new stream holds the records published after"
+    );
+    outbox.close().expect("close");
+}
+
+/// With no server to connect to, every `Retry` says that the client is not
+/// connected and what its last attempt met, rather than only "timed out".
+fn not_connected() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let outbox = outbox_of(&tmp.path().join("outbox"), 3);
+    let url = format!("nats://127.0.0.1:{port}");
+    let options =
+        JetStreamOptions::new(&url, "NONE", "none.{key}").timeout(Duration::from_millis(300));
+    let mut publisher = JetStream::connect(&outbox, options).expect("connects in the background");
+    let records = outbox.claim(3).expect("claim");
+    assert_retried(&publisher.publish(&records), "not connected to any server");
     outbox.close().expect("close");
 }
