@@ -35,27 +35,25 @@ pub(crate) fn is_no_space(e: &io::Error) -> bool {
 /// Makes sure the reserve of `bytes` exists in `dir`; the error says why it
 /// could not be made (a full disk is exactly when it cannot, and then the
 /// writer keeps the space it needs free: `Writer::reserve_short`). A reserve
-/// of another length is left alone.
+/// at least as long is left alone; a shorter one (an attempt a crash cut
+/// between the creation and the reservation) is grown to `bytes`, never cut.
 pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) -> io::Result<()> {
     let path = dir.join(RESERVE_FILE);
-    if storage.open(&path).is_ok() {
-        return Ok(());
+    match storage.open(&path) {
+        Ok(file) => {
+            if file.len()? >= bytes {
+                return Ok(());
+            }
+            return fill(&*file, bytes).and_then(|()| file.sync_data());
+        }
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        Err(_) => {}
     }
     let mut created = false;
     let made = (|| -> io::Result<()> {
         let file = storage.create(&path)?;
         created = true;
-        file.allocate(bytes)?;
-        if file.len()? < bytes {
-            // The file system cannot reserve: write the zeros.
-            let zeros = vec![0u8; 1 << 16];
-            let mut at = 0;
-            while at < bytes {
-                let n = (bytes - at).min(zeros.len() as u64) as usize;
-                write_all_at(&*file, &zeros[..n], at)?;
-                at += n as u64;
-            }
-        }
+        fill(&*file, bytes)?;
         file.sync_data()?;
         storage.sync_dir(dir)
     })();
@@ -66,6 +64,23 @@ pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) -> io::Resul
         let _ = storage.sync_dir(dir);
     }
     made
+}
+
+/// Reserves `file` up to `bytes` (zeros past its end written where the file
+/// system cannot reserve).
+fn fill(file: &dyn crate::io::StorageFile, bytes: u64) -> io::Result<()> {
+    file.allocate(bytes)?;
+    let mut at = file.len()?;
+    if at < bytes {
+        // The file system cannot reserve: write the zeros.
+        let zeros = vec![0u8; 1 << 16];
+        while at < bytes {
+            let n = (bytes - at).min(zeros.len() as u64) as usize;
+            write_all_at(file, &zeros[..n], at)?;
+            at += n as u64;
+        }
+    }
+    Ok(())
 }
 
 /// Removes the reserve of `dir` to give its space to an open that found the

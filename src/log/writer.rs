@@ -937,7 +937,20 @@ impl Writer {
                 _ => 0,
             })
             .sum();
-        let upper: u64 = batch.iter().map(request_bytes).sum::<u64>()
+        // Appends the writer will refuse whole (below the free-disk floor, or
+        // while the reserve is missing) write nothing: they do not count,
+        // lest a batch of refusals rotate and spend the space kept.
+        let has_appends = batch.iter().any(|r| matches!(r, Request::Append { .. }));
+        let appends_refused = has_appends && {
+            let floor = self.shared.options.min_free_disk_bytes;
+            self.free_bytes().is_some_and(|free| free < floor) || self.reserve_short().is_some()
+        };
+        let counted = |r: &Request| match r {
+            Request::Append { .. } if appends_refused => 0,
+            r => request_bytes(r),
+        };
+        let described_max = if appends_refused { 0 } else { described_max };
+        let upper: u64 = batch.iter().map(counted).sum::<u64>()
             + internal
                 .iter()
                 .map(|(_, p)| frame::frame_len(p.len()) as u64)
@@ -947,7 +960,8 @@ impl Writer {
             } else {
                 0
             };
-        if upper == 0 {
+        // Appends are answered from the plan below, even when none writes.
+        if upper == 0 && !has_appends {
             return Ok(());
         }
         // A checkpoint, if due, is the first frame of the write, numbered
@@ -1343,49 +1357,56 @@ impl Writer {
     }
 
     /// While the outbox has no reserve for want of space (set at open), tries
-    /// to make it again, at most every [`RESERVE_RETRY_EVERY`]; returns the
-    /// file system's free bytes (0 when it cannot tell) while it is still
-    /// missing, and appends are then refused: the space left is what the next
-    /// open needs on a full disk. Any other failure than a full disk gives up
-    /// on it (appends go on, as they would with no reserve to make).
+    /// to make it again, at most every [`RESERVE_RETRY_EVERY`] (at once when
+    /// the file system says it has the room); returns the file system's free
+    /// bytes (0 when it cannot tell) while it is still missing, and appends
+    /// are then refused: the space left is what the next open needs on a
+    /// full disk. A try that fails for another reason (no descriptor left,
+    /// an I/O error) leaves it missing too, to be tried again.
     fn reserve_short(&mut self) -> Option<u64> {
         if !self.shared.reserve_missing.load(Ordering::Relaxed) {
             return None;
         }
+        let size = reserve::size(self.shared.options.segment_bytes);
+        let free = self
+            .shared
+            .storage
+            .free_bytes(&self.shared.dir)
+            .ok()
+            .flatten();
         let due = self
             .reserve_tried
-            .is_none_or(|at| at.elapsed() >= RESERVE_RETRY_EVERY);
-        if due {
-            self.reserve_tried = Some(Instant::now());
-            let made = reserve::ensure(
-                &*self.shared.storage,
-                &self.shared.dir,
-                reserve::size(self.shared.options.segment_bytes),
-            );
-            match made {
-                Err(e) if reserve::is_no_space(&e) => {
-                    // A file kept for recycling holds space the reserve needs
-                    // more: it goes, and the reserve is tried again at once.
-                    if let Some(spare) = self.spare.take() {
-                        let _removed = self.shared.storage.remove(&spare);
-                        crate::event!(
-                            info,
-                            path = %spare.display(),
-                            removed = _removed.is_ok(),
-                            "file kept for recycling removed to make the reserve"
-                        );
-                        self.reserve_tried = None;
-                        return self.reserve_short();
-                    }
+            .is_none_or(|at| at.elapsed() >= RESERVE_RETRY_EVERY)
+            || free.is_some_and(|free| free >= size);
+        if !due {
+            return Some(free.unwrap_or(0));
+        }
+        self.reserve_tried = Some(Instant::now());
+        match reserve::ensure(&*self.shared.storage, &self.shared.dir, size) {
+            Ok(()) => {
+                self.shared.reserve_missing.store(false, Ordering::Relaxed);
+                None
+            }
+            Err(e) => {
+                // A file kept for recycling holds space the reserve needs
+                // more: it goes, and the reserve is tried again at once.
+                if reserve::is_no_space(&e)
+                    && let Some(spare) = self.spare.take()
+                {
+                    let _removed = self.shared.storage.remove(&spare);
+                    crate::event!(
+                        info,
+                        path = %spare.display(),
+                        removed = _removed.is_ok(),
+                        "file kept for recycling removed to make the reserve"
+                    );
+                    self.reserve_tried = None;
+                    return self.reserve_short();
                 }
-                _ => {
-                    self.shared.reserve_missing.store(false, Ordering::Relaxed);
-                    return None;
-                }
+                let free = self.shared.storage.free_bytes(&self.shared.dir);
+                Some(free.ok().flatten().unwrap_or(0))
             }
         }
-        let free = self.shared.storage.free_bytes(&self.shared.dir);
-        Some(free.ok().flatten().unwrap_or(0))
     }
 
     /// The length of the file kept for recycling, 0 without one (or when it

@@ -66,10 +66,14 @@ pub const NO_KEY_TOKEN: &str = "_";
 /// at once,
 const RECONCILE_MESSAGES_AT_ONCE: u64 = 256;
 
-/// and, by the stream's mean message size, about this many bytes at once, so
-/// that a tail of large messages neither takes the memory of hundreds of them
-/// nor outlasts the timeout of each request.
+/// and, by the mean size of the messages of the round before, about this many
+/// bytes at once, so that a tail of large messages neither takes the memory
+/// of hundreds of them nor outlasts the timeout of each request.
 const RECONCILE_BYTES_AT_ONCE: u64 = 4 << 20;
+
+/// The first round, sized by the whole stream's mean message size, asks for
+/// at most this many.
+const RECONCILE_FIRST_ROUND_MAX: u64 = 32;
 
 /// How a [`JetStream`] publisher connects and publishes. Built with
 /// [`JetStreamOptions::new`].
@@ -449,10 +453,11 @@ impl JetStream {
                 .map_err(|e| nats_error("stream", e))?;
             let last = info.state.last_sequence;
             let mean = (info.state.bytes / info.state.messages.max(1)).max(1);
-            let at_once = (RECONCILE_BYTES_AT_ONCE / mean).clamp(1, RECONCILE_MESSAGES_AT_ONCE);
+            let mut at_once = (RECONCILE_BYTES_AT_ONCE / mean).clamp(1, RECONCILE_FIRST_ROUND_MAX);
             let mut out = Vec::with_capacity(max.min(1 << 16));
             let mut next = first.max(info.state.first_sequence).max(1);
             while next <= last && out.len() < max {
+                let read = out.len();
                 let end = (next + at_once - 1).min(last);
                 let gets = (next..=end).map(|seq| stream.get_raw_message(seq));
                 for message in futures_util::future::join_all(gets).await {
@@ -473,6 +478,13 @@ impl JetStream {
                     }
                 }
                 next = end + 1;
+                // The next round by the size of this one's messages.
+                let round = &out[read..];
+                if !round.is_empty() {
+                    let bytes: usize = round.iter().map(|m| m.payload.len()).sum();
+                    let mean = (bytes / round.len()).max(1) as u64;
+                    at_once = (RECONCILE_BYTES_AT_ONCE / mean).clamp(1, RECONCILE_MESSAGES_AT_ONCE);
+                }
             }
             Ok(out)
         })
@@ -513,11 +525,13 @@ impl JetStream {
                     .first_sequence
                     .max(last.saturating_sub(options.reconcile_depth - 1))
                     .max(1);
+                // The first round by the whole stream's mean size, and at
+                // most a few dozen: its tail may be larger than the rest.
                 let mean = (state.bytes / state.messages).max(1);
                 Progress {
                     next: from,
                     last,
-                    at_once: (RECONCILE_BYTES_AT_ONCE / mean).clamp(1, RECONCILE_MESSAGES_AT_ONCE),
+                    at_once: (RECONCILE_BYTES_AT_ONCE / mean).clamp(1, RECONCILE_FIRST_ROUND_MAX),
                     report: Reconciled::default(),
                 }
             }
@@ -526,6 +540,7 @@ impl JetStream {
             let end = (p.next + p.at_once - 1).min(p.last);
             let gets = (p.next..=end).map(|seq| stream.get_raw_message(seq));
             let mut round = Reconciled::default();
+            let mut round_bytes = 0u64;
             let mut seen = Vec::new();
             for message in futures_util::future::join_all(gets).await {
                 let message = match message {
@@ -541,6 +556,7 @@ impl JetStream {
                     }
                 };
                 round.examined += 1;
+                round_bytes += message.payload.len() as u64;
                 // This outbox's: the seq from the message id, the same in
                 // its own header, and the payload's checksum.
                 let headers = &message.headers;
@@ -564,6 +580,11 @@ impl JetStream {
             p.report.examined += round.examined;
             p.report.found += round.found;
             p.next = end + 1;
+            // The next round by the size of this one's messages.
+            if let Some(mean) = round_bytes.checked_div(round.examined) {
+                p.at_once =
+                    (RECONCILE_BYTES_AT_ONCE / mean.max(1)).clamp(1, RECONCILE_MESSAGES_AT_ONCE);
+            }
         }
         Ok((p.report, stream))
     }
@@ -587,9 +608,12 @@ impl JetStream {
                     let reason = format!("reading stream {name}'s configuration: {e}");
                     // Deleted while the relay runs: found (or created) and
                     // reconciled again before the next publish.
+                    // What the old stream held is gone with it.
                     if jetstream_code(&e) == Some(ErrorCode::STREAM_NOT_FOUND) {
                         self.stream = None;
                         self.reconciled = None;
+                        self.progress = None;
+                        self.stored_before.clear();
                     }
                     return Gate::Closed(reason);
                 }
@@ -755,10 +779,10 @@ impl Publisher for JetStream {
         if !connected {
             let note = match &*self.connection.lock() {
                 Some((at, why)) => format!(
-                    "not connected to any server; the last attempt, {} s ago: {why}",
+                    "not connected to any server; {} s ago: {why}",
                     at.elapsed().as_secs()
                 ),
-                None => "not connected to any server yet".to_owned(),
+                None => "not connected to any server".to_owned(),
             };
             for outcome in &mut outcomes {
                 if let Outcome::Retry(reason) = outcome {

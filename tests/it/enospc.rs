@@ -221,10 +221,42 @@ fn a_full_file_system_poisons_with_enospc_and_appends_work_again_once_space_retu
         }
     }
     assert!(!outbox.stats().poisoned);
+    // Refused appends spend nothing: not even a rotation (a few acks first,
+    // so that the active segment holds more than its header; then appends
+    // larger than a segment).
+    for r in outbox.claim(3).expect("claim") {
+        outbox.ack(r.seq()).expect("ack");
+    }
+    outbox.sync().expect("sync");
+    let files = crate::segment_files(&dir);
+    for _ in 0..3 {
+        assert!(matches!(
+            outbox.append(&vec![0x5a; 300 * 1024]),
+            Err(Error::QuotaExceeded {
+                quota: "reserve",
+                ..
+            })
+        ));
+    }
+    assert_eq!(
+        crate::segment_files(&dir),
+        files,
+        "a refused append rotated"
+    );
     outbox.close().expect("close with no reserve");
+    // A `RESERVE` a crash left short (between its creation and its
+    // reservation, in one of the writer's tries) is not the reserve.
+    std::fs::write(dir.join("RESERVE"), b"").expect("an empty RESERVE");
     let outbox = Outbox::open(&dir, options()).expect("reopen, the disk still full");
     assert!(outbox.stats().reserve_missing);
-    let recovered = check_recovered(&outbox, &[], &acked, Some(failed));
+    assert!(matches!(
+        outbox.append(&record(failed + 98)),
+        Err(Error::QuotaExceeded {
+            quota: "reserve",
+            ..
+        })
+    ));
+    let recovered = check_recovered(&outbox, &[], &acked[3..], Some(failed));
     outbox.sync().expect("sync");
     let deleted = outbox.stats().segments_deleted;
     assert!(deleted > 0, "draining a full disk deleted no segment");
