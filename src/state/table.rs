@@ -1751,16 +1751,21 @@ mod tests {
     /// A table with one unsealed segment holding `n` records of 10-byte payloads,
     /// with frame `internal` (if any) an internal frame.
     fn table(n: u32, internal: Option<u32>) -> (Table, tempfile::TempDir) {
+        table_from(1, n, internal)
+    }
+
+    /// [`table`] whose segment's first seq is `first`.
+    fn table_from(first: u64, n: u32, internal: Option<u32>) -> (Table, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path: Arc<Path> = dir.path().join("f").into();
         let file = StdStorage::new().create(&path).expect("create");
         let mut t = Table::new();
-        t.push_segment(SegmentSlots::new(SegmentId(1), path, Some(file), 0, 64));
+        t.push_segment(SegmentSlots::new(SegmentId(first), path, Some(file), 0, 64));
         let frame = FRAME_HEADER_LEN as u32 + 10;
         let frames: Vec<FrameSpan> = (0..n)
             .map(|i| FrameSpan::new(64 + i * frame, frame, Some(i) != internal))
             .collect();
-        t.push_frames(SegmentId(1), Seq::from(1), &frames);
+        t.push_frames(SegmentId(first), Seq::from(first), &frames);
         (t, dir)
     }
 
@@ -1800,16 +1805,7 @@ mod tests {
     /// are. A number of the table's own segment stands as its slot says.
     #[test]
     fn a_record_below_every_segment_stands_as_acknowledged() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path: Arc<Path> = dir.path().join("f").into();
-        let file = StdStorage::new().create(&path).expect("create");
-        let mut t = Table::new();
-        t.push_segment(SegmentSlots::new(SegmentId(100), path, Some(file), 0, 64));
-        let frame = FRAME_HEADER_LEN as u32 + 10;
-        let frames: Vec<FrameSpan> = (0..4)
-            .map(|i| FrameSpan::new(64 + i * frame, frame, true))
-            .collect();
-        t.push_frames(SegmentId(100), Seq::from(100), &frames);
+        let (t, _d) = table_from(100, 4, None);
         assert!(matches!(
             t.standing(Seq::from(5)),
             Some((Standing::Done, _))
