@@ -1357,8 +1357,9 @@ impl Writer {
     }
 
     /// While the outbox has no reserve for want of space (set at open), tries
-    /// to make it again, at most every [`RESERVE_RETRY_EVERY`] (at once when
-    /// the file system says it has the room); returns the file system's free
+    /// to make it again, at most every [`RESERVE_RETRY_EVERY`] (every
+    /// [`FREE_BYTES_EVERY`] while the file system says it has the room);
+    /// returns the file system's free
     /// bytes (0 when it cannot tell) while it is still missing, and appends
     /// are then refused: the space left is what the next open needs on a
     /// full disk. A try that fails for another reason (no descriptor left,
@@ -1374,10 +1375,12 @@ impl Writer {
             .free_bytes(&self.shared.dir)
             .ok()
             .flatten();
-        let due = self
-            .reserve_tried
-            .is_none_or(|at| at.elapsed() >= RESERVE_RETRY_EVERY)
-            || free.is_some_and(|free| free >= size);
+        // Paced even when the file system says it has the room: a try can
+        // fail all the same (the room fragmented, or kept for the superuser).
+        let due = self.reserve_tried.is_none_or(|at| {
+            at.elapsed() >= RESERVE_RETRY_EVERY
+                || (free.is_some_and(|free| free >= size) && at.elapsed() >= FREE_BYTES_EVERY)
+        });
         if !due {
             return Some(free.unwrap_or(0));
         }
