@@ -385,7 +385,7 @@ impl Outbox {
             .map_err(|e| Error::io("spawn writer thread", &shared.dir, e))?;
         trace_open(&shared.dir, &report);
         // Kept aside for the next open that finds the disk full. Where there
-        // is no room for it, appends wait until there is: what is left is the
+        // is no room for it, appends are refused until there is: what is left is the
         // next open's (the writer tries again, `Writer::reserve_short`).
         let reserved = reserve::ensure(
             &*shared.storage,
