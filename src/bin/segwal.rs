@@ -38,6 +38,14 @@ macro_rules! outln {
     };
 }
 
+/// `eprintln!` that never panics: a message to a stderr that is gone (`2>&1
+/// | head`) is dropped.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 /// One line of output to stdout, for [`outln!`].
 fn out_line(args: std::fmt::Arguments<'_>) {
     let mut out = std::io::stdout().lock();
@@ -49,7 +57,7 @@ fn out_line(args: std::fmt::Arguments<'_>) {
         && e.kind() != std::io::ErrorKind::BrokenPipe
         && !OUTPUT_FAILED.swap(true, std::sync::atomic::Ordering::Relaxed)
     {
-        eprintln!("segwal: writing the output: {e}");
+        errln!("segwal: writing the output: {e}");
     }
 }
 
@@ -430,7 +438,7 @@ fn open(dir: &std::path::Path) -> Result<segwal::Outbox, ExitCode> {
 /// letters" with files made where nobody asked for them.
 fn an_outbox(dir: &std::path::Path) -> Result<(), ExitCode> {
     let refuse = |why: String| {
-        eprintln!("segwal: {why}");
+        errln!("segwal: {why}");
         ExitCode::from(2)
     };
     let meta = std::fs::metadata(dir)
@@ -462,14 +470,14 @@ fn an_outbox(dir: &std::path::Path) -> Result<(), ExitCode> {
 fn say_open_failed(dir: &std::path::Path, e: &segwal::Error) {
     match e {
         segwal::Error::Locked { pid, .. } => say_held(dir, *pid),
-        _ => eprintln!("segwal: {e}"),
+        _ => errln!("segwal: {e}"),
     }
 }
 
 /// The refusal of a command that changes the outbox while its owner runs.
 fn say_held(dir: &std::path::Path, pid: Option<u32>) {
     let who = pid.map_or_else(|| "another process".to_owned(), |p| format!("process {p}"));
-    eprintln!(
+    errln!(
         "segwal: {} is open in {who}: stop it first (read-only commands: inspect, verify, dump)",
         dir.display()
     );
@@ -539,7 +547,7 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
                 }
             }
             Err(e) => {
-                eprintln!("segwal: {e}");
+                errln!("segwal: {e}");
                 failed = true;
             }
         },
@@ -568,7 +576,7 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
                         if *json {
                             refused.push(json!({ "seq": seq.get(), "error": why }));
                         } else {
-                            eprintln!("segwal: seq {seq}: {why}");
+                            errln!("segwal: seq {seq}: {why}");
                         }
                         failed = true;
                     }
@@ -580,7 +588,7 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
         }
     }
     if let Err(e) = outbox.close() {
-        eprintln!("segwal: close: {e}");
+        errln!("segwal: close: {e}");
         failed = true;
     }
     if failed {
@@ -623,7 +631,7 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
     let found = match segwal::verify(dir) {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("segwal: {e}");
+            errln!("segwal: {e}");
             return ExitCode::from(2);
         }
     };
@@ -670,12 +678,12 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         }
     }
     let Some(plan) = &found.repair else {
-        eprintln!("segwal: a lossy recovery cannot repair this directory (see the damage above)");
+        errln!("segwal: a lossy recovery cannot repair this directory (see the damage above)");
         // A file no segwal wrote, named like a segment: not the log's to
         // drop, but an operator's to move.
         for p in &found.problems {
             if p.kind == segwal::Corruption::BadSegmentName {
-                eprintln!(
+                errln!(
                     "segwal: {} is named like a segment but no segment is named so: move it out of the directory",
                     p.path.display()
                 );
@@ -761,7 +769,7 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
                 );
             }
             Err(e) => {
-                eprintln!(
+                errln!(
                     "segwal: copying {} aside: {e}; nothing repaired",
                     file.display()
                 );
@@ -816,7 +824,7 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
     out.say(format_args!("{} records kept", report.records_recovered));
     out.set("records_kept", report.records_recovered.into());
     if let Err(e) = outbox.close() {
-        eprintln!("segwal: close: {e}");
+        errln!("segwal: close: {e}");
         return out.finish(2);
     }
     out.set("repaired", true.into());
@@ -852,7 +860,7 @@ fn run(cli: Cli) -> ExitCode {
     let verification = match verify_showing_progress(dir) {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("segwal: {e}");
+            errln!("segwal: {e}");
             return ExitCode::from(2);
         }
     };
@@ -1217,7 +1225,7 @@ fn dump(
     let records = match segwal::dump(dir, options) {
         Ok(records) => records,
         Err(e) => {
-            eprintln!("segwal: {e}");
+            errln!("segwal: {e}");
             let damaged = matches!(e, segwal::Error::Corrupt { .. });
             return ExitCode::from(if damaged { 1 } else { 2 });
         }
@@ -1230,7 +1238,7 @@ fn dump(
             Ok(record) => record,
             Err(e) => {
                 let _ = stdout.flush();
-                eprintln!("segwal: {e}");
+                errln!("segwal: {e}");
                 let damaged = matches!(e, segwal::Error::Corrupt { .. });
                 return ExitCode::from(if damaged { 1 } else { 2 });
             }
@@ -1257,7 +1265,7 @@ fn output_failed(e: &std::io::Error) -> ExitCode {
     if e.kind() == std::io::ErrorKind::BrokenPipe {
         return ExitCode::SUCCESS;
     }
-    eprintln!("segwal: writing the output: {e}");
+    errln!("segwal: writing the output: {e}");
     ExitCode::from(2)
 }
 

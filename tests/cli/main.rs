@@ -164,6 +164,19 @@ fn every_command_ends_quietly_when_its_reader_goes_away() {
             assert!(stderr.contains("writing the output"), "{args:?}: {stderr}");
         }
     }
+    // An error said to a stderr that is gone: the exit code still says it.
+    let missing = tmp.path().join("no-such-outbox");
+    let missing = missing.to_str().expect("utf-8");
+    for args in [["verify", missing], ["dump", missing], ["inspect", missing]] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_segwal"))
+            .args(args)
+            .stderr(writer)
+            .output()
+            .expect("segwal runs");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
 }
 
 #[test]
