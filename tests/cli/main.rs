@@ -127,13 +127,7 @@ fn every_command_ends_quietly_when_its_reader_goes_away() {
         &["dead-letters", d, "list"],
     ];
     for args in commands {
-        let (reader, writer) = std::io::pipe().expect("pipe");
-        drop(reader);
-        let out = Command::new(env!("CARGO_BIN_EXE_segwal"))
-            .args(args)
-            .stdout(writer)
-            .output()
-            .expect("segwal runs");
+        let out = segwal_into(args, |c, gone| c.stdout(gone));
         assert_eq!(
             out.status.code(),
             Some(0),
@@ -168,15 +162,22 @@ fn every_command_ends_quietly_when_its_reader_goes_away() {
     let missing = tmp.path().join("no-such-outbox");
     let missing = missing.to_str().expect("utf-8");
     for args in [["verify", missing], ["dump", missing], ["inspect", missing]] {
-        let (reader, writer) = std::io::pipe().expect("pipe");
-        drop(reader);
-        let out = Command::new(env!("CARGO_BIN_EXE_segwal"))
-            .args(args)
-            .stderr(writer)
-            .output()
-            .expect("segwal runs");
+        let out = segwal_into(&args, |c, gone| c.stderr(gone));
         assert_eq!(out.status.code(), Some(2), "{args:?}");
     }
+}
+
+/// `segwal args` with one of its outputs, as `connect` sets it, a pipe
+/// whose reader is already gone.
+fn segwal_into(
+    args: &[&str],
+    connect: impl FnOnce(&mut Command, std::io::PipeWriter) -> &mut Command,
+) -> Output {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_segwal"));
+    command.args(args);
+    connect(&mut command, writer).output().expect("segwal runs")
 }
 
 #[test]
