@@ -172,6 +172,14 @@ pub struct Stats {
     /// Segments written into the file of a deleted one since open, instead
     /// of a new file ([`Options::recycle_segments`](crate::Options::recycle_segments)).
     pub segments_recycled: u64,
+    /// Acknowledged segments still on disk because deleting them now would
+    /// write more deduplication ids than it frees: a deletion carries the ids
+    /// still within [`dedup_window`](crate::Options::dedup_window) whose
+    /// frames it removes into a tombstones frame, and waits until it frees at
+    /// least four times that frame's bytes (docs/FORMAT.md, "Tombstones
+    /// frames"). Zero without deduplication ids; at most a few segments when
+    /// the ids in the window take more bytes than a segment.
+    pub held_for_ids: usize,
     /// Sealed segments still on disk because some of their records are not
     /// acknowledged: those a relay has yet to read, and those kept by a few
     /// records nobody acknowledges (dead letters, long delays, claims a stuck
@@ -1409,6 +1417,7 @@ impl Outbox {
             records_per_batch: ratio(records, batches),
             records_per_fsync: ratio(records, load(&c.fsyncs)),
             segments_deleted: load(&c.segments_deleted),
+            held_for_ids: load(&c.held_for_ids) as usize,
             segments_recycled: load(&c.segments_recycled),
             held_segments: t.held_segments,
             held_by_records: t.held_by_records,

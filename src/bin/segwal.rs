@@ -235,6 +235,7 @@ fn stats_json(v: &Verification, now: u64) -> Value {
         "records_per_fsync": Value::Null,
         "segments_deleted": Value::Null,
         "segments_recycled": Value::Null,
+        "held_for_ids": Value::Null,
         "held_segments": c.held_segments,
         "held_by_records": c.held_by_records,
         "relocated": Value::Null,

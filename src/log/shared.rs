@@ -303,6 +303,8 @@ pub(crate) struct Counters {
     pub bytes_appended: AtomicU64,
     pub segments_deleted: AtomicU64,
     pub segments_recycled: AtomicU64,
+    /// Acknowledged segments whose deletion waits (set by the writer).
+    pub held_for_ids: AtomicU64,
     pub corrupt_records: AtomicU64,
     /// Deduplication ids remembered (set by the writer).
     pub dedup_ids: AtomicU64,

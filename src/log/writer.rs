@@ -41,7 +41,7 @@ use crate::log::shared::{
 };
 use crate::options::Durability;
 use crate::state::dedup::{Dedup, Seen};
-use crate::state::table::SegmentSlots;
+use crate::state::table::{SegmentSlots, Table};
 
 /// Batches answering more producers than this have them woken by the notifier
 /// thread; smaller ones by the writer itself.
@@ -368,6 +368,9 @@ pub(crate) struct Writer {
     free_checked: Option<(Instant, Option<u64>)>,
     /// When the writer last tried to make the missing reserve.
     reserve_tried: Option<Instant>,
+    /// The acknowledged front whose deletion waits for more to delete with
+    /// it ([`Writer::hold_deletion`]), if one does.
+    held: Option<Held>,
     /// Scratch space of [`Writer::plan`], kept across batches so that a
     /// batch of messages allocates nothing for it: what the fields frame
     /// says, the ids the batch writes, and those of the append being planned.
@@ -449,6 +452,7 @@ impl Writer {
             unpublished: (0, 0),
             free_checked: None,
             reserve_tried: None,
+            held: None,
             described: Vec::new(),
             planned: HashMap::new(),
             local: Vec::new(),
@@ -528,7 +532,9 @@ impl Writer {
             return false;
         }
         let table = self.shared.table.lock();
-        table.reclaimable().is_some()
+        table
+            .reclaimable()
+            .is_some_and(|front| !self.held.as_ref().is_some_and(|h| h.holds(front, &table)))
             || table
                 .stragglers(
                     self.shared.options.segment_bytes,
@@ -1992,8 +1998,15 @@ impl Writer {
             }
         };
         let Some((count, new_start)) = front else {
+            self.set_held(None);
             return;
         };
+        if !crate::injected!(self.shared.options, DeleteLiveSegment)
+            && self.hold_deletion(count, new_start)
+        {
+            return;
+        }
+        self.set_held(None);
         if self.write_log_start(new_start).is_err() {
             return;
         }
@@ -2028,6 +2041,64 @@ impl Writer {
         Counters::add(&self.shared.counters.segments_deleted, count as u64);
         // The space freed may hold the missing reserve: the next append tries.
         self.reserve_tried = None;
+    }
+
+    /// Whether the deletion of the oldest `count` segments (all acknowledged,
+    /// the log then starting at `new_start`) waits for more segments to
+    /// delete with it. A deletion first carries the deduplication ids whose
+    /// frames it removes into a tombstones frame ([`Dedup::carry`]): with many
+    /// ids in the window and small segments, that frame can be larger than
+    /// what the deletion frees, and the segment it fills is the next one
+    /// deleted, so each deletion would write all the ids again. A deletion
+    /// therefore waits until it frees at least [`HOLD_RATIO`] times the bytes
+    /// it carries, which bounds the tombstones written to a third of the
+    /// bytes appended (docs/FORMAT.md, "Tombstones frames").
+    ///
+    /// It does not wait while space is short (the reserve missing, or the
+    /// file system under twice the free-disk floor), nor once the log holds
+    /// more than `HOLD_RATIO + 1` times the carry and two segments: then
+    /// relocation, which works on the oldest segment only, must see the
+    /// segment behind the acknowledged ones. The answer is kept for
+    /// [`HOLD_RECHECK`] while the segments stay the same, so that the ids
+    /// are not counted after every batch.
+    fn hold_deletion(&mut self, count: usize, new_start: Seq) -> bool {
+        let floor = self.shared.options.min_free_disk_bytes;
+        let short = self.shared.reserve_missing.load(Ordering::Relaxed)
+            || self
+                .free_bytes()
+                .is_some_and(|free| free < floor.saturating_mul(2));
+        if short {
+            self.set_held(None);
+            return false;
+        }
+        let table = self.shared.table.lock();
+        if let Some(held) = &self.held
+            && held.holds((count, new_start), &table)
+            && held.at.elapsed() < HOLD_RECHECK
+        {
+            return true;
+        }
+        let (freed, disk) = table.front_bytes(count);
+        let segments = table.segment_count();
+        drop(table);
+        let carry = self.dedup.carry_len(new_start, now_us()) as u64 * TOMBSTONE_BYTES;
+        let bound = carry
+            .saturating_mul(HOLD_RATIO + 1)
+            .saturating_add(self.shared.options.segment_bytes.saturating_mul(2));
+        let hold = freed < carry.saturating_mul(HOLD_RATIO) && disk <= bound;
+        self.set_held(hold.then(|| Held {
+            front: (count, new_start),
+            segments,
+            at: Instant::now(),
+        }));
+        hold
+    }
+
+    /// Keeps `held` as the deletion that waits, and says so in the stats.
+    fn set_held(&mut self, held: Option<Held>) {
+        let count = held.as_ref().map_or(0, |h| h.front.0);
+        Counters::set(&self.shared.counters.held_for_ids, count as u64);
+        self.held = held;
     }
 
     /// Renames the deleted segment file `path` to its spare's name and keeps
@@ -2282,6 +2353,35 @@ fn hand_verdicts(batch: &[Request], plans: &mut [Plan]) {
         {
             done.set_verdicts(std::mem::take(&mut plan.verdicts));
         }
+    }
+}
+
+/// How many times the bytes of its tombstones a deletion must free before
+/// it goes ahead ([`Writer::hold_deletion`]).
+const HOLD_RATIO: u64 = 4;
+
+/// How long [`Writer::hold_deletion`]'s answer stands while the segments
+/// stay the same: ids leave the window meanwhile, and the carry shrinks.
+const HOLD_RECHECK: Duration = Duration::from_secs(1);
+
+/// The bytes of one tombstone in a tombstones frame.
+const TOMBSTONE_BYTES: u64 = 32;
+
+/// An acknowledged front whose deletion waits ([`Writer::hold_deletion`]).
+struct Held {
+    /// The front's segments and the log start after them.
+    front: (usize, Seq),
+    /// The segments in the log when it was decided.
+    segments: usize,
+    /// When it was decided.
+    at: Instant,
+}
+
+impl Held {
+    /// Whether the decision still stands for the front `front` of `table`:
+    /// nothing was added to the front or the log since.
+    fn holds(&self, front: (usize, Seq), table: &Table) -> bool {
+        self.front == front && self.segments == table.segment_count()
     }
 }
 

@@ -268,34 +268,48 @@ impl Dedup {
         }
     }
 
+    /// Whether `e` is to be carried before the segments below `log_start`
+    /// go: its home lies below it and it is still within the window.
+    fn to_carry(&self, e: &Entry, log_start: Seq, now_us: u64) -> bool {
+        let home_below = match e.home_delta {
+            GONE => false,
+            FAR => true,
+            d => e.seq + u64::from(d) < log_start.get(),
+        };
+        home_below && !self.expired(e, now_us)
+    }
+
+    /// How many entries [`Dedup::carry`] would take for `log_start` at
+    /// `now_us` (the writer weighs a deletion's cost with it).
+    pub(crate) fn carry_len(&self, log_start: Seq, now_us: u64) -> usize {
+        self.ring
+            .iter()
+            .take_while(|e| e.seq < log_start.get())
+            .filter(|e| self.to_carry(e, log_start, now_us))
+            .count()
+    }
+
     /// The entries whose home lies below `log_start` (their frames are about
     /// to be deleted) and that are still within the window at `now_us`, as
     /// tombstones; their home becomes `home`, the frame that will carry them.
     pub(crate) fn carry(&mut self, log_start: Seq, home: Seq, now_us: u64) -> Vec<Tombstone> {
         self.expire(now_us);
         let mut out = Vec::new();
-        let (window_us, base_us) = (self.window_us, self.base_us);
-        for e in self.ring.iter_mut() {
+        for k in 0..self.ring.len() {
+            let e = self.ring[k];
             if e.seq >= log_start.get() {
                 break;
             }
-            let at_us = base_us + u64::from(e.at) * TICK_US;
-            let young = now_us.saturating_sub(at_us) <= window_us.saturating_add(TICK_US);
-            let home_before = match e.home_delta {
-                GONE => false,
-                FAR => true,
-                d => e.seq + u64::from(d) < log_start.get(),
-            };
-            if home_before && young {
+            if self.to_carry(&e, log_start, now_us) {
                 out.push(Tombstone {
                     seq: Seq::from(e.seq),
-                    appended_us: at_us,
+                    appended_us: self.us(e.at),
                     dedup: DedupDigest {
                         id: e.id,
                         content: e.content,
                     },
                 });
-                e.home_delta = delta(Seq::from(e.seq), home);
+                self.ring[k].home_delta = delta(Seq::from(e.seq), home);
             }
         }
         out
@@ -369,6 +383,7 @@ mod tests {
         s.insert(d(1, 1), Seq::from(5), now, Seq::from(6));
         s.insert(d(2, 2), Seq::from(50), now, Seq::from(51));
         // Segments below 40 go: the entry homed at 6 is carried to 100.
+        assert_eq!(s.carry_len(Seq::from(40), now), 1);
         let t = s.carry(Seq::from(40), Seq::from(100), now);
         assert_eq!(t.len(), 1);
         assert_eq!(t[0].seq, Seq::from(5));
@@ -376,9 +391,11 @@ mod tests {
         let t = s.carry(Seq::from(60), Seq::from(120), now);
         assert_eq!(t.iter().map(|t| t.seq.get()).collect::<Vec<_>>(), vec![50]);
         // Below 110: the first one's home (100) goes, it is carried again.
+        assert_eq!(s.carry_len(Seq::from(110), now), 1);
         let t = s.carry(Seq::from(110), Seq::from(130), now);
         assert_eq!(t.iter().map(|t| t.seq.get()).collect::<Vec<_>>(), vec![5]);
         // Out of the window: nothing is carried, and it is forgotten.
+        assert_eq!(s.carry_len(Seq::from(200), now + 11 * MIN), 0);
         assert!(
             s.carry(Seq::from(200), Seq::from(300), now + 11 * MIN)
                 .is_empty()

@@ -1518,6 +1518,19 @@ impl Table {
         Some((count, next.id.first_seq()))
     }
 
+    /// The file bytes (headers and frames) of the oldest `count` segments,
+    /// and of every segment.
+    pub(crate) fn front_bytes(&self, count: usize) -> (u64, u64) {
+        let bytes = |s: &SegmentSlots| u64::from(s.end);
+        let front = self.segments.iter().take(count).map(bytes).sum();
+        (front, self.segments.iter().map(bytes).sum())
+    }
+
+    /// The segments in the log, the active one included.
+    pub(crate) fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
     /// The paths of the oldest `count` segments.
     pub(crate) fn front_paths(&self, count: usize) -> Vec<Arc<Path>> {
         self.segments
