@@ -742,7 +742,13 @@ impl Writer {
             (None, None) => None,
         }
         .and_then(|us| self.shared.clock.instant_at(us));
-        [rotate, sync, state].into_iter().flatten().min()
+        // A held deletion is weighed again as its ids leave the window, even
+        // with nothing else to do.
+        let held = self
+            .held
+            .as_ref()
+            .and_then(|h| h.at.checked_add(HOLD_RECHECK));
+        [rotate, sync, state, held].into_iter().flatten().min()
     }
 
     /// Whether changes of delivery state have waited a sync interval for a
@@ -758,7 +764,8 @@ impl Writer {
             .is_some_and(|due| self.shared.clock.now_us() >= due)
     }
 
-    /// Timed duties: the buffered sync interval and rotation by age.
+    /// Timed duties: the buffered sync interval, rotation by age, and a held
+    /// deletion weighed again ([`Writer::hold_deletion`]).
     fn on_timer(&mut self) {
         if self.shared.poison.get().is_some() {
             return;
@@ -774,6 +781,13 @@ impl Writer {
         }
         if self.unsynced_since.is_some_and(|t| t.elapsed() >= interval) {
             let _ = self.sync();
+        }
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|h| h.at.elapsed() >= HOLD_RECHECK)
+        {
+            self.reclaim();
         }
         let age = self.shared.options.segment_age;
         if self.active.holds_state()
@@ -2060,7 +2074,8 @@ impl Writer {
     /// relocation, which works on the oldest segment only, must see the
     /// segment behind the acknowledged ones. The answer is kept for
     /// [`HOLD_RECHECK`] while the segments stay the same, so that the ids
-    /// are not counted after every batch.
+    /// are not counted after every batch; then the timer weighs it again
+    /// ([`Writer::on_timer`]), as the ids leave the window.
     fn hold_deletion(&mut self, count: usize, new_start: Seq) -> bool {
         let floor = self.shared.options.min_free_disk_bytes;
         let short = self.shared.reserve_missing.load(Ordering::Relaxed)
