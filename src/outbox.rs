@@ -173,12 +173,14 @@ pub struct Stats {
     /// of a new file ([`Options::recycle_segments`](crate::Options::recycle_segments)).
     pub segments_recycled: u64,
     /// Acknowledged segments still on disk because deleting them now would
-    /// write more deduplication ids than it frees: a deletion carries the ids
-    /// still within [`dedup_window`](crate::Options::dedup_window) whose
-    /// frames it removes into a tombstones frame, and waits until it frees at
-    /// least four times that frame's bytes (docs/FORMAT.md, "Tombstones
-    /// frames"). Zero without deduplication ids; at most a few segments when
-    /// the ids in the window take more bytes than a segment.
+    /// write too many deduplication ids for what it frees: a deletion carries
+    /// the ids still within [`dedup_window`](crate::Options::dedup_window)
+    /// whose frames it removes into a tombstones frame (32 bytes an id), and
+    /// waits until it frees at least four times that frame's bytes (twice,
+    /// while space is short; docs/FORMAT.md, "Tombstones frames"). Zero
+    /// unless the ids in the window take more than a quarter of the segments
+    /// a deletion frees; their bytes are at most about five times the ids in
+    /// the window × 32 bytes, plus two segments.
     pub held_for_ids: usize,
     /// Sealed segments still on disk because some of their records are not
     /// acknowledged: those a relay has yet to read, and those kept by a few

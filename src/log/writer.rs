@@ -744,10 +744,7 @@ impl Writer {
         .and_then(|us| self.shared.clock.instant_at(us));
         // A held deletion is weighed again as its ids leave the window, even
         // with nothing else to do.
-        let held = self
-            .held
-            .as_ref()
-            .and_then(|h| h.at.checked_add(HOLD_RECHECK));
+        let held = self.held.as_ref().map(|h| h.recheck);
         [rotate, sync, state, held].into_iter().flatten().min()
     }
 
@@ -785,7 +782,7 @@ impl Writer {
         if self
             .held
             .as_ref()
-            .is_some_and(|h| h.at.elapsed() >= HOLD_RECHECK)
+            .is_some_and(|h| Instant::now() >= h.recheck)
         {
             self.reclaim();
         }
@@ -2065,47 +2062,60 @@ impl Writer {
     /// what the deletion frees, and the segment it fills is the next one
     /// deleted, so each deletion would write all the ids again. A deletion
     /// therefore waits until it frees at least [`HOLD_RATIO`] times the bytes
-    /// it carries, which bounds the tombstones written to a third of the
-    /// bytes appended (docs/FORMAT.md, "Tombstones frames").
+    /// it carries; while no deletion is let through early (below), the
+    /// tombstones written are then at most a third of the other bytes
+    /// written (docs/FORMAT.md, "Tombstones frames").
     ///
-    /// It does not wait while space is short (the reserve missing, or the
-    /// file system under twice the free-disk floor), nor once the log holds
-    /// more than `HOLD_RATIO + 1` times the carry and two segments: then
-    /// relocation, which works on the oldest segment only, must see the
-    /// segment behind the acknowledged ones. The answer is kept for
-    /// [`HOLD_RECHECK`] while the segments stay the same, so that the ids
-    /// are not counted after every batch; then the timer weighs it again
-    /// ([`Writer::on_timer`]), as the ids leave the window.
+    /// While space is short (the reserve missing, or the file system under
+    /// twice the free-disk floor) it waits only until it frees
+    /// [`HOLD_RATIO_SHORT`] times what it carries, so that each deletion
+    /// gives space back and less is kept waiting. It does not wait once the log holds more than
+    /// `HOLD_RATIO + 1` times the carry and two segments: relocation, which
+    /// works on the oldest segment only, must then see the segment behind the
+    /// acknowledged ones. The answer stands while the log's segments and the
+    /// shortage stay as they are, until enough of the ids have left the
+    /// window to let the deletion through (at least [`HOLD_RECHECK`]); then
+    /// the timer weighs it again ([`Writer::on_timer`]).
     fn hold_deletion(&mut self, count: usize, new_start: Seq) -> bool {
         let floor = self.shared.options.min_free_disk_bytes;
         let short = self.shared.reserve_missing.load(Ordering::Relaxed)
             || self
                 .free_bytes()
                 .is_some_and(|free| free < floor.saturating_mul(2));
-        if short {
-            self.set_held(None);
-            return false;
-        }
         let table = self.shared.table.lock();
         if let Some(held) = &self.held
             && held.holds((count, new_start), &table)
-            && held.at.elapsed() < HOLD_RECHECK
+            && held.short == short
+            && Instant::now() < held.recheck
         {
             return true;
         }
         let (freed, disk) = table.front_bytes(count);
         let segments = table.segment_count();
         drop(table);
-        let carry = self.dedup.carry_len(new_start, now_us()) as u64 * TOMBSTONE_BYTES;
-        let bound = carry
+        let now = now_us();
+        let carried = self.dedup.carry_len(new_start, now) as u64;
+        // The most tombstones the deletion may write.
+        let ratio = if short { HOLD_RATIO_SHORT } else { HOLD_RATIO };
+        let most = freed / (ratio * TOMBSTONE_BYTES);
+        let bound = (carried * TOMBSTONE_BYTES)
             .saturating_mul(HOLD_RATIO + 1)
             .saturating_add(self.shared.options.segment_bytes.saturating_mul(2));
-        let hold = freed < carry.saturating_mul(HOLD_RATIO) && disk <= bound;
-        self.set_held(hold.then(|| Held {
-            front: (count, new_start),
-            segments,
-            at: Instant::now(),
-        }));
+        let hold = carried > most && disk <= bound;
+        let held = hold.then(|| {
+            let keep = usize::try_from(most).unwrap_or(usize::MAX);
+            let wait_us = self
+                .dedup
+                .carry_shrinks_at(new_start, now, keep)
+                .saturating_sub(now);
+            Held {
+                front: (count, new_start),
+                segments,
+                short,
+                recheck: Instant::now() + Duration::from_micros(wait_us).max(HOLD_RECHECK),
+            }
+        });
+        self.set_held(held);
         hold
     }
 
@@ -2375,8 +2385,12 @@ fn hand_verdicts(batch: &[Request], plans: &mut [Plan]) {
 /// it goes ahead ([`Writer::hold_deletion`]).
 const HOLD_RATIO: u64 = 4;
 
-/// How long [`Writer::hold_deletion`]'s answer stands while the segments
-/// stay the same: ids leave the window meanwhile, and the carry shrinks.
+/// [`HOLD_RATIO`] while space is short: a deletion then frees at least as
+/// much again as it writes.
+const HOLD_RATIO_SHORT: u64 = 2;
+
+/// The shortest time [`Writer::hold_deletion`]'s answer stands while the
+/// segments stay the same.
 const HOLD_RECHECK: Duration = Duration::from_secs(1);
 
 /// The bytes of one tombstone in a tombstones frame.
@@ -2388,8 +2402,11 @@ struct Held {
     front: (usize, Seq),
     /// The segments in the log when it was decided.
     segments: usize,
-    /// When it was decided.
-    at: Instant,
+    /// Whether space was short then.
+    short: bool,
+    /// When it is weighed again: once enough of its ids have left the
+    /// window.
+    recheck: Instant,
 }
 
 impl Held {

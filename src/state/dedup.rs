@@ -289,6 +289,31 @@ impl Dedup {
             .count()
     }
 
+    /// The wall-clock time (at or after `now_us`) by which at most `keep`
+    /// of the entries [`Dedup::carry`] would take for `log_start` are still
+    /// within the window.
+    pub(crate) fn carry_shrinks_at(&self, log_start: Seq, now_us: u64, keep: usize) -> u64 {
+        let carried: Vec<u32> = self
+            .ring
+            .iter()
+            .take_while(|e| e.seq < log_start.get())
+            .filter(|e| self.to_carry(e, log_start, now_us))
+            .map(|e| e.at)
+            .collect();
+        let Some(go) = carried.len().checked_sub(keep).filter(|&go| go > 0) else {
+            return now_us;
+        };
+        // The first `go` in the ring have left the window once the latest
+        // of them has (the ring is in sequence order; times mostly are).
+        let latest = carried[..go].iter().copied().max().unwrap_or(0);
+        let expires = self
+            .us(latest)
+            .saturating_add(self.window_us)
+            .saturating_add(TICK_US)
+            .saturating_add(1);
+        expires.max(now_us)
+    }
+
     /// The entries whose home lies below `log_start` (their frames are about
     /// to be deleted) and that are still within the window at `now_us`, as
     /// tombstones; their home becomes `home`, the frame that will carry them.
@@ -394,6 +419,12 @@ mod tests {
         assert_eq!(s.carry_len(Seq::from(110), now), 1);
         let t = s.carry(Seq::from(110), Seq::from(130), now);
         assert_eq!(t.iter().map(|t| t.seq.get()).collect::<Vec<_>>(), vec![5]);
+        // Both are carried for 200 until they leave the window; one of them
+        // is kept if one may stay.
+        let gone = s.us(s.ticks(now)) + 10 * MIN + TICK_US + 1;
+        assert_eq!(s.carry_shrinks_at(Seq::from(200), now, 0), gone);
+        assert!(!s.expired(&s.ring[0], gone - 1) && s.expired(&s.ring[0], gone));
+        assert_eq!(s.carry_shrinks_at(Seq::from(200), now, 2), now);
         // Out of the window: nothing is carried, and it is forgotten.
         assert_eq!(s.carry_len(Seq::from(200), now + 11 * MIN), 0);
         assert!(

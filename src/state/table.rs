@@ -284,6 +284,10 @@ pub(crate) struct Table {
     /// Records acknowledged since the writer last took them, as ranges: the
     /// writer records them in the log (an acks frame) with its next batch.
     unwritten_acks: Vec<(Seq, Seq)>,
+    /// Segments finished by a record's becoming Done (a count: an
+    /// acknowledgement tells whether it finished one, so that a front the
+    /// writer holds back does not wake it at every ack).
+    finished: u64,
     /// The leases of claimed records, and the attempts of deliveries.
     leases: Leases,
     /// Changes of delivery state other than acknowledgements, in the order
@@ -359,6 +363,7 @@ impl Table {
             claimed: 0,
             backlog_bytes: 0,
             unwritten_acks: Vec::new(),
+            finished: 0,
             leases: Leases::default(),
             unwritten: Vec::new(),
             unwritten_since_us: None,
@@ -784,9 +789,11 @@ impl Table {
 
     /// Acknowledges every claimed record numbered at or below `seq`; records not
     /// claimed are left as they are. Returns how many were acknowledged, and
-    /// whether the oldest segment became deletable.
+    /// whether the oldest segment is deletable and they finished a segment
+    /// (as [`Table::ack`]).
     pub(crate) fn ack_through(&mut self, seq: Seq) -> (u64, bool) {
         let mut count = 0;
+        let finished = self.finished;
         // Relocated records held by a claim (their frames' numbers are not
         // theirs, so the walk below does not see them).
         if !self.moved.is_empty() {
@@ -840,7 +847,7 @@ impl Table {
         }
         (
             count,
-            self.segments.front().is_some_and(|s| s.is_finished()),
+            self.finished != finished && self.segments.front().is_some_and(|s| s.is_finished()),
         )
     }
 
@@ -1297,10 +1304,12 @@ impl Table {
         }
         SegmentSlots::set(&mut seg.done, i, true);
         seg.done_count += 1;
-        self.backlog_bytes -= u64::from(frame_len) - FRAME_HEADER_LEN as u64;
+        let finished = seg.is_finished();
         if cfg!(debug_assertions) {
             seg.check_invariants();
         }
+        self.backlog_bytes -= u64::from(frame_len) - FRAME_HEADER_LEN as u64;
+        self.finished += u64::from(finished);
         if let Some(next) = next_of_key {
             self.key_head_free(next);
         }
@@ -1409,11 +1418,14 @@ impl Table {
     }
 
     /// Acknowledges the claimed records `seqs`, all or none. Returns whether the
-    /// oldest segment became deletable.
+    /// oldest segment is deletable and these acknowledgements finished a
+    /// segment (one deletable before, which the writer holds back or is
+    /// about to delete, is not news).
     pub(crate) fn ack(&mut self, seqs: &[Seq]) -> Result<bool> {
         for &seq in seqs {
             self.check_ackable(seq)?;
         }
+        let finished = self.finished;
         for &seq in seqs {
             // Checked above; a seq listed twice is Done the second time.
             if let Some((si, i)) = self.check_ackable(seq)? {
@@ -1421,7 +1433,7 @@ impl Table {
                 crate::format::acks::push(&mut self.unwritten_acks, seq);
             }
         }
-        Ok(self.segments.front().is_some_and(|s| s.is_finished()))
+        Ok(self.finished != finished && self.segments.front().is_some_and(|s| s.is_finished()))
     }
 
     /// Returns a claimed record to Pending; it is handed out before newer ones,
@@ -1922,6 +1934,32 @@ mod tests {
         t.remove_front(1);
         // Seqs of deleted segments were acknowledged: acking them again is fine.
         t.ack(&[Seq::from(2)]).expect("ack of a deleted seq");
+        t.check_invariants();
+    }
+
+    #[test]
+    fn only_the_ack_that_finishes_a_segment_says_the_front_is_deletable() {
+        // Three records in a sealed segment, three in the active one.
+        let (mut t, d) = table(3, None);
+        t.seal_last(SegmentId(1));
+        let path: Arc<Path> = d.path().join("g").into();
+        let file = StdStorage::new().create(&path).expect("create");
+        t.push_segment(SegmentSlots::new(SegmentId(4), path, Some(file), 0, 64));
+        let frame = FRAME_HEADER_LEN as u32 + 10;
+        let spans: Vec<FrameSpan> = (0..3)
+            .map(|k| FrameSpan::new(64 + k * frame, frame, true))
+            .collect();
+        t.push_frames(SegmentId(4), Seq::from(4), &spans);
+        take(&mut t, 6, u64::MAX);
+        assert!(!t.ack(&[Seq::from(1), Seq::from(2)]).expect("ack"));
+        assert!(
+            t.ack(&[Seq::from(3)]).expect("ack"),
+            "it finished the front"
+        );
+        // The front stays deletable (the writer may hold it back), but these
+        // finish nothing: no news for the writer.
+        assert!(!t.ack(&[Seq::from(4)]).expect("ack"));
+        assert_eq!(t.ack_through(Seq::from(5)), (1, false));
         t.check_invariants();
     }
 

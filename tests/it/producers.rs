@@ -632,7 +632,8 @@ fn append_and_ack(outbox: &Outbox, prefix: &str, count: usize, per_batch: usize,
 #[test]
 fn many_ids_in_small_segments_are_not_written_again_at_every_deletion() {
     let (_t, dir) = tmp();
-    let window = Duration::from_secs(10);
+    // Long enough for the appends of a slow debug build to stay in it.
+    let window = Duration::from_secs(20);
     let opts = || small_segments().dedup_window(window);
     let outbox = Outbox::open(&dir, opts()).expect("open");
     // 20,000 ids: 640 KB of tombstones, ten times a 64 KiB segment.
@@ -646,6 +647,24 @@ fn many_ids_in_small_segments_are_not_written_again_at_every_deletion() {
     append_and_ack(&plain, "id", ids, 25, false);
     plain.sync().expect("sync");
     let without = plain.stats().segments_deleted;
+    // And with space short (under twice the free-disk floor, above the
+    // floor): a deletion waits less, but still waits.
+    let disk = SimDisk::new(34);
+    disk.set_free_bytes(Some(48 << 20));
+    let short = Outbox::open_with_storage(
+        "/outbox",
+        opts().min_free_disk_bytes(32 << 20),
+        Arc::new(disk.clone()),
+    )
+    .expect("open");
+    append_and_ack(&short, "id", ids, 25, true);
+    short.sync().expect("sync");
+    let short_deleted = short.stats().segments_deleted;
+    assert!(
+        short_deleted <= without * 4,
+        "{short_deleted} segments deleted with space short, {without} without ids",
+    );
+    short.close().expect("close");
     // The ids' fields frames take more room (with 25 records a batch, two
     // blocks a batch where one does without ids); the tombstones at most a
     // third more again. Carried at every deletion, they took 12 times as
