@@ -16,7 +16,8 @@
 //! - I5: recovery is idempotent: reopening again finds the same records and
 //!   nothing left to repair;
 //! - I7: deleting segments never loses a live record (I1 after deletions);
-//! - I9: once everything is acknowledged, every sealed segment is deleted;
+//! - I9: once everything is acknowledged, every sealed segment is deleted
+//!   (but those a deletion holds back for the ids it would carry);
 //! - I10: a record whose acknowledgement was made durable is never delivered
 //!   again;
 //! - I11: a dead letter made durable is listed and never delivered;
@@ -86,6 +87,10 @@ pub enum Step {
     /// Append one record of this many bytes not to be delivered before an
     /// hour from now (never reached in a run).
     AppendDelayed(usize),
+    /// Append this many records of this many bytes in one call, each with a
+    /// deduplication id never used before: enough ids stay in the window for
+    /// a deletion to wait until it frees four times their tombstones.
+    AppendFreshIds(usize, usize),
     /// The oldest claimed record's lease runs out (`extend` by zero: the
     /// relay that held it is gone): the next claim hands it out again, ahead
     /// of newer records, as its next attempt.
@@ -229,6 +234,47 @@ impl Workload {
             },
             segment_age: std::time::Duration::from_secs(3600),
             max_attempts: Some(1000),
+            max_backlog_records: None,
+            caller_writes: seed.is_multiple_of(2),
+        }
+    }
+
+    /// A random workload of `len` steps whose appends carry deduplication
+    /// ids never used before, 16 to 48 records at a time (with, now and
+    /// then, one of the four ids used again and again, and a plain append),
+    /// each followed by a claim and an acknowledgement of everything, in
+    /// segments of three to five blocks: the ids in the window soon take
+    /// more than a quarter of what a deletion frees, so that deletions wait
+    /// for more to delete with them (`Stats::held_for_ids`), and are crashed
+    /// at while they wait and when they go.
+    pub fn many_ids(seed: u64, len: usize) -> Workload {
+        let mut rng = Rng::new(seed);
+        let mut steps = Vec::with_capacity(len + 3);
+        while steps.len() < len {
+            steps.push(match rng.below(10) {
+                0..=6 => {
+                    Step::AppendFreshIds(16 + rng.below(33) as usize, 8 + rng.below(40) as usize)
+                }
+                7 => Step::AppendDedup(8 + rng.below(100) as usize, rng.below(4) as u8),
+                _ => Step::Append(8 + rng.below(300) as usize),
+            });
+            steps.push(Step::Claim(64));
+            if rng.below(10) == 0 {
+                steps.push(Step::Reopen);
+            }
+            steps.push(Step::AckAll);
+        }
+        steps.truncate(len);
+        Workload {
+            steps,
+            segment_bytes: 12288 + 4096 * rng.below(3),
+            open_check: if rng.below(4) == 0 {
+                OpenCheck::EveryFrame
+            } else {
+                OpenCheck::SealIndex
+            },
+            segment_age: std::time::Duration::from_secs(3600),
+            max_attempts: None,
             max_backlog_records: None,
             caller_writes: seed.is_multiple_of(2),
         }
@@ -419,6 +465,9 @@ pub struct Figures {
     /// Segments written into the file of a deleted one (recycled) while the
     /// workloads ran.
     pub recycled: u64,
+    /// Steps after which a deletion was held back for the deduplication ids
+    /// it would carry (`Stats::held_for_ids` above 0).
+    pub held_steps: u64,
     /// Leases that ran out ([`Step::LeaseRunsOut`]) and whose record was
     /// handed out again in the run, as a later attempt.
     pub leases_expired: u64,
@@ -458,6 +507,7 @@ impl Figures {
         self.shared_batches += o.shared_batches;
         self.relocated += o.relocated;
         self.recycled += o.recycled;
+        self.held_steps += o.held_steps;
         self.leases_expired += o.leases_expired;
         self.checkpointed += o.checkpointed;
         self.large_writes_unzeroed += o.large_writes_unzeroed;
@@ -632,6 +682,8 @@ struct Model {
     relocated: u64,
     /// Segments recycled while the workload ran.
     recycled: u64,
+    /// Steps after which a deletion was held back.
+    held_steps: u64,
     /// The ordering key of every keyed payload handed to an append (by
     /// payload id), in doubt or not.
     key_of: BTreeMap<u64, u8>,
@@ -701,6 +753,7 @@ impl Model {
                 .collect(),
             relocated: self.relocated,
             recycled: self.recycled,
+            held_steps: self.held_steps,
             key_of: self.key_of.clone(),
             dedup_of: self.dedup_of.clone(),
             dedup_payload: self.dedup_payload.clone(),
@@ -799,6 +852,7 @@ fn execute_rotting(
             }
             return Err(format!("step {step:?} failed on a healthy disk"));
         }
+        run.model.held_steps += u64::from(run.outbox.stats().held_for_ids > 0);
     }
     run.model.relocated += run.outbox.stats().relocated;
     run.model.recycled += run.outbox.stats().segments_recycled;
@@ -866,6 +920,7 @@ impl Run<'_> {
                     Err(_) => true,
                 }
             }
+            Step::AppendFreshIds(n, len) => self.append_fresh_ids(*n, *len)?,
             Step::Claim(n) => self.claim(*n)?,
             // An acknowledgement counts from the operation count *before* it: the
             // writer may start deleting segments before this thread looks again.
@@ -1024,6 +1079,43 @@ impl Run<'_> {
                 Ok(false)
             }
         }
+    }
+
+    /// Appends `n` records of `len` bytes in one call, each with an id of
+    /// its own never used before (its payload's number): each is new.
+    fn append_fresh_ids(&mut self, n: usize, len: usize) -> Result<bool, String> {
+        let made: Vec<(u64, Vec<u8>)> = (0..n).map(|_| self.model.new_payload(len)).collect();
+        let ids: Vec<[u8; 9]> = made
+            .iter()
+            .map(|(id, _)| {
+                let mut name = [b'f'; 9];
+                name[1..].copy_from_slice(&id.to_le_bytes());
+                name
+            })
+            .collect();
+        let messages: Vec<crate::Message<'_>> = made
+            .iter()
+            .zip(&ids)
+            .map(|((_, p), id)| crate::Message::new(p).dedup_id(id))
+            .collect();
+        let answers = match self.outbox.append_messages(&messages) {
+            Ok(answers) => answers,
+            Err(Error::QuotaExceeded { .. }) => {
+                self.model.refused.extend(made.iter().map(|(id, _)| *id));
+                return Ok(false);
+            }
+            Err(_) => return Ok(true),
+        };
+        let at = self.disk.ops();
+        for (a, (_, p)) in answers.into_iter().zip(made) {
+            if a.duplicate {
+                return Err(format!(
+                    "I16: a deduplication id never used before answered {a:?}"
+                ));
+            }
+            self.model.record(a.seq, p, at)?;
+        }
+        Ok(false)
     }
 
     /// Parks the newest claimed record with `park` (a dead letter, a long
@@ -1604,7 +1696,8 @@ fn check_delayed(
 }
 
 /// I5: a second recovery finds the same `records` and nothing to repair. I9:
-/// once everything is acknowledged, every sealed segment goes.
+/// once everything is acknowledged, every sealed segment goes, but those a
+/// deletion holds back for the deduplication ids it would carry.
 fn recover_again(
     disk: &SimDisk,
     options: &Options,
@@ -1656,12 +1749,12 @@ fn recover_again(
             .sync()
             .map_err(|e| ("I9", format!("sync failed: {e}")))?;
         stats = again.stats();
-        if stats.segments == 1 {
+        if stats.segments <= 1 + stats.held_for_ids {
             break;
         }
     }
     let segments = stats.segments;
-    if segments != 1 && stats.delayed == 0 {
+    if segments > 1 + stats.held_for_ids && stats.delayed == 0 {
         return Err((
             "I9",
             format!("{segments} segments left after everything was acknowledged"),
@@ -1764,6 +1857,7 @@ pub fn crash_every_step(
     figures.shared_batches = model.shared_batches;
     figures.relocated = model.relocated;
     figures.recycled = model.recycled;
+    figures.held_steps = model.held_steps;
     figures.leases_expired = model.leases_expired;
     figures.large_writes_unzeroed = disk.stats().large_writes_unzeroed;
     for (point, snapshot) in disk.take_snapshots().into_iter().enumerate() {
