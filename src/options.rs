@@ -420,6 +420,12 @@ impl Options {
     /// first, once [`dedup_capacity`](Options::dedup_capacity) newer ids are
     /// remembered. Measured on the wall clock of each record's append
     /// (docs/GUARANTEES.md, section 10).
+    ///
+    /// The ids in the window cost disk too: a deletion carries those whose
+    /// frames it removes forward (32 bytes each), and where they outweigh a
+    /// quarter of what it frees, acknowledged segments wait, for up to this
+    /// window after the burst of ids
+    /// ([`Stats::held_for_ids`](crate::Stats::held_for_ids)).
     pub fn dedup_window(mut self, window: Duration) -> Options {
         self.dedup_window = window;
         self

@@ -176,8 +176,9 @@ pub struct Stats {
     /// write too many deduplication ids for what it frees: a deletion carries
     /// the ids still within [`dedup_window`](crate::Options::dedup_window)
     /// whose frames it removes into a tombstones frame (32 bytes an id), and
-    /// waits until it frees at least four times that frame's bytes (twice,
-    /// while space is short; docs/FORMAT.md, "Tombstones frames"). Zero
+    /// waits until it frees at least four times that frame's bytes (twice
+    /// while space is short, once while appends are refused for want of it;
+    /// docs/FORMAT.md, "Tombstones frames"). Zero
     /// unless the ids in the window take more than a quarter of the segments
     /// a deletion frees; their bytes are at most about five times the ids in
     /// the window × 32 bytes, plus two segments.

@@ -531,18 +531,24 @@ impl Writer {
         if self.shared.poison.get().is_some() {
             return false;
         }
+        // A held deletion stands while the log and the shortage of space
+        // stay as they were (the free space as last asked: a batch whose
+        // appends the floor refused asked it).
+        let pressure = self.pressure(self.free_checked.and_then(|(_, free)| free));
         let table = self.shared.table.lock();
-        table
-            .reclaimable()
-            .is_some_and(|front| !self.held.as_ref().is_some_and(|h| h.holds(front, &table)))
-            || table
-                .stragglers(
-                    self.shared.options.segment_bytes,
-                    RELOCATE_BYTES,
-                    self.shared.clock.now_us(),
-                    now_us(),
-                )
-                .is_some()
+        table.reclaimable().is_some_and(|front| {
+            !self
+                .held
+                .as_ref()
+                .is_some_and(|h| h.pressure == pressure && h.holds(front, &table))
+        }) || table
+            .stragglers(
+                self.shared.options.segment_bytes,
+                RELOCATE_BYTES,
+                self.shared.clock.now_us(),
+                now_us(),
+            )
+            .is_some()
     }
 
     /// The last duties of a closed outbox: everything queued was processed,
@@ -2066,10 +2072,12 @@ impl Writer {
     /// tombstones written are then at most a third of the other bytes
     /// written (docs/FORMAT.md, "Tombstones frames").
     ///
-    /// While space is short (the reserve missing, or the file system under
-    /// twice the free-disk floor) it waits only until it frees
-    /// [`HOLD_RATIO_SHORT`] times what it carries, so that each deletion
-    /// gives space back and less is kept waiting. It does not wait once the log holds more than
+    /// While space is short (the file system under twice the free-disk
+    /// floor) it waits only until it frees [`HOLD_RATIO_SHORT`] times what it
+    /// carries, so that each deletion gives space back and less is kept
+    /// waiting; while appends are refused for want of space (under the
+    /// floor, or the reserve missing), only while it would write more than
+    /// it frees. It does not wait once the log holds more than
     /// `HOLD_RATIO + 1` times the carry and two segments: relocation, which
     /// works on the oldest segment only, must then see the segment behind the
     /// acknowledged ones. The answer stands while the log's segments and the
@@ -2077,15 +2085,12 @@ impl Writer {
     /// window to let the deletion through (at least [`HOLD_RECHECK`]); then
     /// the timer weighs it again ([`Writer::on_timer`]).
     fn hold_deletion(&mut self, count: usize, new_start: Seq) -> bool {
-        let floor = self.shared.options.min_free_disk_bytes;
-        let short = self.shared.reserve_missing.load(Ordering::Relaxed)
-            || self
-                .free_bytes()
-                .is_some_and(|free| free < floor.saturating_mul(2));
+        let free = self.free_bytes();
+        let pressure = self.pressure(free);
         let table = self.shared.table.lock();
         if let Some(held) = &self.held
             && held.holds((count, new_start), &table)
-            && held.short == short
+            && held.pressure == pressure
             && Instant::now() < held.recheck
         {
             return true;
@@ -2096,7 +2101,11 @@ impl Writer {
         let now = now_us();
         let carried = self.dedup.carry_len(new_start, now) as u64;
         // The most tombstones the deletion may write.
-        let ratio = if short { HOLD_RATIO_SHORT } else { HOLD_RATIO };
+        let ratio = match pressure {
+            Pressure::Room => HOLD_RATIO,
+            Pressure::Short => HOLD_RATIO_SHORT,
+            Pressure::Refusing => 1,
+        };
         let most = freed / (ratio * TOMBSTONE_BYTES);
         let bound = (carried * TOMBSTONE_BYTES)
             .saturating_mul(HOLD_RATIO + 1)
@@ -2111,12 +2120,25 @@ impl Writer {
             Held {
                 front: (count, new_start),
                 segments,
-                short,
+                pressure,
                 recheck: Instant::now() + Duration::from_micros(wait_us).max(HOLD_RECHECK),
             }
         });
         self.set_held(held);
         hold
+    }
+
+    /// How short space is, with `free` the file system's free bytes (if
+    /// known), for [`Writer::hold_deletion`].
+    fn pressure(&self, free: Option<u64>) -> Pressure {
+        let floor = self.shared.options.min_free_disk_bytes;
+        if self.shared.reserve_missing.load(Ordering::Relaxed) || free.is_some_and(|f| f < floor) {
+            Pressure::Refusing
+        } else if free.is_some_and(|f| f < floor.saturating_mul(2)) {
+            Pressure::Short
+        } else {
+            Pressure::Room
+        }
     }
 
     /// Keeps `held` as the deletion that waits, and says so in the stats.
@@ -2242,6 +2264,12 @@ pub(crate) fn run(core: Arc<Mutex<Writer>>, rx: Receiver<Request>) -> Result<()>
 /// timed duty runs, never while the thread waits for a request.
 fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
     let shared = core.lock().shared.clone();
+    // What recovery found acknowledged (a crash or a close before its
+    // deletion, or a deletion held back for its ids) goes now, not at the
+    // next batch or the next acknowledgement that finishes a segment.
+    // Deletions only: relocation waits for a batch, as ever (the records
+    // it would carry may have been claimed a moment ago).
+    PoisonOnPanic(lock_for_thread(core, &shared)).delete_finished();
     loop {
         let (until, idle_until) = PoisonOnPanic(lock_for_thread(core, &shared)).sleep();
         let got = match until {
@@ -2396,14 +2424,25 @@ const HOLD_RECHECK: Duration = Duration::from_secs(1);
 /// The bytes of one tombstone in a tombstones frame.
 const TOMBSTONE_BYTES: u64 = 32;
 
+/// How short space is, for [`Writer::hold_deletion`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Pressure {
+    /// Room enough.
+    Room,
+    /// Under twice the free-disk floor.
+    Short,
+    /// Under the floor, or the reserve missing: appends are refused.
+    Refusing,
+}
+
 /// An acknowledged front whose deletion waits ([`Writer::hold_deletion`]).
 struct Held {
     /// The front's segments and the log start after them.
     front: (usize, Seq),
     /// The segments in the log when it was decided.
     segments: usize,
-    /// Whether space was short then.
-    short: bool,
+    /// How short space was then.
+    pressure: Pressure,
     /// When it is weighed again: once enough of its ids have left the
     /// window.
     recheck: Instant,

@@ -17,7 +17,8 @@
 //!   nothing left to repair;
 //! - I7: deleting segments never loses a live record (I1 after deletions);
 //! - I9: once everything is acknowledged, every sealed segment is deleted
-//!   (but those a deletion holds back for the ids it would carry);
+//!   (but those a deletion holds back for the ids it would carry, within
+//!   their bound, and deleted by an open with nothing to carry);
 //! - I10: a record whose acknowledgement was made durable is never delivered
 //!   again;
 //! - I11: a dead letter made durable is listed and never delivered;
@@ -1760,9 +1761,42 @@ fn recover_again(
             format!("{segments} segments left after everything was acknowledged"),
         ));
     }
+    // A deletion held back for its ids keeps no more than its bound (five
+    // times the ids' tombstones, two segments, and the active one's growth
+    // since it was decided).
+    let bound = 5 * 32 * stats.dedup_ids + 3 * options.segment_bytes + 65536;
+    if stats.held_for_ids > 0 && stats.disk_bytes > bound {
+        return Err((
+            "I9",
+            format!(
+                "{} segments held for {} ids take {} bytes, more than {bound}",
+                stats.held_for_ids, stats.dedup_ids, stats.disk_bytes
+            ),
+        ));
+    }
     again
         .close()
-        .map_err(|e| ("I9", format!("close failed: {e}")))
+        .map_err(|e| ("I9", format!("close failed: {e}")))?;
+    // Held or not, every acknowledged segment is deletable: with a single
+    // id remembered there is nothing to carry, and the open deletes them.
+    if stats.held_for_ids > 0 && stats.delayed == 0 {
+        let third = open(disk, options.clone().dedup_capacity(1))
+            .map_err(|e| ("I9", format!("a third recovery refused: {e}")))?;
+        third
+            .sync()
+            .map_err(|e| ("I9", format!("sync failed: {e}")))?;
+        let left = third.stats().segments;
+        third
+            .close()
+            .map_err(|e| ("I9", format!("close failed: {e}")))?;
+        if left != 1 {
+            return Err((
+                "I9",
+                format!("{left} segments left once no id was to be carried"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Claims every record `outbox` holds, acknowledging each batch before the

@@ -293,19 +293,21 @@ impl Dedup {
     /// of the entries [`Dedup::carry`] would take for `log_start` are still
     /// within the window.
     pub(crate) fn carry_shrinks_at(&self, log_start: Seq, now_us: u64, keep: usize) -> u64 {
-        let carried: Vec<u32> = self
-            .ring
-            .iter()
-            .take_while(|e| e.seq < log_start.get())
-            .filter(|e| self.to_carry(e, log_start, now_us))
-            .map(|e| e.at)
-            .collect();
-        let Some(go) = carried.len().checked_sub(keep).filter(|&go| go > 0) else {
+        let carried = self.carry_len(log_start, now_us);
+        let Some(go) = carried.checked_sub(keep).filter(|&go| go > 0) else {
             return now_us;
         };
         // The first `go` in the ring have left the window once the latest
         // of them has (the ring is in sequence order; times mostly are).
-        let latest = carried[..go].iter().copied().max().unwrap_or(0);
+        let latest = self
+            .ring
+            .iter()
+            .take_while(|e| e.seq < log_start.get())
+            .filter(|e| self.to_carry(e, log_start, now_us))
+            .take(go)
+            .map(|e| e.at)
+            .max()
+            .unwrap_or(0);
         let expires = self
             .us(latest)
             .saturating_add(self.window_us)

@@ -706,3 +706,68 @@ fn many_ids_in_small_segments_are_not_written_again_at_every_deletion() {
     }
     assert!(!probe(&outbox, 0), "id-0 outlived its window");
 }
+
+/// Acknowledged segments left at a close (here held back for their ids) go
+/// at the next open, with nothing appended or acknowledged after it.
+#[test]
+fn acknowledged_segments_left_at_a_close_go_at_the_next_open() {
+    let (_t, dir) = tmp();
+    let window = |w| small_segments().dedup_window(w);
+    let outbox = Outbox::open(&dir, window(Duration::from_secs(600))).expect("open");
+    append_and_ack(&outbox, "id", 20_000, 25, true);
+    outbox.sync().expect("sync");
+    assert!(outbox.stats().held_for_ids > 0, "{:?}", outbox.stats());
+    outbox.close().expect("close");
+    // Reopened with a window the ids have left: nothing to carry.
+    let outbox = Outbox::open(&dir, window(Duration::from_millis(1))).expect("reopen");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while outbox.stats().segments > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "acknowledged segments still there: {:?}",
+            outbox.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(outbox.stats().held_for_ids, 0);
+}
+
+/// Deletions held back for their ids go once the disk fills up: with
+/// appends refused for want of space, a deletion waits only while it would
+/// write more than it frees; a refused append is enough to have it weighed
+/// again.
+#[test]
+fn held_deletions_go_when_the_disk_fills_up() {
+    let disk = SimDisk::new(35);
+    disk.set_free_bytes(Some(100 << 20));
+    let options = small_segments()
+        .dedup_window(Duration::from_secs(600))
+        .min_free_disk_bytes(32 << 20);
+    let outbox =
+        Outbox::open_with_storage("/outbox", options, Arc::new(disk.clone())).expect("open");
+    append_and_ack(&outbox, "id", 20_000, 25, true);
+    outbox.sync().expect("sync");
+    let held = outbox.stats().held_for_ids;
+    assert!(held > 0, "{:?}", outbox.stats());
+    // The file system fills up from outside, below the floor.
+    disk.set_free_bytes(Some(16 << 20));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match outbox.append(b"refused") {
+            Err(Error::QuotaExceeded { quota, .. }) => assert_eq!(quota, "min_free_disk_bytes"),
+            // Asked again at most every 10 ms: the first may still pass.
+            Ok(_) => {}
+            Err(e) => panic!("{e}"),
+        }
+        let stats = outbox.stats();
+        if stats.held_for_ids < held {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "held segments kept while appends are refused: {stats:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    outbox.close().expect("close");
+}
