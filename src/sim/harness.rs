@@ -147,11 +147,7 @@ impl Workload {
         // A header block and two to five blocks of write batches: rotations
         // come often, in every phase of a workload.
         let segment_bytes = 12288 + 4096 * rng.below(4);
-        let open_check = if rng.below(4) == 0 {
-            OpenCheck::EveryFrame
-        } else {
-            OpenCheck::SealIndex
-        };
+        let open_check = drawn_open_check(&mut rng);
         Workload {
             steps,
             segment_bytes,
@@ -228,11 +224,7 @@ impl Workload {
             // Segments of five to seven blocks: relocation pays only when a
             // segment is well larger than the blocks a copy takes.
             segment_bytes: 24576 + 4096 * rng.below(3),
-            open_check: if rng.below(4) == 0 {
-                OpenCheck::EveryFrame
-            } else {
-                OpenCheck::SealIndex
-            },
+            open_check: drawn_open_check(&mut rng),
             segment_age: std::time::Duration::from_secs(3600),
             max_attempts: Some(1000),
             max_backlog_records: None,
@@ -269,11 +261,7 @@ impl Workload {
         Workload {
             steps,
             segment_bytes: 12288 + 4096 * rng.below(3),
-            open_check: if rng.below(4) == 0 {
-                OpenCheck::EveryFrame
-            } else {
-                OpenCheck::SealIndex
-            },
+            open_check: drawn_open_check(&mut rng),
             segment_age: std::time::Duration::from_secs(3600),
             max_attempts: None,
             max_backlog_records: None,
@@ -308,11 +296,7 @@ impl Workload {
         Workload {
             steps,
             segment_bytes: (512 << 10) + (128 << 10) * rng.below(4),
-            open_check: if rng.below(4) == 0 {
-                OpenCheck::EveryFrame
-            } else {
-                OpenCheck::SealIndex
-            },
+            open_check: drawn_open_check(&mut rng),
             segment_age: std::time::Duration::from_secs(3600),
             max_attempts: None,
             max_backlog_records: None,
@@ -392,6 +376,16 @@ impl Workload {
             Some(bug) => options.inject_bug(bug),
             None => options,
         }
+    }
+}
+
+/// How a workload's recoveries read sealed segments: every frame in one
+/// workload in four, the seal's index in the others.
+fn drawn_open_check(rng: &mut Rng) -> OpenCheck {
+    if rng.below(4) == 0 {
+        OpenCheck::EveryFrame
+    } else {
+        OpenCheck::SealIndex
     }
 }
 
