@@ -2264,12 +2264,6 @@ pub(crate) fn run(core: Arc<Mutex<Writer>>, rx: Receiver<Request>) -> Result<()>
 /// timed duty runs, never while the thread waits for a request.
 fn serve(core: &Mutex<Writer>, rx: &Receiver<Request>) -> Result<()> {
     let shared = core.lock().shared.clone();
-    // What recovery found acknowledged (a crash or a close before its
-    // deletion, or a deletion held back for its ids) goes now, not at the
-    // next batch or the next acknowledgement that finishes a segment.
-    // Deletions only: relocation waits for a batch, as ever (the records
-    // it would carry may have been claimed a moment ago).
-    PoisonOnPanic(lock_for_thread(core, &shared)).delete_finished();
     loop {
         let (until, idle_until) = PoisonOnPanic(lock_for_thread(core, &shared)).sleep();
         let got = match until {
