@@ -92,7 +92,9 @@ pub enum Error {
         /// The sequence number.
         seq: Seq,
     },
-    /// `ack` or `release` of a record that is not claimed.
+    /// `ack`, `release`, `release_after`, `extend` or `dead_letter` of a
+    /// record that is not claimed; `requeue` or `discard` of one that is not
+    /// a dead letter.
     NotClaimed {
         /// The sequence number.
         seq: Seq,
@@ -234,7 +236,10 @@ impl fmt::Display for Error {
             }
             Error::Full => f.write_str("writer queue is full"),
             Error::UnknownSeq { seq } => write!(f, "no record with seq {seq} was ever appended"),
-            Error::NotClaimed { seq } => write!(f, "record {seq} is not claimed"),
+            Error::NotClaimed { seq } => write!(
+                f,
+                "record {seq} is not claimed (for requeue and discard: not a dead letter)"
+            ),
             Error::UnsupportedFormat {
                 path,
                 found,

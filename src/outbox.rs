@@ -1038,8 +1038,10 @@ impl Outbox {
     /// [`Options::recycle_segments`](crate::Options::recycle_segments)).
     ///
     /// Acknowledging a record already acknowledged (or deleted) is Ok, so a relay
-    /// may retry. A record that is pending (never claimed, or released) fails
-    /// with [`Error::NotClaimed`]; a number never assigned with
+    /// may retry. A record that is pending (never claimed, or released;
+    /// waiting for its own not-before time or its key's turn without ever
+    /// having been handed out) fails with [`Error::NotClaimed`]; a number
+    /// never assigned (or an internal frame's) with
     /// [`Error::UnknownSeq`]. The acknowledgement is written to the log: durable
     /// at once under [`Durability::Sync`](crate::Durability::Sync), else with
     /// the next write batch or within

@@ -236,6 +236,19 @@ impl Keys {
         }
     }
 
+    /// Gives the key's turn to its record `seq` (at open: a record waiting
+    /// out a `release_after` delay had the turn when it was released, and
+    /// keeps it while it waits, as it did before the restart). Returns the
+    /// record that had the turn, now held back behind it.
+    pub(crate) fn take_turn(&mut self, seq: u64) -> Option<u64> {
+        let key = self.key_of(seq)?;
+        let q = self.queues.get_mut(&key)?;
+        if q.turn == seq || !q.seqs.contains(seq) {
+            return None;
+        }
+        Some(std::mem::replace(&mut q.turn, seq))
+    }
+
     /// The record `seq`, which has its key's turn, became pending again
     /// (released, its lease or delay ran out): if an older record of the key
     /// waits (requeued while `seq` was out), the turn passes to it, which is

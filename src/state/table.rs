@@ -497,8 +497,7 @@ impl Table {
     /// was never assigned to a record.
     pub(crate) fn requeue(&mut self, seq: Seq) -> Result<()> {
         if self.dead.remove(&seq.get()).is_none() {
-            self.slot(seq)?;
-            return Err(Error::NotClaimed { seq });
+            return Err(self.not_dead(seq));
         }
         self.reasons.remove(&seq.get());
         self.rejoin(seq)?;
@@ -511,10 +510,25 @@ impl Table {
     /// letter; `UnknownSeq` if `seq` was never assigned to a record.
     pub(crate) fn discard(&mut self, seq: Seq) -> Result<bool> {
         if !self.dead.contains_key(&seq.get()) {
-            self.slot(seq)?;
-            return Err(Error::NotClaimed { seq });
+            return Err(self.not_dead(seq));
         }
         self.ack(&[seq])
+    }
+
+    /// Why `seq`, not a dead letter, cannot be requeued or discarded:
+    /// `UnknownSeq` if no record has that number (never assigned, or an
+    /// internal frame's), else `NotClaimed`.
+    fn not_dead(&self, seq: Seq) -> Error {
+        match self.slot(seq) {
+            Err(e) => e,
+            Ok(Some((si, i)))
+                if SegmentSlots::bit(&self.segments[si].claimed, i)
+                    && SegmentSlots::bit(&self.segments[si].done, i) =>
+            {
+                Error::UnknownSeq { seq }
+            }
+            Ok(_) => Error::NotClaimed { seq },
+        }
     }
 
     /// The dead letters, oldest first, at most `max`: where each frame lies,
@@ -1251,8 +1265,17 @@ impl Table {
         );
         if claimed && done {
             Err(Error::UnknownSeq { seq })
-        } else if claimed && !self.keys.is_empty() && self.keys.is_held(seq.get()) {
-            // Held back behind an earlier record of its key: never handed out.
+        } else if claimed
+            && !self.keys.is_empty()
+            && self.keys.is_held(seq.get())
+            && !self.leases.lapsed(seq.get())
+        {
+            // Held back behind an earlier record of its key: never handed
+            // out (a delivery whose lease ran out before it was held back is
+            // acknowledged late, below).
+            Err(Error::NotClaimed { seq })
+        } else if claimed && self.waits_undelivered(seq.get()) {
+            // Waiting out its own not-before time: never handed out.
             Err(Error::NotClaimed { seq })
         } else if claimed {
             Ok(Some((si, i)))
@@ -1265,6 +1288,17 @@ impl Table {
         } else {
             Err(Error::NotClaimed { seq })
         }
+    }
+
+    /// Whether `seq` waits out a delay without ever having been handed out
+    /// (its own not-before time): no delivery of it counted, no reason
+    /// given, no lease of it ran out. A record released with a delay was
+    /// handed out, and its acknowledgement is accepted.
+    fn waits_undelivered(&self, seq: u64) -> bool {
+        self.due.contains_key(&seq)
+            && self.leases.delivered(seq) == 0
+            && !self.reasons.contains_key(&seq)
+            && !self.leases.lapsed(seq)
     }
 
     fn set_done(&mut self, si: usize, i: usize) {
@@ -1385,6 +1419,20 @@ impl Table {
     /// monotonic clock. Records done, or dead letters (which do not block
     /// their key), only have their key noted.
     pub(crate) fn apply_fields(&mut self, described: &[Described], now: u64, now_wall_us: u64) {
+        // The records waiting out a release's delay (replayed before, or
+        // carried by a relocated copy): each had its key's turn when it was
+        // released, and keeps it while it waits, ahead of an older record of
+        // its key requeued meanwhile. A copy carries a not-before time's
+        // wait too; such a record was never delivered (no reason, no attempt).
+        let released: Vec<u64> = if described.iter().any(|d| d.key.is_some()) {
+            self.due
+                .keys()
+                .copied()
+                .filter(|s| self.reasons.contains_key(s) || self.leases.delivered(*s) > 0)
+                .collect()
+        } else {
+            Vec::new()
+        };
         for d in described {
             let own = d.seq.get();
             let Ok(Some((si, i))) = self.slot(d.seq) else {
@@ -1413,6 +1461,14 @@ impl Table {
                 {
                     self.claim_slot(si, i);
                 }
+            }
+        }
+        for seq in released {
+            if let Some(held) = self.keys.take_turn(seq)
+                && let Ok(Some((si, i))) = self.slot(Seq::from(held))
+                && !SegmentSlots::bit(&self.segments[si].claimed, i)
+            {
+                self.claim_slot(si, i);
             }
         }
     }

@@ -27,6 +27,9 @@ struct Rec {
     payload: Vec<u8>,
     key: Option<u8>,
     st: St,
+    /// Delayed by `release_after` (it had its key's turn when released, and
+    /// keeps it, across reopens too, while it waits).
+    released: bool,
 }
 
 /// What the outbox must do.
@@ -175,6 +178,7 @@ fn run(seed: u64, steps: usize) {
                                 payload: payload.clone(),
                                 key,
                                 st,
+                                released: false,
                             },
                         );
                         if let Some(d) = id {
@@ -227,7 +231,9 @@ fn run(seed: u64, steps: usize) {
                     outbox
                         .release_after(seq, hour, "later")
                         .expect("release_after");
-                    m.live.get_mut(&seq).expect("live").st = St::Delayed;
+                    let rec = m.live.get_mut(&seq).expect("live");
+                    rec.st = St::Delayed;
+                    rec.released = true;
                 }
             }
             79..=84 => {
@@ -264,7 +270,9 @@ fn run(seed: u64, steps: usize) {
             _ => {
                 outbox.close().expect("close");
                 outbox = Outbox::open(&dir, options()).expect("reopen");
-                // Claims do not survive; every key's turn is its oldest
+                // Claims do not survive; every key's turn is its record
+                // waiting out a release's delay, if it has one (an older
+                // record requeued meanwhile waits behind it), else its oldest
                 // record still to deliver.
                 for r in m.live.values_mut() {
                     if r.st == St::Claimed {
@@ -274,7 +282,12 @@ fn run(seed: u64, steps: usize) {
                 let keys: Vec<u8> = m.live.values().filter_map(|r| r.key).collect();
                 m.turn.clear();
                 for k in keys {
-                    if let Some(s) = m.oldest(k) {
+                    let released = m
+                        .live
+                        .iter()
+                        .find(|(_, r)| r.key == Some(k) && r.st == St::Delayed && r.released)
+                        .map(|(s, _)| *s);
+                    if let Some(s) = released.or_else(|| m.oldest(k)) {
                         m.turn.insert(k, s);
                     }
                 }

@@ -166,6 +166,105 @@ fn a_key_waits_for_its_delayed_head() {
     outbox.close().expect("close");
 }
 
+/// A dead letter requeued while a later record of its key waits out a
+/// `release_after` delay waits behind that record, before a restart and
+/// after one (a close, or a crash with the changes synced): the delayed
+/// record keeps its key's turn while it waits.
+#[test]
+fn a_requeued_record_waits_behind_its_keys_delayed_record_across_restarts() {
+    for crash in [false, true] {
+        let disk = SimDisk::new(36);
+        let open = || {
+            Outbox::open_with_storage(
+                "/outbox",
+                options().ack_durability(Durability::Sync),
+                Arc::new(disk.clone()),
+            )
+            .expect("open")
+        };
+        let outbox = open();
+        let a = keyed(&outbox, b"k", b"a");
+        let b = keyed(&outbox, b"k", b"b");
+        let other = keyed(&outbox, b"other", b"o");
+        assert_eq!(seqs(&outbox.claim(10).expect("claim")), [a, other]);
+        outbox.ack(other).expect("ack");
+        outbox.dead_letter(a, "refused").expect("dead letter");
+        assert_eq!(seqs(&outbox.claim(10).expect("claim")), [b]);
+        outbox
+            .release_after(b, Duration::from_secs(3600), "later")
+            .expect("release_after");
+        outbox.requeue(a).expect("requeue");
+        outbox.sync().expect("sync");
+        let check = |outbox: &Outbox, when: &str| {
+            assert!(outbox.claim(10).expect("claim").is_empty(), "{when}");
+            let stats = outbox.stats();
+            assert_eq!(
+                (stats.delayed, stats.held_by_key, stats.dead_letters),
+                (1, 1, 0),
+                "{when}"
+            );
+        };
+        check(&outbox, "before a restart");
+        let outbox = if crash {
+            std::mem::forget(outbox);
+            disk.crash(segwal::sim::CrashModel::default());
+            open()
+        } else {
+            outbox.close().expect("close");
+            open()
+        };
+        check(&outbox, if crash { "after a crash" } else { "after a reopen" });
+        // An ack of the delayed record (it was delivered) ends its wait: the
+        // requeued record goes next.
+        outbox.ack(b).expect("ack of the delayed record");
+        assert_eq!(seqs(&outbox.claim(10).expect("claim")), [a]);
+        outbox.close().expect("close");
+    }
+}
+
+/// A late acknowledgement of a delivery whose lease ran out is accepted
+/// even when the record is now held back behind an older record of its key
+/// (a dead letter requeued while it was out): it was delivered. An
+/// acknowledgement of a record never handed out, held behind its key or
+/// waiting for its own not-before time, is `NotClaimed`.
+#[test]
+fn a_late_ack_is_accepted_behind_its_key_and_an_ack_of_a_record_never_handed_out_is_not() {
+    let (_t, dir) = tmp();
+    let outbox =
+        Outbox::open(&dir, Options::default().lease(Duration::from_millis(200))).expect("open");
+    let z = keyed(&outbox, b"k", b"z");
+    let a = keyed(&outbox, b"k", b"a");
+    let later = outbox
+        .append_message(&Message::new(b"later").delay(Duration::from_secs(3600)))
+        .expect("append")
+        .seq;
+    assert_eq!(seqs(&outbox.claim(10).expect("claim")), [z]);
+    outbox.dead_letter(z, "refused").expect("dead letter");
+    assert_eq!(seqs(&outbox.claim(10).expect("claim")), [a]);
+    outbox.requeue(z).expect("requeue: behind the claimed record");
+    std::thread::sleep(Duration::from_millis(400));
+    // The lease of `a` ran out: the older `z` takes the turn, `a` is held.
+    assert_eq!(seqs(&outbox.claim(10).expect("claim")), [z]);
+    assert_eq!(outbox.stats().held_by_key, 1);
+    outbox.ack(a).expect("a late ack of a delivered record");
+    assert_eq!(outbox.stats().held_by_key, 0);
+    for never in [later] {
+        match outbox.ack(never) {
+            Err(Error::NotClaimed { seq }) => assert_eq!(seq, never),
+            other => panic!("an ack of a record never handed out: {other:?}"),
+        }
+    }
+    let b = keyed(&outbox, b"k", b"b");
+    match outbox.ack(b) {
+        Err(Error::NotClaimed { seq }) => assert_eq!(seq, b),
+        other => panic!("an ack of a record held behind its key: {other:?}"),
+    }
+    outbox.ack(z).expect("ack");
+    assert_eq!(seqs(&outbox.claim(10).expect("claim")), [b]);
+    assert_eq!(outbox.stats().delayed, 1, "the delayed record waits on");
+    outbox.close().expect("close");
+}
+
 #[test]
 fn a_dedup_id_appends_once_and_a_different_payload_conflicts() {
     let (_t, dir) = tmp();

@@ -173,10 +173,32 @@ fn dead_letters_are_parked_listed_survive_restarts_and_can_be_requeued_or_discar
             );
         }
     }
+    // The message says what was wanted of a record that is not a dead letter.
+    let said = outbox.requeue(seqs[2]).expect_err("not a dead letter").to_string();
+    assert!(said.contains("not a dead letter"), "{said}");
     // Never handed out again.
     let rest = outbox.claim(10).expect("claim");
     assert_eq!(rest.iter().map(|r| r.seq()).collect::<Vec<_>>(), seqs[2..]);
     outbox.ack_through(seqs[3]).expect("ack");
+    // The number of a batch's fields frame (after its one record) is no
+    // record's: unknown to every call.
+    let keyed = outbox
+        .append_message(&segwal::Message::new(b"k").key(b"key"))
+        .expect("append")
+        .seq;
+    let internal = Seq::from(keyed.get() + 1);
+    for (call, got) in [
+        ("ack", outbox.ack(internal)),
+        ("requeue", outbox.requeue(internal)),
+        ("discard", outbox.discard(internal)),
+    ] {
+        assert!(
+            matches!(got, Err(Error::UnknownSeq { seq }) if seq == internal),
+            "{call}: {got:?}"
+        );
+    }
+    assert_eq!(outbox.claim(10).expect("claim")[0].seq(), keyed);
+    outbox.ack(keyed).expect("ack");
     outbox.close().expect("close");
 
     let outbox = Outbox::open(&dir, options()).expect("reopen");
