@@ -73,6 +73,14 @@ pub(crate) fn encode_ext(
     ext::encode(&fields, out);
 }
 
+/// The bytes a relocated copy's `ext` area adds to the record's own fields
+/// (its sequence number and its delivery state, each with its tag and
+/// length): what the backlog does not count of the copy.
+pub(crate) fn added_len(carried: &Carried) -> u32 {
+    let reason = crate::format::delivery::clip(carried.reason.as_deref().unwrap_or(""));
+    (3 + 8 + 3 + 15 + reason.len()) as u32
+}
+
 /// The record a relocated frame's `ext` area names, and its delivery state.
 pub(crate) fn decode_ext(area: &[u8]) -> Result<(Seq, Carried), Corruption> {
     let bad = |what, value| Corruption::Unsupported { what, value };

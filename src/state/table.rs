@@ -318,6 +318,11 @@ pub(crate) struct Table {
     moved: BTreeMap<u64, u64>,
     /// The reverse of `moved`: a relocated frame's number and its record's.
     origin: SeqMap<u64>,
+    /// The bytes of each relocated frame (by its number) that the backlog
+    /// does not count: what the copy adds to the record it carries (its own
+    /// number, its delivery state), so that relocation leaves
+    /// `backlog_bytes`, and the byte quota, as they were.
+    copy_extra: SeqMap<u32>,
     /// The relocated records that are Pending, which a claim hands out before
     /// any other (they are the oldest). The cursor does not cover them.
     moved_pending: BTreeSet<u64>,
@@ -374,6 +379,7 @@ impl Table {
             reasons: HashMap::new(),
             moved: BTreeMap::new(),
             origin: SeqMap::default(),
+            copy_extra: SeqMap::default(),
             moved_pending: BTreeSet::new(),
             relocated: 0,
             keys: Keys::default(),
@@ -1302,7 +1308,8 @@ impl Table {
     }
 
     fn set_done(&mut self, si: usize, i: usize) {
-        let mut seq = self.segments[si].first() + i as u64;
+        let at = self.segments[si].first() + i as u64;
+        let mut seq = at;
         if !self.origin.is_empty()
             && let Some(own) = self.origin.remove(&seq)
         {
@@ -1342,7 +1349,7 @@ impl Table {
         if cfg!(debug_assertions) {
             seg.check_invariants();
         }
-        self.backlog_bytes -= u64::from(frame_len) - FRAME_HEADER_LEN as u64;
+        self.backlog_bytes -= self.counted(at, frame_len);
         self.finished += u64::from(finished);
         if let Some(next) = next_of_key {
             self.key_head_free(next);
@@ -1643,9 +1650,22 @@ impl Table {
                     self.delayed.remove(&(due, seq));
                 }
                 let (_, len) = seg.frame_range(i);
-                self.backlog_bytes -= u64::from(len) - FRAME_HEADER_LEN as u64;
+                let at = seg.first() + i as u64;
+                self.backlog_bytes -= self.counted(at, len);
             }
         }
+    }
+
+    /// The backlog's bytes of the frame `at`, `len` bytes long, which leaves
+    /// the backlog now: its length but for its header, and, for a relocated
+    /// copy, what the copy added to its record.
+    fn counted(&mut self, at: u64, len: u32) -> u64 {
+        let extra = if self.copy_extra.is_empty() {
+            0
+        } else {
+            self.copy_extra.remove(&at).unwrap_or(0)
+        };
+        u64::from(len).saturating_sub(FRAME_HEADER_LEN as u64 + u64::from(extra))
     }
 
     pub(crate) fn stats(&self) -> TableStats {

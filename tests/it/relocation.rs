@@ -81,6 +81,10 @@ fn a_dead_letter_is_carried_forward_and_stays_dead_across_restarts() {
         Some(dead[0].0),
         "the oldest unacked is the dead letter"
     );
+    // The copy counts as the record did (not its number and state): the
+    // byte quota sees no more than before.
+    let counted = payload(5).len() as u64;
+    assert_eq!(stats.backlog_bytes, counted, "{stats:?}");
     let letters = outbox.dead_letters(10).expect("dead_letters");
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].seq(), dead[0].0);
@@ -91,6 +95,7 @@ fn a_dead_letter_is_carried_forward_and_stays_dead_across_restarts() {
     let outbox = Outbox::open(&dir, options()).expect("reopen");
     let stats = outbox.stats();
     assert_eq!((stats.dead_letters, stats.pending), (1, 0), "{stats:?}");
+    assert_eq!(stats.backlog_bytes, counted, "after a reopen: {stats:?}");
     assert!(
         outbox.claim(10).expect("claim").is_empty(),
         "a dead letter is never claimed"
@@ -105,7 +110,9 @@ fn a_dead_letter_is_carried_forward_and_stays_dead_across_restarts() {
     assert_eq!(again.len(), 1);
     assert_eq!((again[0].seq(), again[0].attempt()), (dead[0].0, 1));
     assert_eq!(again[0].payload(), payload(5).as_slice());
+    assert_eq!(outbox.stats().backlog_bytes, counted);
     outbox.ack(dead[0].0).expect("ack");
+    assert_eq!(outbox.stats().backlog_bytes, 0);
     outbox.close().expect("close");
     let outbox = Outbox::open(&dir, options()).expect("reopen");
     assert!(outbox.claim(10).expect("claim").is_empty());

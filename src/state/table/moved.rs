@@ -257,8 +257,10 @@ impl Table {
             };
             let to_i = (at.get() - self.segments[to_si].first()) as usize;
             let claimed = SegmentSlots::bit(&self.segments[from_si].claimed, from_i);
+            // The copy counts as much as the frame it replaces.
+            let extra = self.extra_over(to_si, to_i, from_si, from_i);
             self.vacate(from_si, from_i);
-            self.occupy(to_si, to_i, own.get(), claimed);
+            self.occupy(to_si, to_i, own.get(), claimed, extra);
             self.relocated += 1;
         }
         self.segments.front().is_some_and(|s| s.is_finished())
@@ -280,7 +282,7 @@ impl Table {
             return;
         };
         let to_i = (at.get() - self.segments[to_si].first()) as usize;
-        match self.slot(own) {
+        let extra = match self.slot(own) {
             // Its old place is still in the log (a crash before the old
             // segment was deleted, or an earlier copy): it moves out of it.
             Ok(Some((si, i))) => {
@@ -290,13 +292,16 @@ impl Table {
                     return;
                 }
                 self.forget_state(own.get());
+                let extra = self.extra_over(to_si, to_i, si, i);
                 self.vacate(si, i);
+                extra
             }
-            // Its old segment was deleted after the copy was durable.
-            Ok(None) => {}
+            // Its old segment was deleted after the copy was durable: the
+            // copy counts but for what relocation added to it.
+            Ok(None) => crate::format::relocated::added_len(carried),
             Err(_) => return,
-        }
-        self.occupy(to_si, to_i, own.get(), false);
+        };
+        self.occupy(to_si, to_i, own.get(), false, extra);
         let own = own.get();
         self.leases.set_exact(own, carried.attempts);
         match carried.state {
@@ -344,6 +349,19 @@ impl Table {
 
     /// Marks the record slot `i` of segment `si` Done because its record now
     /// lies elsewhere: its counts go with it, its state maps stay.
+    /// What the frame `(to_si, to_i)`, a copy of the record in
+    /// `(from_si, from_i)`, holds beyond the bytes the backlog counts of that
+    /// record.
+    fn extra_over(&self, to_si: usize, to_i: usize, from_si: usize, from_i: usize) -> u32 {
+        let header = FRAME_HEADER_LEN as u32;
+        let (_, to_len) = self.segments[to_si].frame_range(to_i);
+        let (_, from_len) = self.segments[from_si].frame_range(from_i);
+        let from_at = self.segments[from_si].first() + from_i as u64;
+        let from_extra = self.copy_extra.get(&from_at).copied().unwrap_or(0);
+        let counted_from = from_len.saturating_sub(header + from_extra);
+        to_len.saturating_sub(header).saturating_sub(counted_from)
+    }
+
     fn vacate(&mut self, si: usize, i: usize) {
         let n = self.segments[si].first() + i as u64;
         if let Some(own) = self.origin.remove(&n) {
@@ -361,12 +379,12 @@ impl Table {
         }
         SegmentSlots::set(&mut seg.done, i, true);
         seg.done_count += 1;
-        self.backlog_bytes -= u64::from(len) - FRAME_HEADER_LEN as u64;
+        self.backlog_bytes -= self.counted(n, len);
     }
 
     /// Makes the internal slot `i` of segment `si` (a relocated frame) hold
     /// the record `own`, claimed or pending.
-    fn occupy(&mut self, si: usize, i: usize, own: u64, claimed: bool) {
+    fn occupy(&mut self, si: usize, i: usize, own: u64, claimed: bool, extra: u32) {
         let at = self.segments[si].first() + i as u64;
         let seg = &mut self.segments[si];
         let (_, len) = seg.frame_range(i);
@@ -380,7 +398,11 @@ impl Table {
             self.pending += 1;
             self.moved_pending.insert(own);
         }
-        self.backlog_bytes += u64::from(len) - FRAME_HEADER_LEN as u64;
+        let extra = extra.min(len.saturating_sub(FRAME_HEADER_LEN as u32));
+        if extra > 0 {
+            self.copy_extra.insert(at, extra);
+        }
+        self.backlog_bytes += u64::from(len) - FRAME_HEADER_LEN as u64 - u64::from(extra);
         self.moved.insert(own, at);
         self.origin.insert(at, own);
         if cfg!(debug_assertions) {
