@@ -76,8 +76,8 @@ pub enum Error {
         /// The configured maximum.
         max: usize,
     },
-    /// An `append_batch` is larger than the writer queue can ever hold
-    /// ([`Options::queue_bytes`](crate::Options::queue_bytes)).
+    /// An `append_batch` or `append_messages` of several records is larger
+    /// than the writer queue can ever hold ([`Options::queue_bytes`](crate::Options::queue_bytes)).
     BatchTooLarge {
         /// Encoded bytes of the refused batch: its payloads and a frame header
         /// (48 bytes) each, the measure `queue_bytes` is in.

@@ -645,7 +645,12 @@ impl Outbox {
     /// [`append_batch`](Outbox::append_batch): the records written are
     /// numbered in order and become durable together. One answer per
     /// message, in order. All or nothing: a conflict or a quota refuses
-    /// every message of the call, and nothing is written.
+    /// every message of the call, and nothing is written. Two messages of
+    /// the call with one deduplication id and different payloads are
+    /// refused with [`Error::InvalidMessage`] (`"dedup_id"`); with the same
+    /// payload, the second is a duplicate of the first. Several messages
+    /// larger in all than [`Options::queue_bytes`](crate::Options::queue_bytes)
+    /// are [`Error::BatchTooLarge`]; one message alone always fits.
     pub fn append_messages(&self, messages: &[Message<'_>]) -> Result<Vec<Appended>> {
         if messages.is_empty() {
             self.handle.shared.check_usable()?;
@@ -667,9 +672,28 @@ impl Outbox {
             m.check()?;
             bytes += frame_len(m.payload.len() + ext_len(m)) as u64;
         }
+        // A message alone always fits the queue (as an `append` of
+        // `max_record_bytes` does): its optional fields may take it a few
+        // hundred bytes past `queue_bytes`.
         let max = self.handle.shared.options.queue_bytes;
-        if bytes > max {
+        if bytes > max && messages.len() > 1 {
             return Err(Error::BatchTooLarge { len: bytes, max });
+        }
+        if messages.len() > 1 && messages.iter().filter(|m| m.dedup_id.is_some()).nth(1).is_some() {
+            let mut seen: std::collections::HashMap<&[u8], &[u8]> =
+                std::collections::HashMap::new();
+            for m in messages {
+                let Some(id) = m.dedup_id else { continue };
+                if *seen.entry(id).or_insert(&m.payload) != &*m.payload {
+                    return Err(Error::InvalidMessage {
+                        field: "dedup_id",
+                        reason: format!(
+                            "{} is given to two messages of one call with different payloads; nothing written",
+                            String::from_utf8_lossy(id).escape_debug()
+                        ),
+                    });
+                }
+            }
         }
         Ok(bytes)
     }

@@ -265,6 +265,50 @@ fn a_late_ack_is_accepted_behind_its_key_and_an_ack_of_a_record_never_handed_out
     outbox.close().expect("close");
 }
 
+/// One call that gives one deduplication id to two different payloads is
+/// refused whole as an invalid message (no record was appended with it
+/// before, so there is no `existing` record to name); the same payload twice
+/// is one record. A message of `max_record_bytes` with every optional field
+/// is accepted by the smallest queue the options allow.
+#[test]
+fn one_call_with_an_id_on_two_payloads_is_refused_and_a_full_message_fits_the_queue() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    let before = outbox.append(b"before").expect("append");
+    let call = [
+        Message::new(b"one").dedup_id(b"id-1"),
+        Message::new(b"two").dedup_id(b"id-1"),
+    ];
+    match outbox.append_messages(&call) {
+        Err(Error::InvalidMessage { field, reason }) => {
+            assert_eq!(field, "dedup_id");
+            assert!(reason.contains("id-1"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let next = outbox.append(b"next").expect("append");
+    assert_eq!(next.get(), before.get() + 1, "nothing was written");
+    let same = [
+        Message::new(b"one").dedup_id(b"id-1"),
+        Message::new(b"one").dedup_id(b"id-1"),
+    ];
+    let got = outbox.append_messages(&same).expect("append_messages");
+    assert_eq!((got[0].duplicate, got[1].duplicate), (false, true));
+    assert_eq!(got[0].seq, got[1].seq);
+    outbox.close().expect("close");
+
+    let (_t, dir) = tmp();
+    let small = Options::default().max_record_bytes(100).queue_bytes(148);
+    let outbox = Outbox::open(&dir, small).expect("the smallest queue for the records");
+    let full = Message::new(&[7u8; 100])
+        .key(&[b'k'; 256])
+        .dedup_id(&[b'd'; 256])
+        .delay(Duration::from_millis(1));
+    let a = outbox.append_message(&full).expect("a full message alone fits");
+    assert!(!a.duplicate);
+    outbox.close().expect("close");
+}
+
 #[test]
 fn a_dedup_id_appends_once_and_a_different_payload_conflicts() {
     let (_t, dir) = tmp();
