@@ -1,6 +1,7 @@
 //! State shared by the handles of one outbox and its writer thread, and the small
 //! synchronisation types between them.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -269,25 +270,61 @@ pub(crate) const WRITER_AWAKE: u64 = 0;
 pub(crate) const WRITER_NO_DEADLINE: u64 = u64::MAX;
 
 /// Tasks waiting for something, each woken once when it happens (a task
-/// that wants to wait again registers again when it is polled).
+/// that wants to wait again registers again when it is polled). Each waiting
+/// future holds its entry's number and takes the entry out when it is
+/// dropped or done, so a future given up leaves nothing behind.
 #[derive(Default)]
-pub(crate) struct Wakers(Mutex<Vec<Waker>>);
+pub(crate) struct Wakers(Mutex<Waiting>);
+
+/// The wakers of the futures waiting, by entry number.
+#[derive(Default)]
+struct Waiting {
+    next: u64,
+    wakers: HashMap<u64, Waker>,
+}
 
 impl Wakers {
-    /// Registers `waker`, unless a waker of the same task is already there.
-    pub(crate) fn register(&self, waker: &Waker) {
-        let mut all = self.0.lock();
-        if !all.iter().any(|w| w.will_wake(waker)) {
-            all.push(waker.clone());
+    /// Registers `waker` for the future whose entry is `entry` (given a
+    /// number at its first registration).
+    pub(crate) fn register(&self, entry: &mut Option<u64>, waker: &Waker) {
+        let mut waiting = self.0.lock();
+        let id = match *entry {
+            Some(id) => id,
+            None => {
+                waiting.next += 1;
+                *entry = Some(waiting.next);
+                waiting.next
+            }
+        };
+        match waiting.wakers.get_mut(&id) {
+            Some(w) if w.will_wake(waker) => {}
+            Some(w) => *w = waker.clone(),
+            None => {
+                waiting.wakers.insert(id, waker.clone());
+            }
+        }
+    }
+
+    /// Takes out the entry of a future dropped or done (if it is still
+    /// there: a wake takes every entry).
+    pub(crate) fn deregister(&self, entry: &mut Option<u64>) {
+        if let Some(id) = entry.take() {
+            self.0.lock().wakers.remove(&id);
         }
     }
 
     /// Wakes every registered task, outside the lock.
     pub(crate) fn wake_all(&self) {
-        let woken = std::mem::take(&mut *self.0.lock());
-        for w in woken {
+        let woken = std::mem::take(&mut self.0.lock().wakers);
+        for (_, w) in woken {
             w.wake();
         }
+    }
+
+    /// The futures registered now.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().wakers.len()
     }
 }
 
@@ -689,6 +726,32 @@ mod tests {
         notifier.stop();
     }
 
+    /// Each waiting future has an entry of its own, which it takes out when
+    /// it goes; a wake empties them all; a task polled again keeps one.
+    #[test]
+    fn waiting_futures_leave_no_entry_behind() {
+        struct Noop;
+        impl std::task::Wake for Noop {
+            fn wake(self: Arc<Self>) {}
+        }
+        let w = super::Wakers::default();
+        let waker = std::task::Waker::from(Arc::new(Noop));
+        let (mut a, mut b) = (None, None);
+        w.register(&mut a, &waker);
+        w.register(&mut a, &waker);
+        w.register(&mut b, &waker);
+        assert_eq!(w.len(), 2, "two futures of one task, one entry each");
+        w.deregister(&mut a);
+        assert_eq!((w.len(), a), (1, None));
+        w.wake_all();
+        assert_eq!(w.len(), 0);
+        w.deregister(&mut b);
+        w.register(&mut b, &waker);
+        assert_eq!(w.len(), 1);
+        w.deregister(&mut b);
+        assert_eq!(w.len(), 0);
+    }
+
     /// A task whose waker panics (its runtime's bug) neither stops the
     /// notifier nor keeps the rest of its batch, or later batches, from
     /// their answers; the task's own outcome is left for it.
@@ -857,6 +920,7 @@ impl Budget {
         &self,
         bytes: u64,
         closed: &AtomicBool,
+        entry: &mut Option<u64>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<()>> {
         let mut used = self.used.lock();
@@ -871,8 +935,14 @@ impl Budget {
         }
         // Registered under the lock that `release` takes before it wakes:
         // room given back after the check above wakes this task.
-        self.waiting.register(cx.waker());
+        self.waiting.register(entry, cx.waker());
         Poll::Pending
+    }
+
+    /// Takes out the waker a future waiting for room registered (dropped,
+    /// or given room).
+    pub(crate) fn forget_waiter(&self, entry: &mut Option<u64>) {
+        self.waiting.deregister(entry);
     }
 
     /// Takes room for a request of `bytes` if it fits now.
@@ -947,11 +1017,12 @@ impl Ticket {
     pub(crate) fn poll_take(
         shared: &Arc<Shared>,
         bytes: u64,
+        entry: &mut Option<u64>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Ticket>> {
         shared
             .budget
-            .poll_acquire(bytes, &shared.closed, cx)
+            .poll_acquire(bytes, &shared.closed, entry, cx)
             .map_ok(|()| Ticket {
                 shared: shared.clone(),
                 bytes,

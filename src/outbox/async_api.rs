@@ -127,6 +127,7 @@ impl Outbox {
             // A timeout too long to represent waits without one.
             deadline: Instant::now().checked_add(timeout),
             timer: None,
+            entry: None,
         }
         .await?;
         self.hand_out_async(runs, durable_first).await
@@ -144,6 +145,7 @@ impl Outbox {
         let ticket = Room {
             shared: &self.handle.shared,
             bytes,
+            entry: None,
         }
         .await?;
         let (completion, done) = Completion::new(&self.handle.shared.waiters);
@@ -173,13 +175,22 @@ impl Outbox {
 struct Room<'a> {
     shared: &'a Arc<Shared>,
     bytes: u64,
+    /// Its entry among the tasks waiting for room, once it waited.
+    entry: Option<u64>,
 }
 
 impl Future for Room<'_> {
     type Output = Result<Ticket>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Ticket>> {
-        Ticket::poll_take(self.shared, self.bytes, cx)
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Ticket>> {
+        let this = &mut *self;
+        Ticket::poll_take(this.shared, this.bytes, &mut this.entry, cx)
+    }
+}
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        self.shared.budget.forget_waiter(&mut self.entry);
     }
 }
 
@@ -201,6 +212,9 @@ struct Arrival<'a> {
     deadline: Option<Instant>,
     /// The timer set by the last poll, cancelled by the next (or on drop).
     timer: Option<u64>,
+    /// Its entry among the tasks waiting for records, once it waited; taken
+    /// out when it is dropped (done, timed out or given up).
+    entry: Option<u64>,
 }
 
 impl Arrival<'_> {
@@ -235,7 +249,7 @@ impl Future for Arrival<'_> {
         }
         // Registered under the table lock: records made claimable after the
         // claim above are made so under it too, and wake this task after.
-        shared.arrivals.register(cx.waker());
+        shared.arrivals.register(&mut this.entry, cx.waker());
         // Wake when the timeout ends, or when a lease or a delay runs out
         // (its record comes back): whichever is first.
         let lease_ends = table
@@ -261,5 +275,6 @@ impl Future for Arrival<'_> {
 impl Drop for Arrival<'_> {
     fn drop(&mut self) {
         self.cancel_timer();
+        self.outbox.handle.shared.arrivals.deregister(&mut self.entry);
     }
 }

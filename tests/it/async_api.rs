@@ -349,3 +349,46 @@ fn tokio_timeouts_cancel_appends_and_claims_without_loss() {
     assert!(found.len() >= answered.len());
     assert!(found.len() <= 1_600);
 }
+
+/// A waker that counts nothing: its `Arc`'s count says whether the outbox
+/// still holds it.
+struct Held;
+
+impl std::task::Wake for Held {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// A `claim_wait_async` future polled and then dropped, or run to its
+/// timeout, leaves no waker behind on an idle outbox: ten thousand tasks
+/// that gave up waiting cost nothing once they are gone.
+#[test]
+fn a_claim_wait_given_up_or_timed_out_leaves_no_waker_behind() {
+    let (_d, path) = tmp();
+    let outbox = Outbox::open(&path, Options::default()).expect("open");
+    let held = Arc::new(Held);
+    let waker = Waker::from(held.clone());
+    let mut cx = Context::from_waker(&waker);
+    for round in 0..10_000 {
+        let mut wait = pin!(outbox.claim_wait_async(10, Duration::from_secs(3600)));
+        assert!(wait.as_mut().poll(&mut cx).is_pending());
+        assert!(Arc::strong_count(&held) > 2, "round {round}: registered");
+    }
+    assert_eq!(Arc::strong_count(&held), 2, "dropped futures' wakers kept");
+    // Run to its timeout: nothing kept either.
+    let none = pollster::block_on(outbox.claim_wait_async(10, Duration::from_millis(5)))
+        .expect("claim_wait_async");
+    assert!(none.is_empty());
+    let mut wait = pin!(outbox.claim_wait_async(10, Duration::ZERO));
+    match wait.as_mut().poll(&mut cx) {
+        Poll::Ready(Ok(records)) => assert!(records.is_empty()),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(Arc::strong_count(&held), 2);
+    // And a waiting future is still woken by an append.
+    let mut wait = pin!(outbox.claim_wait_async(10, Duration::from_secs(3600)));
+    assert!(wait.as_mut().poll(&mut cx).is_pending());
+    let seq = outbox.append(b"arrives").expect("append");
+    let got = pollster::block_on(wait).expect("claim_wait_async");
+    assert_eq!(got[0].seq(), seq);
+    outbox.close().expect("close");
+}
