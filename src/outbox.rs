@@ -1582,7 +1582,7 @@ fn create_durably(storage: &dyn Storage, dir: &Path) -> Result<PathBuf> {
         return Err(invalid("the path is empty"));
     }
     storage.create_dir(dir).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotADirectory => invalid("it exists and is not a directory"),
+        std::io::ErrorKind::NotADirectory => invalid(not_a_directory(&e)),
         std::io::ErrorKind::NotFound => invalid("its parent directory does not exist"),
         std::io::ErrorKind::PermissionDenied => invalid("permission denied creating the directory"),
         std::io::ErrorKind::ReadOnlyFilesystem => invalid(READ_ONLY),
@@ -1603,6 +1603,20 @@ fn create_durably(storage: &dyn Storage, dir: &Path) -> Result<PathBuf> {
         _ => Error::io("sync parent directory", parent, e),
     })?;
     Ok(dir)
+}
+
+/// Why a path whose creation failed with `NotADirectory` is none: what the
+/// storage said, when it said one of these.
+fn not_a_directory(e: &std::io::Error) -> &'static str {
+    const WHY: [&str; 3] = [
+        "it exists and is not a directory",
+        "it is a symbolic link to nothing",
+        "a component of its path is not a directory",
+    ];
+    let said = e.get_ref().map(|inner| inner.to_string());
+    WHY.into_iter()
+        .find(|why| said.as_deref() == Some(*why))
+        .unwrap_or(WHY[0])
 }
 
 /// Why an outbox cannot be opened on a read-only file system.

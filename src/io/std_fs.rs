@@ -87,13 +87,24 @@ impl Storage for StdStorage {
         let dir = self.at(dir);
         match fs::create_dir(&dir) {
             Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                if fs::metadata(&dir)?.is_dir() {
-                    Ok(false)
-                } else {
-                    Err(io::Error::from(io::ErrorKind::NotADirectory))
-                }
-            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => match fs::metadata(&dir) {
+                Ok(m) if m.is_dir() => Ok(false),
+                Ok(_) => Err(io::Error::new(
+                    io::ErrorKind::NotADirectory,
+                    "it exists and is not a directory",
+                )),
+                // A symbolic link to nothing.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Err(io::Error::new(
+                    io::ErrorKind::NotADirectory,
+                    "it is a symbolic link to nothing",
+                )),
+                Err(e) => Err(e),
+            },
+            // ENOTDIR from mkdir: a directory on the way is a file.
+            Err(e) if e.kind() == io::ErrorKind::NotADirectory => Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                "a component of its path is not a directory",
+            )),
             Err(e) => Err(e),
         }
     }

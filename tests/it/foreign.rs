@@ -247,8 +247,18 @@ fn a_path_that_cannot_be_an_outbox_is_refused_before_anything_is_created() {
     assert_eq!(path, file);
     assert!(reason.contains("not a directory"), "{reason}");
     assert_eq!(std::fs::read(&file).expect("untouched"), b"hello");
+    assert_eq!(reason, "it exists and is not a directory");
     let e = Outbox::open(&file, Options::default()).expect_err("refused");
     assert!(e.to_string().contains("not a directory"), "{e}");
+    // Under a regular file: nothing exists there, a component is a file.
+    let (_, reason) = invalid_path(Outbox::open(file.join("sub"), Options::default()));
+    assert_eq!(reason, "a component of its path is not a directory");
+    // A symbolic link to nothing: its parent exists.
+    let dangling = t.path().join("dangling");
+    std::os::unix::fs::symlink(t.path().join("nowhere"), &dangling).expect("symlink");
+    let (_, reason) = invalid_path(Outbox::open(&dangling, Options::default()));
+    assert_eq!(reason, "it is a symbolic link to nothing");
+    assert!(!t.path().join("nowhere").exists());
     // A missing parent: nothing is created on the way.
     let deep = t.path().join("missing").join("outbox");
     let (_, reason) = invalid_path(Outbox::open(&deep, Options::default()));
