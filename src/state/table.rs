@@ -709,12 +709,11 @@ impl Table {
         for (seq, attempt) in over {
             let attempts = attempt - 1;
             self.leases.done(seq.get());
-            let times = if attempts == 1 { "once" } else { "times" };
-            let reason = if attempts == 1 {
-                format!("delivered {times} without an acknowledgement (max_attempts)")
-            } else {
-                format!("delivered {attempts} {times} without an acknowledgement (max_attempts)")
+            let times = match attempts {
+                1 => "once".to_owned(),
+                n => format!("{n} times"),
             };
+            let reason = format!("delivered {times} without an acknowledgement (max_attempts)");
             crate::event!(warn, seq = seq.get(), attempts, "dead letter: {reason}");
             self.dead.insert(
                 seq.get(),
