@@ -1106,11 +1106,14 @@ impl Outbox {
     pub fn ack_many(&self, seqs: &[Seq]) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (reclaim, wake) = {
+        let (reclaim, wake, passed) = {
             let mut table = shared.table.lock();
             let reclaim = table.ack(seqs)?;
-            (reclaim, shared.state_noted(&mut table))
+            (reclaim, shared.state_noted(&mut table), table.take_turn_passed())
         };
+        if passed {
+            shared.notify_arrived(false);
+        }
         self.acknowledged(reclaim, wake)
     }
 
@@ -1135,11 +1138,15 @@ impl Outbox {
     pub fn ack_through(&self, seq: Seq) -> Result<u64> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (count, reclaim, wake) = {
+        let (count, reclaim, wake, passed) = {
             let mut table = shared.table.lock();
             let (count, reclaim) = table.ack_through(seq);
-            (count, reclaim, shared.state_noted(&mut table))
+            let passed = table.take_turn_passed();
+            (count, reclaim, shared.state_noted(&mut table), passed)
         };
+        if passed {
+            shared.notify_arrived(false);
+        }
         if count > 0 {
             self.acknowledged(reclaim, wake)?;
         }
@@ -1267,11 +1274,14 @@ impl Outbox {
     pub fn dead_letter(&self, seq: Seq, reason: &str) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let wake = {
+        let (wake, passed) = {
             let mut table = shared.table.lock();
             table.dead_letter(seq, reason, crate::io::segment_file::now_us())?;
-            shared.state_noted(&mut table)
+            (shared.state_noted(&mut table), table.take_turn_passed())
         };
+        if passed {
+            shared.notify_arrived(false);
+        }
         crate::event!(warn, seq = seq.get(), reason, "dead letter");
         self.acknowledged(false, wake)
     }

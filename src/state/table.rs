@@ -323,6 +323,9 @@ pub(crate) struct Table {
     /// number, its delivery state), so that relocation leaves
     /// `backlog_bytes`, and the byte quota, as they were.
     copy_extra: SeqMap<u32>,
+    /// A record became claimable when its key's turn passed to it
+    /// ([`take_turn_passed`](Table::take_turn_passed)).
+    turn_passed: bool,
     /// The relocated records that are Pending, which a claim hands out before
     /// any other (they are the oldest). The cursor does not cover them.
     moved_pending: BTreeSet<u64>,
@@ -380,6 +383,7 @@ impl Table {
             moved: BTreeMap::new(),
             origin: SeqMap::default(),
             copy_extra: SeqMap::default(),
+            turn_passed: false,
             moved_pending: BTreeSet::new(),
             relocated: 0,
             keys: Keys::default(),
@@ -1390,7 +1394,14 @@ impl Table {
     fn key_head_free(&mut self, seq: u64) {
         if !self.due.contains_key(&seq) {
             let _ = self.unclaim(Seq::from(seq));
+            self.turn_passed = true;
         }
+    }
+
+    /// Whether a record became claimable by its key's turn passing to it
+    /// since the last call (its caller wakes those waiting for records).
+    pub(crate) fn take_turn_passed(&mut self) -> bool {
+        std::mem::take(&mut self.turn_passed)
     }
 
     /// The dead letter `seq` (just taken out of `dead`) becomes deliverable:

@@ -309,6 +309,48 @@ fn one_call_with_an_id_on_two_payloads_is_refused_and_a_full_message_fits_the_qu
     outbox.close().expect("close");
 }
 
+/// A relay waiting in `claim_wait` for a key's next record is woken by the
+/// acknowledgement (or the dead letter) that passes the key's turn to it,
+/// not by the writer's next batch, which under a long sync interval and no
+/// appends never comes.
+#[test]
+fn an_ack_that_passes_a_keys_turn_wakes_a_waiting_relay() {
+    let (_t, dir) = tmp();
+    let outbox = Arc::new(
+        Outbox::open(
+            &dir,
+            options().buffered_sync_interval(Duration::from_secs(3600)),
+        )
+        .expect("open"),
+    );
+    let a = keyed(&outbox, b"k", b"a");
+    let b = keyed(&outbox, b"k", b"b");
+    let c = keyed(&outbox, b"k", b"c");
+    assert_eq!(seqs(&outbox.claim(10).expect("claim")), [a]);
+    for (done, next) in [(a, b), (b, c)] {
+        let waiter = {
+            let outbox = outbox.clone();
+            std::thread::spawn(move || {
+                let started = std::time::Instant::now();
+                let got = outbox.claim_wait(10, Duration::from_secs(60));
+                (got, started.elapsed())
+            })
+        };
+        // The waiter may or may not be waiting yet: either way it must get
+        // `next` long before its minute is up.
+        std::thread::sleep(Duration::from_millis(50));
+        if done == a {
+            outbox.ack(done).expect("ack");
+        } else {
+            outbox.dead_letter(done, "refused").expect("dead letter");
+        }
+        let (got, waited) = waiter.join().expect("waiter");
+        assert_eq!(seqs(&got.expect("claim_wait")), [next]);
+        assert!(waited < Duration::from_secs(30), "woken only by its timeout");
+    }
+    outbox.close().expect("close");
+}
+
 #[test]
 fn a_dedup_id_appends_once_and_a_different_payload_conflicts() {
     let (_t, dir) = tmp();
