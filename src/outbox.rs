@@ -679,7 +679,13 @@ impl Outbox {
         if bytes > max && messages.len() > 1 {
             return Err(Error::BatchTooLarge { len: bytes, max });
         }
-        if messages.len() > 1 && messages.iter().filter(|m| m.dedup_id.is_some()).nth(1).is_some() {
+        if messages.len() > 1
+            && messages
+                .iter()
+                .filter(|m| m.dedup_id.is_some())
+                .nth(1)
+                .is_some()
+        {
             let mut seen: std::collections::HashMap<&[u8], &[u8]> =
                 std::collections::HashMap::new();
             for m in messages {
@@ -1109,7 +1115,11 @@ impl Outbox {
         let (reclaim, wake, passed) = {
             let mut table = shared.table.lock();
             let reclaim = table.ack(seqs)?;
-            (reclaim, shared.state_noted(&mut table), table.take_turn_passed())
+            (
+                reclaim,
+                shared.state_noted(&mut table),
+                table.take_turn_passed(),
+            )
         };
         if passed {
             shared.notify_arrived(false);

@@ -275,6 +275,10 @@ impl Future for Arrival<'_> {
 impl Drop for Arrival<'_> {
     fn drop(&mut self) {
         self.cancel_timer();
-        self.outbox.handle.shared.arrivals.deregister(&mut self.entry);
+        self.outbox
+            .handle
+            .shared
+            .arrivals
+            .deregister(&mut self.entry);
     }
 }

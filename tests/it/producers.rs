@@ -213,7 +213,14 @@ fn a_requeued_record_waits_behind_its_keys_delayed_record_across_restarts() {
             outbox.close().expect("close");
             open()
         };
-        check(&outbox, if crash { "after a crash" } else { "after a reopen" });
+        check(
+            &outbox,
+            if crash {
+                "after a crash"
+            } else {
+                "after a reopen"
+            },
+        );
         // An ack of the delayed record (it was delivered) ends its wait: the
         // requeued record goes next.
         outbox.ack(b).expect("ack of the delayed record");
@@ -241,7 +248,9 @@ fn a_late_ack_is_accepted_behind_its_key_and_an_ack_of_a_record_never_handed_out
     assert_eq!(seqs(&outbox.claim(10).expect("claim")), [z]);
     outbox.dead_letter(z, "refused").expect("dead letter");
     assert_eq!(seqs(&outbox.claim(10).expect("claim")), [a]);
-    outbox.requeue(z).expect("requeue: behind the claimed record");
+    outbox
+        .requeue(z)
+        .expect("requeue: behind the claimed record");
     std::thread::sleep(Duration::from_millis(400));
     // The lease of `a` ran out: the older `z` takes the turn, `a` is held.
     assert_eq!(seqs(&outbox.claim(10).expect("claim")), [z]);
@@ -304,7 +313,9 @@ fn one_call_with_an_id_on_two_payloads_is_refused_and_a_full_message_fits_the_qu
         .key(&[b'k'; 256])
         .dedup_id(&[b'd'; 256])
         .delay(Duration::from_millis(1));
-    let a = outbox.append_message(&full).expect("a full message alone fits");
+    let a = outbox
+        .append_message(&full)
+        .expect("a full message alone fits");
     assert!(!a.duplicate);
     outbox.close().expect("close");
 }
@@ -346,7 +357,10 @@ fn an_ack_that_passes_a_keys_turn_wakes_a_waiting_relay() {
         }
         let (got, waited) = waiter.join().expect("waiter");
         assert_eq!(seqs(&got.expect("claim_wait")), [next]);
-        assert!(waited < Duration::from_secs(30), "woken only by its timeout");
+        assert!(
+            waited < Duration::from_secs(30),
+            "woken only by its timeout"
+        );
     }
     outbox.close().expect("close");
 }

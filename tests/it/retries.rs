@@ -174,7 +174,10 @@ fn dead_letters_are_parked_listed_survive_restarts_and_can_be_requeued_or_discar
         }
     }
     // The message says what was wanted of a record that is not a dead letter.
-    let said = outbox.requeue(seqs[2]).expect_err("not a dead letter").to_string();
+    let said = outbox
+        .requeue(seqs[2])
+        .expect_err("not a dead letter")
+        .to_string();
     assert!(said.contains("not a dead letter"), "{said}");
     // Never handed out again.
     let rest = outbox.claim(10).expect("claim");
