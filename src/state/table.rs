@@ -1308,7 +1308,8 @@ impl Table {
     /// given, no lease of it ran out. A record released with a delay was
     /// handed out, and its acknowledgement is accepted.
     fn waits_undelivered(&self, seq: u64) -> bool {
-        self.due.contains_key(&seq)
+        !self.due.is_empty()
+            && self.due.contains_key(&seq)
             && self.leases.delivered(seq) == 0
             && !self.reasons.contains_key(&seq)
             && !self.leases.lapsed(seq)
