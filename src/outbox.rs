@@ -1317,9 +1317,37 @@ impl Outbox {
     /// # }
     /// ```
     pub fn dead_letters(&self, max: usize) -> Result<Vec<DeadLetter>> {
+        self.dead_letters_from(Seq::from(0), max)
+    }
+
+    /// The dead letters numbered `from` or later, oldest first, at most
+    /// `max`: [`dead_letters`](Outbox::dead_letters) a page at a time, so
+    /// that listing many large dead letters does not hold all their
+    /// payloads at once (the next page starts after the last seq listed).
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// # for p in [&b"a"[..], b"b", b"c"] { outbox.append(p)?; }
+    /// # for r in outbox.claim(3)? { outbox.dead_letter(r.seq(), "refused")?; }
+    /// let mut from = segwal::Seq::from(0);
+    /// let mut seen = 0;
+    /// loop {
+    ///     let page = outbox.dead_letters_from(from, 2)?;
+    ///     let Some(last) = page.last() else { break };
+    ///     from = segwal::Seq::from(last.seq().get() + 1);
+    ///     seen += page.len();
+    /// }
+    /// assert_eq!(seen, 3);
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn dead_letters_from(&self, from: Seq, max: usize) -> Result<Vec<DeadLetter>> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let found = shared.table.lock().dead_letters(max);
+        let found = shared.table.lock().dead_letters(from.get(), max);
         let mut out = Vec::with_capacity(found.len());
         for (run, entry) in found {
             let mut records = Vec::with_capacity(1);

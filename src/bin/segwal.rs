@@ -514,44 +514,60 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
     };
     let mut failed = false;
     match action {
-        DeadLetterAction::List { json } => match outbox.dead_letters(usize::MAX) {
-            Ok(letters) if *json => {
-                let list: Vec<Value> = letters
-                    .iter()
-                    .map(|d| {
-                        json!({
-                            "seq": d.seq().get(),
-                            "attempts": d.attempts(),
-                            "reason": d.reason(),
-                            "payload_bytes": d.payload().len(),
-                            "payload": std::str::from_utf8(d.payload()).ok(),
-                        })
-                    })
-                    .collect();
-                outln!("{}", Value::Array(list));
-            }
-            Ok(letters) => {
-                let plural = |n: u64, one: &'static str, many: &'static str| {
-                    if n == 1 { one } else { many }
-                };
-                let n = letters.len() as u64;
+        DeadLetterAction::List { json } => {
+            // One dead letter read at a time: a listing holds one payload,
+            // however many large dead letters there are.
+            let mut from = segwal::Seq::from(0);
+            let mut next = || -> segwal::Result<Option<segwal::DeadLetter>> {
+                let letter = outbox.dead_letters_from(from, 1)?.pop();
+                if let Some(d) = &letter {
+                    from = segwal::Seq::from(d.seq().get() + 1);
+                }
+                Ok(letter)
+            };
+            let plural = |n: u64, one: &'static str, many: &'static str| {
+                if n == 1 { one } else { many }
+            };
+            if !*json {
+                let n = outbox.stats().dead_letters;
                 outln!("{n} {}", plural(n, "dead letter", "dead letters"));
-                for d in &letters {
+            }
+            let mut first = true;
+            loop {
+                let d = match next() {
+                    Ok(Some(d)) => d,
+                    Ok(None) => break,
+                    Err(e) => {
+                        errln!("segwal: {e}");
+                        failed = true;
+                        break;
+                    }
+                };
+                if *json {
+                    let item = json!({
+                        "seq": d.seq().get(),
+                        "attempts": d.attempts(),
+                        "reason": d.reason(),
+                        "payload_bytes": d.payload().len(),
+                        "payload": std::str::from_utf8(d.payload()).ok(),
+                    });
+                    outln!("{}{item}", if first { "[" } else { "," });
+                } else {
                     let attempts = u64::from(d.attempts());
                     outln!(
                         "  seq {} after {attempts} {}: {}\n    {}",
                         d.seq(),
                         plural(attempts, "attempt", "attempts"),
-                        d.reason(),
+                        d.reason().escape_debug(),
                         preview(d.payload())
                     );
                 }
+                first = false;
             }
-            Err(e) => {
-                errln!("segwal: {e}");
-                failed = true;
+            if *json && !failed {
+                outln!("{}", if first { "[]" } else { "]" });
             }
-        },
+        }
         DeadLetterAction::Requeue { seqs, json } | DeadLetterAction::Discard { seqs, json } => {
             let requeue = matches!(action, DeadLetterAction::Requeue { .. });
             let (mut done, mut refused) = (Vec::new(), Vec::new());

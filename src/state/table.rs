@@ -543,9 +543,9 @@ impl Table {
 
     /// The dead letters, oldest first, at most `max`: where each frame lies,
     /// and its state.
-    pub(crate) fn dead_letters(&self, max: usize) -> Vec<(ClaimRun, DeadEntry)> {
+    pub(crate) fn dead_letters(&self, from: u64, max: usize) -> Vec<(ClaimRun, DeadEntry)> {
         let mut out = Vec::new();
-        for (&seq, entry) in self.dead.iter().take(max) {
+        for (&seq, entry) in self.dead.range(from..).take(max) {
             let Ok(Some((si, i))) = self.slot(Seq::from(seq)) else {
                 continue;
             };

@@ -364,7 +364,7 @@ fn dead_letters_listed_requeued_and_discarded_and_refused_while_the_owner_runs()
             .dead_letter(records[0].seq(), "HTTP 410 Gone")
             .expect("dead letter");
         outbox
-            .dead_letter(records[2].seq(), "invalid URL")
+            .dead_letter(records[2].seq(), "invalid URL\n\u{1b}[31m")
             .expect("dead letter");
         // The owner is running: commands that change the outbox are refused.
         let refused = segwal(&["dead-letters", d, "list"]);
@@ -390,7 +390,15 @@ fn dead_letters_listed_requeued_and_discarded_and_refused_while_the_owner_runs()
     assert_eq!(list[0]["seq"], seqs[0]);
     assert_eq!(list[0]["reason"], "HTTP 410 Gone");
     assert_eq!(list[0]["payload"], "webhook 1");
-    assert_eq!(list[1]["reason"], "invalid URL");
+    assert_eq!(list[1]["reason"], "invalid URL\n\u{1b}[31m");
+    // The listing for people escapes what a reason holds (no raw newline,
+    // no terminal escape) and counts the dead letters first.
+    let out = segwal(&["dead-letters", d, "list"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("2 dead letters\n"), "{text}");
+    assert!(text.contains(": invalid URL\\n\\u{1b}[31m\n"), "{text}");
+    assert!(!text.contains('\u{1b}'), "{text}");
 
     let out = segwal(&["dead-letters", d, "requeue", &seqs[0].to_string()]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
