@@ -873,6 +873,10 @@ impl Outbox {
     /// relay is still working on it). Fails with [`Error::NotClaimed`] if it is
     /// not claimed, or its lease already ran out and it went back to pending;
     /// with [`Error::UnknownSeq`] if `seq` was never assigned to a record.
+    /// Any `lease` is taken, zero included: a lease that ends at once lets
+    /// the record go back to pending at the next claim, as an expiry; to
+    /// hand it back without counting an expiry, [`release`](Outbox::release)
+    /// it.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {

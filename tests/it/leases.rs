@@ -113,3 +113,19 @@ fn leases_can_be_disabled() {
     assert_eq!(outbox.stats().claimed, 1);
     outbox.close().expect("close");
 }
+
+/// `extend` by zero ends the lease at once: the record is handed out again
+/// at the next claim, as an expiry.
+#[test]
+fn extend_by_zero_lets_the_record_go_as_an_expiry() {
+    let (_t, outbox) = open(Duration::from_secs(3600));
+    let seq = outbox.append(b"x").expect("append");
+    assert_eq!(outbox.claim(1).expect("claim")[0].seq(), seq);
+    outbox.extend(seq, Duration::ZERO).expect("extend by zero");
+    sleep(Duration::from_millis(2));
+    let again = outbox.claim(1).expect("claim");
+    assert_eq!((again[0].seq(), again[0].attempt()), (seq, 2));
+    assert_eq!(outbox.stats().claimed_expired, 1);
+    outbox.ack(seq).expect("ack");
+    outbox.close().expect("close");
+}
