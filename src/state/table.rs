@@ -323,6 +323,11 @@ pub(crate) struct Table {
     /// number, its delivery state), so that relocation leaves
     /// `backlog_bytes`, and the byte quota, as they were.
     copy_extra: SeqMap<u32>,
+    /// The delayed records whose delay is a release's (`release_after`, or
+    /// the relay's backoff): they were handed out, and hold their key's
+    /// turn while they wait. A record in `due` and not here waits for its
+    /// own not-before time and was never handed out.
+    released: SeqMap<()>,
     /// A record became claimable when its key's turn passed to it
     /// ([`take_turn_passed`](Table::take_turn_passed)).
     turn_passed: bool,
@@ -384,6 +389,7 @@ impl Table {
             origin: SeqMap::default(),
             copy_extra: SeqMap::default(),
             turn_passed: false,
+            released: SeqMap::default(),
             moved_pending: BTreeSet::new(),
             relocated: 0,
             keys: Keys::default(),
@@ -465,6 +471,7 @@ impl Table {
         if due > now {
             self.delayed.insert((due, seq.get()));
             self.due.insert(seq.get(), due);
+            self.released.insert(seq.get(), ());
         } else {
             self.unclaim(seq)?;
             self.key_repass(seq.get());
@@ -577,6 +584,7 @@ impl Table {
             }
             self.delayed.pop_first();
             self.due.remove(&seq);
+            self.released.remove(&seq);
             // A record waiting for its key's turn waits on.
             if self.keys.is_empty() || !self.keys.is_held(seq) {
                 let _ = self.unclaim(Seq::from(seq));
@@ -620,6 +628,7 @@ impl Table {
                     let due = now.saturating_add(wait);
                     self.delayed.insert((due, seq.get()));
                     self.due.insert(seq.get(), due);
+                    self.released.insert(seq.get(), ());
                 }
             }
             Change::DeadLetter {
@@ -627,6 +636,7 @@ impl Table {
             } => {
                 if let Some(due) = self.due.remove(&seq.get()) {
                     self.delayed.remove(&(due, seq.get()));
+                    self.released.remove(&seq.get());
                 } else if !claimed {
                     self.claim_slot(si, i);
                 }
@@ -1310,8 +1320,7 @@ impl Table {
     fn waits_undelivered(&self, seq: u64) -> bool {
         !self.due.is_empty()
             && self.due.contains_key(&seq)
-            && self.leases.delivered(seq) == 0
-            && !self.reasons.contains_key(&seq)
+            && !self.released.contains_key(&seq)
             && !self.leases.lapsed(seq)
     }
 
@@ -1338,6 +1347,7 @@ impl Table {
             && let Some(due) = self.due.remove(&seq)
         {
             self.delayed.remove(&(due, seq));
+            self.released.remove(&seq);
         }
         if !self.dead.is_empty() {
             self.dead.remove(&seq);
@@ -1441,20 +1451,6 @@ impl Table {
     /// monotonic clock. Records done, or dead letters (which do not block
     /// their key), only have their key noted.
     pub(crate) fn apply_fields(&mut self, described: &[Described], now: u64, now_wall_us: u64) {
-        // The records waiting out a release's delay (replayed before, or
-        // carried by a relocated copy): each had its key's turn when it was
-        // released, and keeps it while it waits, ahead of an older record of
-        // its key requeued meanwhile. A copy carries a not-before time's
-        // wait too; such a record was never delivered (no reason, no attempt).
-        let released: Vec<u64> = if described.iter().any(|d| d.key.is_some()) {
-            self.due
-                .keys()
-                .copied()
-                .filter(|s| self.reasons.contains_key(s) || self.leases.delivered(*s) > 0)
-                .collect()
-        } else {
-            Vec::new()
-        };
         for d in described {
             let own = d.seq.get();
             let Ok(Some((si, i))) = self.slot(d.seq) else {
@@ -1485,6 +1481,23 @@ impl Table {
                 }
             }
         }
+    }
+
+    /// At open, once every key's queue is built in sequence order: each
+    /// record waiting out a release's delay had its key's turn when it was
+    /// released, and keeps it while it waits, ahead of an older record of
+    /// its key requeued meanwhile (which is held back behind it, as it was
+    /// before the restart).
+    pub(crate) fn keep_released_turns(&mut self) {
+        if self.keys.is_empty() || self.released.is_empty() {
+            return;
+        }
+        let released: Vec<u64> = self
+            .released
+            .keys()
+            .copied()
+            .filter(|s| self.due.contains_key(s))
+            .collect();
         for seq in released {
             if let Some(held) = self.keys.take_turn(seq)
                 && let Ok(Some((si, i))) = self.slot(Seq::from(held))
@@ -1663,6 +1676,7 @@ impl Table {
                 self.reasons.remove(&seq);
                 if let Some(due) = self.due.remove(&seq) {
                     self.delayed.remove(&(due, seq));
+                    self.released.remove(&seq);
                 }
                 let (_, len) = seg.frame_range(i);
                 let at = seg.first() + i as u64;

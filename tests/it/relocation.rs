@@ -434,3 +434,68 @@ fn disk_use_stays_bounded_by_the_live_records() {
     );
     outbox.close().expect("close");
 }
+
+/// Carried forward and reopened without `max_attempts` (attempts forgotten),
+/// a record released with a delay and no reason is still one that was
+/// handed out: it keeps its key's turn ahead of an older record requeued
+/// meanwhile, and its acknowledgement is accepted; a record waiting for its
+/// own not-before time, carried forward too, still waits for it and was
+/// never handed out (`NotClaimed`).
+#[test]
+fn delays_carried_forward_keep_what_they_are_across_restarts() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    let keyed = |p: &[u8]| {
+        outbox
+            .append_message(&segwal::Message::new(p).key(b"k"))
+            .expect("append")
+            .seq
+    };
+    let (older, released) = (keyed(b"older"), keyed(b"released"));
+    let waiting = outbox
+        .append_message(&segwal::Message::new(b"waiting").delay(Duration::from_secs(3600)))
+        .expect("append")
+        .seq;
+    assert_eq!(outbox.claim(10).expect("claim")[0].seq(), older);
+    outbox.dead_letter(older, "refused").expect("dead letter");
+    assert_eq!(outbox.claim(10).expect("claim")[0].seq(), released);
+    outbox
+        .release_after(released, Duration::from_secs(3600), "")
+        .expect("release_after");
+    outbox
+        .requeue(older)
+        .expect("requeue: behind the delayed record");
+    churn(&outbox, 0, 3000, |_| false, |_| {});
+    let stats = outbox.stats();
+    assert!(stats.relocated >= 3, "{stats:?}");
+    outbox.close().expect("close");
+    for reopen in 0..2 {
+        let outbox = Outbox::open(&dir, options()).expect("reopen");
+        let stats = outbox.stats();
+        assert_eq!(
+            (stats.delayed, stats.held_by_key),
+            (2, 1),
+            "reopen {reopen}: {stats:?}"
+        );
+        assert!(
+            outbox.claim(10).expect("claim").is_empty(),
+            "reopen {reopen}"
+        );
+        match outbox.ack(waiting) {
+            Err(Error::NotClaimed { seq }) => assert_eq!(seq, waiting),
+            other => panic!("reopen {reopen}: ack of a record never handed out: {other:?}"),
+        }
+        if reopen == 0 {
+            // Carried forward again, by a life that forgot every attempt.
+            churn(&outbox, 3000, 3000, |_| false, |_| {});
+            outbox.close().expect("close");
+            continue;
+        }
+        outbox
+            .ack(released)
+            .expect("ack of a record released with a delay");
+        assert_eq!(outbox.claim(10).expect("claim")[0].seq(), older);
+        outbox.ack(older).expect("ack");
+        outbox.close().expect("close");
+    }
+}

@@ -189,6 +189,7 @@ pub(crate) fn rebuild(
     described.sort_by_key(|d| d.seq);
     described.dedup_by_key(|d| d.seq);
     table.apply_fields(&described, now, now_wall_us);
+    table.keep_released_turns();
     (table, ids)
 }
 

@@ -226,11 +226,14 @@ impl Table {
                 reason: Some(dead.reason.to_string()),
             };
         }
+        // Delayed only by a release: a record waiting for its own not-before
+        // time is carried as pending, and its copy's not-before field holds
+        // it back again at an open.
         let state = match self.due.get(&own) {
-            Some(&due) => CarriedState::Delayed {
+            Some(&due) if self.released.contains_key(&own) => CarriedState::Delayed {
                 not_before_us: now_wall_us.saturating_add(due.saturating_sub(now)),
             },
-            None => CarriedState::Pending,
+            _ => CarriedState::Pending,
         };
         Carried {
             attempts: self.leases.delivered(own),
@@ -320,6 +323,7 @@ impl Table {
                     let due = now.saturating_add(wait);
                     self.delayed.insert((due, own));
                     self.due.insert(own, due);
+                    self.released.insert(own, ());
                 }
             }
             CarriedState::Dead { since_us } => {
@@ -342,6 +346,7 @@ impl Table {
     fn forget_state(&mut self, own: u64) {
         if let Some(due) = self.due.remove(&own) {
             self.delayed.remove(&(due, own));
+            self.released.remove(&own);
         }
         self.dead.remove(&own);
         self.reasons.remove(&own);
