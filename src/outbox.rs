@@ -122,8 +122,9 @@ pub struct Stats {
     /// active segment's. This is what `du` counts (and, on tmpfs, memory).
     pub allocated_bytes: u64,
     /// Bytes of memory held by the state table (about 4.25 per record of the
-    /// segments on disk, plus a fixed amount per segment), its index of
-    /// ordering keys, and the deduplication ids remembered.
+    /// segments on disk, plus a fixed amount per segment, plus the leases of
+    /// the claims in flight), its index of ordering keys, and the
+    /// deduplication ids remembered.
     pub state_bytes: u64,
     /// Oldest record not yet acknowledged: pending, claimed, delayed, held
     /// back behind its key, or a dead letter.
@@ -159,8 +160,10 @@ pub struct Stats {
     /// Of those, the batches a producer appending alone wrote on its own
     /// thread ([`Options::caller_writes`](crate::Options::caller_writes)).
     pub caller_batches: u64,
-    /// `fdatasync` calls since open (segment headers, directories and the
-    /// zeros an idle writer writes ahead of its frames included).
+    /// `fdatasync` calls since open (segment headers, directories, the
+    /// directory after a deletion, the active segment cut back at a close and
+    /// the zeros an idle writer writes ahead of its frames included; not the
+    /// fsyncs of the reserve the writer makes again after a full disk).
     pub fsyncs: u64,
     /// Records per write batch since open: how well group commit amortises fsyncs.
     pub records_per_batch: f64,
@@ -1612,10 +1615,24 @@ fn recover_and_seal(
     let Some(seal) = recovered.seal.take() else {
         return Ok((recovered, false));
     };
+    let (id, at, len) = (seal.segment.id, seal.at, seal.index.frame_len());
     if let Err(failed) = seal.segment.seal(seal.at, seal.seq, seal.index, seal.salt) {
         // As in the writer's poisoning: leave nothing the disk may not have.
         seal.segment.cut_back(seal.at);
         return Err(failed.into_error());
+    }
+    // The seal is a frame of the segment: counted in its bytes and numbers
+    // as for a segment read through its seal.
+    if let (Some(last), Ok(offset), Ok(len)) = (
+        recovered.segments.last_mut(),
+        u32::try_from(at),
+        u32::try_from(len),
+    ) && last.id == id
+        && (u64::from(last.frames.end()) == at
+            || crate::format::segment::align_up(u64::from(last.frames.end())) == at)
+    {
+        last.frames
+            .push(crate::format::frame::FrameSpan::new(offset, len, false));
     }
     Ok((recovered, true))
 }

@@ -333,11 +333,9 @@ impl SegmentFile {
 
     /// Gives back the preallocated space past `len`, if any (at a clean close:
     /// everything before `len` is durable, so only zeros go; a failure changes
-    /// nothing that matters).
-    pub(crate) fn trim(&self, len: u64) {
-        if self.file.len().is_ok_and(|l| l > len) {
-            self.cut_back(len);
-        }
+    /// nothing that matters). Returns whether it cut, and so synced.
+    pub(crate) fn trim(&self, len: u64) -> bool {
+        self.file.len().is_ok_and(|l| l > len) && self.cut(len).is_ok()
     }
 }
 

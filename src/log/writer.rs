@@ -561,7 +561,9 @@ impl Writer {
         }
         self.write_batch(&[])?;
         self.sync()?;
-        self.active.seg.trim(self.active.len);
+        if self.active.seg.trim(self.active.len) {
+            Counters::add(&self.shared.counters.fsyncs, 1);
+        }
         Ok(())
     }
 
@@ -1750,6 +1752,7 @@ impl Writer {
         Counters::add(&self.shared.counters.fsyncs, 2);
         let records_end = self.active.len;
         let index = self.active.index.encode(self.active.nonce);
+        let seal_len = index.frame_len();
         // Count the seal as written before its fsync, so that a failed fsync
         // poisons with the seal cut off again: a reopen in this process must not
         // read from the page cache a seal the disk may not have.
@@ -1772,7 +1775,12 @@ impl Writer {
         );
         self.next_seq = first;
         self.last_written = seal_seq;
-        self.shared.table.lock().seal_last(self.active.seg.id);
+        {
+            let mut table = self.shared.table.lock();
+            let id = self.active.seg.id;
+            table.push_seal(id, seal_seq, records_end, seal_len);
+            table.seal_last(id);
+        }
         let next = Active::new(next);
         push_active(&self.shared, &next);
         self.active = next;
@@ -2054,6 +2062,7 @@ impl Writer {
             let _ = self.poison("directory fsync", &self.shared.dir.clone(), e);
             return;
         }
+        Counters::add(&self.shared.counters.fsyncs, 1);
         self.shared.table.lock().remove_front(count);
         Counters::add(&self.shared.counters.segments_deleted, count as u64);
         // The space freed may hold the missing reserve: the next append tries.

@@ -9,8 +9,9 @@
 //! many deliveries it had, so the next one is numbered after them.
 //!
 //! Memory is bounded by what is in flight: an entry per claimed record and one
-//! per claim's deadline, and an entry per record that came back and is not yet
-//! acknowledged. Attempts live in memory: after a restart every record starts
+//! per deadline of a claim that still holds a record (a claim whose records
+//! are all acknowledged or returned drops its deadline at once), and an
+//! entry per record that came back and is not yet acknowledged. Attempts live in memory: after a restart every record starts
 //! again at attempt 1.
 
 use std::collections::{BTreeMap, HashMap};
@@ -54,6 +55,12 @@ pub(crate) struct Leases {
     held: SeqMap<Held>,
     /// Deadlines, earliest first, each with the records of its lease.
     deadlines: BTreeMap<(u64, u64), Vec<u64>>,
+    /// Each lease in `deadlines`: its deadline, and how many records are
+    /// still held under it. A lease whose last record is acknowledged,
+    /// released or extended leaves `deadlines` at once, so that what is
+    /// kept is bounded by the claims in flight, not by the claims of the
+    /// last lease's length.
+    live: SeqMap<(u64, u32)>,
     /// Deliveries made so far of records that came back (released, or their
     /// lease ran out), not yet acknowledged.
     delivered: SeqMap<u32>,
@@ -96,8 +103,22 @@ impl Leases {
             .collect();
         if deadline != NEVER && !seqs.is_empty() {
             self.deadlines.insert((deadline, lease), seqs.to_vec());
+            self.live.insert(lease, (deadline, seqs.len() as u32));
         }
         attempts
+    }
+
+    /// One record left the lease `lease` (acknowledged, released, extended
+    /// under a new one, or run out): the lease's deadline goes with its last.
+    fn left(&mut self, lease: u64) {
+        if let Some((deadline, n)) = self.live.get_mut(&lease) {
+            *n -= 1;
+            if *n == 0 {
+                let deadline = *deadline;
+                self.live.remove(&lease);
+                self.deadlines.remove(&(deadline, lease));
+            }
+        }
     }
 
     /// Renews the lease of the claimed record `seq` until `deadline` (its own
@@ -108,10 +129,12 @@ impl Leases {
             return false;
         };
         self.next_lease += 1;
-        held.lease = lease;
+        let old = std::mem::replace(&mut held.lease, lease);
         if deadline != NEVER {
             self.deadlines.insert((deadline, lease), vec![seq]);
+            self.live.insert(lease, (deadline, 1));
         }
+        self.left(old);
         true
     }
 
@@ -119,6 +142,7 @@ impl Leases {
     pub(crate) fn returned(&mut self, seq: u64) {
         if let Some(held) = self.held.remove(&seq) {
             self.delivered.insert(seq, held.attempt);
+            self.left(held.lease);
         }
     }
 
@@ -152,7 +176,9 @@ impl Leases {
 
     /// The record `seq` is done: nothing is kept of it.
     pub(crate) fn done(&mut self, seq: u64) {
-        self.held.remove(&seq);
+        if let Some(held) = self.held.remove(&seq) {
+            self.left(held.lease);
+        }
         self.delivered.remove(&seq);
         if !self.lapsed.is_empty() {
             self.lapsed.remove(&seq);
@@ -209,7 +235,7 @@ impl Leases {
         let held =
             self.held.capacity() * 24 + self.delivered.capacity() * 16 + self.lapsed.capacity() * 8;
         let deadlines: usize = self.deadlines.values().map(|v| 32 + v.capacity() * 8).sum();
-        (held + deadlines) as u64
+        (held + deadlines + self.live.capacity() * 24) as u64
     }
 }
 
@@ -243,5 +269,28 @@ mod tests {
         assert!(!l.lapsed(7), "released, not lapsed");
         l.done(7);
         assert_eq!(l.expire(u64::MAX - 1), Vec::<u64>::new());
+    }
+
+    /// A claim whose records are all acknowledged, released or extended
+    /// keeps no deadline: what is kept is bounded by the claims in flight,
+    /// whatever the lease's length.
+    #[test]
+    fn a_settled_claim_leaves_no_deadline_behind() {
+        let mut l = Leases::default();
+        for claim in 0..10_000u64 {
+            let seqs = [claim * 2, claim * 2 + 1];
+            l.grant(&seqs, 1_000_000 + claim);
+            l.done(seqs[0]);
+            l.returned(seqs[1]);
+            l.done(seqs[1]);
+        }
+        assert!(l.deadlines.is_empty() && l.live.is_empty());
+        l.grant(&[1, 2], 10);
+        l.extend(1, 20);
+        l.done(2);
+        assert_eq!(l.deadlines.len(), 1, "the extended record's own lease");
+        assert_eq!(l.next_deadline(), Some(20));
+        assert_eq!(l.expire(20), vec![1]);
+        assert!(l.deadlines.is_empty() && l.live.is_empty());
     }
 }

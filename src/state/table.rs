@@ -959,6 +959,27 @@ impl Table {
         last.done.shrink_to_fit();
     }
 
+    /// The seal frame just written at `offset` (`len` bytes, number `seq`)
+    /// at the end of the segment `id`, the last one: counted as an internal
+    /// frame, so that the segment's bytes (`Stats::disk_bytes`,
+    /// `allocated_bytes`) and the last number include it, as they do for a
+    /// segment an open reads through its seal. Nothing is counted if it
+    /// does not follow the segment's frames.
+    pub(crate) fn push_seal(&mut self, id: SegmentId, seq: Seq, offset: u64, len: usize) {
+        let Some(seg) = self.segments.back() else {
+            return;
+        };
+        let end = u64::from(seg.end);
+        let (Ok(at), Ok(len)) = (u32::try_from(offset), u32::try_from(len)) else {
+            return;
+        };
+        let follows = offset == end || offset == align_up(end);
+        if seg.id != id || seg.end_seq() != seq.get() || !follows || at.checked_add(len).is_none() {
+            return;
+        }
+        self.push_frames(id, seq, &[FrameSpan::new(at, len, false)]);
+    }
+
     /// Adds durable frames at the end of the segment `id` (the last one). Records
     /// enter Pending, internal frames Done.
     pub(crate) fn push_frames(&mut self, id: SegmentId, next_seq: Seq, frames: &[FrameSpan]) {

@@ -437,3 +437,59 @@ fn a_kept_file_that_is_not_this_outboxs_is_set_aside_and_one_that_is_is_used() {
     assert!(spare_files(&dir).is_empty());
     outbox.close().expect("close");
 }
+
+/// What the owner counts of its segments (`disk_bytes`, `last_seq`) is what
+/// an offline check of the same directory finds, seals included: after
+/// rotations, at a close, and after an open that sealed the newest segment.
+#[test]
+fn the_owner_counts_its_segments_as_an_offline_check_does_seals_included() {
+    let (_t, dir) = crate::tmp();
+    let options = || segwal::Options::default().segment_bytes(64 << 10);
+    for round in 0..2 {
+        let outbox = segwal::Outbox::open(&dir, options()).expect("open");
+        for b in 0..100 {
+            let batch: Vec<String> = (0..50).map(|i| format!("r{round}-{b:04}-{i:04}")).collect();
+            outbox.append_batch(&batch).expect("append_batch");
+        }
+        let stats = outbox.stats();
+        outbox.close().expect("close");
+        let found = segwal::verify(&dir).expect("verify");
+        let states = found.states.expect("states");
+        assert_eq!(
+            (stats.disk_bytes, stats.last_seq),
+            (states.disk_bytes, states.last_seq),
+            "round {round}: {stats:?}"
+        );
+    }
+}
+
+/// `Stats::fsyncs` counts every `fdatasync` the outbox makes once open: a
+/// simulated disk's trace of a run with deletions (each with its directory
+/// fsync) and a close (which gives back the active segment's space) holds
+/// exactly as many syncs as the counter says.
+#[test]
+fn fsyncs_counts_every_sync_deletions_included() {
+    let disk = segwal::sim::SimDisk::new(41);
+    let options = small_segments()
+        .recycle_segments(false)
+        .ack_durability(segwal::Durability::Sync);
+    let outbox = Outbox::open_with_storage("/outbox", options, std::sync::Arc::new(disk.clone()))
+        .expect("open");
+    let before = outbox.stats().fsyncs;
+    disk.start_trace();
+    for i in 0..300u32 {
+        let seq = outbox.append(&[i as u8; 600]).expect("append");
+        let got = outbox.claim(1).expect("claim");
+        assert_eq!(got[0].seq(), seq);
+        outbox.ack(seq).expect("ack");
+    }
+    outbox.close().expect("close");
+    let stats = outbox.stats();
+    assert!(stats.segments_deleted > 5, "{stats:?}");
+    let syncs = disk
+        .trace()
+        .iter()
+        .filter(|op| op.contains(": sync_data ") || op.contains(": sync_dir "))
+        .count() as u64;
+    assert_eq!(stats.fsyncs - before, syncs, "{stats:?}");
+}
