@@ -1628,8 +1628,15 @@ fn recover_and_seal(
         u32::try_from(at),
         u32::try_from(len),
     ) && last.id == id
-        && (u64::from(last.frames.end()) == at
-            || crate::format::segment::align_up(u64::from(last.frames.end())) == at)
+        && {
+            // A segment cut back to no frame ends at its first frame's place.
+            let end = if last.frames.is_empty() {
+                crate::format::segment::FRAMES_AT as u64
+            } else {
+                u64::from(last.frames.end())
+            };
+            end == at || crate::format::segment::align_up(end) == at
+        }
     {
         last.frames
             .push(crate::format::frame::FrameSpan::new(offset, len, false));

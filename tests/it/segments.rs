@@ -440,12 +440,23 @@ fn a_kept_file_that_is_not_this_outboxs_is_set_aside_and_one_that_is_is_used() {
 
 /// What the owner counts of its segments (`disk_bytes`, `last_seq`) is what
 /// an offline check of the same directory finds, seals included: after
-/// rotations, at a close, and after an open that sealed the newest segment.
+/// rotations, at a close, after an open that sealed the newest segment, and
+/// after one that sealed a newest segment cut back to no frame.
 #[test]
 fn the_owner_counts_its_segments_as_an_offline_check_does_seals_included() {
     let (_t, dir) = crate::tmp();
     let options = || segwal::Options::default().segment_bytes(64 << 10);
-    for round in 0..2 {
+    for round in 0..3 {
+        if round == 2 {
+            // The newest segment torn inside its first frame: the open cuts
+            // it back to no frame and seals it there.
+            let newest = segment_files(&dir).pop().expect("a segment");
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&newest)
+                .expect("open the newest segment");
+            file.set_len(4096 + 20).expect("tear it");
+        }
         let outbox = segwal::Outbox::open(&dir, options()).expect("open");
         for b in 0..100 {
             let batch: Vec<String> = (0..50).map(|i| format!("r{round}-{b:04}-{i:04}")).collect();
