@@ -7,6 +7,10 @@
 //! cargo run --example prometheus -- 127.0.0.1:9187    # serves GET /metrics
 //! ```
 //!
+//! Serving, it runs until it is stopped (Ctrl-C), which leaves its outbox in
+//! the temporary directory it names when it starts; printing once, it
+//! removes it.
+//!
 //! `Stats` serialises (feature `json`), so the exporter walks its fields
 //! instead of naming each: a field added to `Stats` is exported without a
 //! change here. Durations arrive as microseconds and are exported in
@@ -87,7 +91,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     return Err(format!("listen on {addr}: {e}").into());
                 }
             };
-            eprintln!("serving http://{addr}/metrics (Ctrl-C stops)");
+            eprintln!(
+                "serving http://{addr}/metrics (Ctrl-C stops, and leaves its outbox in {}: remove it then)",
+                dir.display()
+            );
             for stream in listener.incoming() {
                 // One client that goes away mid-request ends its own
                 // connection, not the exporter.

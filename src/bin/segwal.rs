@@ -497,11 +497,23 @@ fn held_by_owner(dir: &std::path::Path) -> Option<Option<u32>> {
     }
 }
 
-/// A payload as text for a listing: UTF-8 escaped, at most 80 characters.
+/// A payload's first 80 bytes as text for a listing, escaped as `dump`
+/// escapes it (UTF-8 as Rust escapes a string, other bytes as `\xNN`),
+/// without the quotes.
 fn preview(payload: &[u8]) -> String {
-    let text = String::from_utf8_lossy(&payload[..payload.len().min(80)]);
-    let mut out: String = text.escape_debug().collect();
-    if payload.len() > 80 {
+    let mut end = payload.len().min(80);
+    if let Ok(text) = std::str::from_utf8(payload) {
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+    }
+    let quoted = quoted(&payload[..end]);
+    let mut out = quoted
+        .strip_prefix('"')
+        .and_then(|q| q.strip_suffix('"'))
+        .unwrap_or(&quoted)
+        .to_owned();
+    if payload.len() > end {
         out.push_str("...");
     }
     out

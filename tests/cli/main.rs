@@ -356,7 +356,7 @@ fn dead_letters_listed_requeued_and_discarded_and_refused_while_the_owner_runs()
     let d = dir.to_str().expect("utf-8");
     let seqs = {
         let outbox = Outbox::open(&dir, Options::default()).expect("open");
-        for payload in [&b"webhook 1"[..], b"webhook 2", b"webhook 3"] {
+        for payload in [&b"webhook 1"[..], b"webhook 2", b"\xffwebhook\x003"] {
             outbox.append(payload).expect("append");
         }
         let records = outbox.claim(3).expect("claim");
@@ -399,6 +399,9 @@ fn dead_letters_listed_requeued_and_discarded_and_refused_while_the_owner_runs()
     assert!(text.starts_with("2 dead letters\n"), "{text}");
     assert!(text.contains(": invalid URL\\n\\u{1b}[31m\n"), "{text}");
     assert!(!text.contains('\u{1b}'), "{text}");
+    // A payload that is not UTF-8 reads as `dump` shows it.
+    assert!(text.contains("    \\xffwebhook\\x003\n"), "{text}");
+    assert_eq!(list[1]["payload"], serde_json::Value::Null);
 
     let out = segwal(&["dead-letters", d, "requeue", &seqs[0].to_string()]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");

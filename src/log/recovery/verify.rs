@@ -200,7 +200,8 @@ pub struct Verification {
     /// any segment checks).
     pub format_version: Option<u16>,
     /// Records the log holds (acknowledged or not): those an open would
-    /// keep, or, when it would refuse, those read before each damage.
+    /// keep (a record only a relocated copy still holds included), or, when
+    /// it would refuse, the record frames read before each damage.
     pub records: u64,
     /// Bytes of segment files read.
     pub bytes: u64,
@@ -518,7 +519,11 @@ fn pass(
             match state::recorded_state(storage, kept, false, &hasher) {
                 Ok(recorded) => {
                     let segments = rebuild::kept_segments(&mut scans, &plan.keep);
-                    out.states = Some(count_states(storage, &mut out, segments, &recorded));
+                    let states = count_states(storage, &mut out, segments, &recorded);
+                    // The records only a relocated copy still holds (their
+                    // own segment deleted) are records of the log too.
+                    out.records = out.records.max(states.records);
+                    out.states = Some(states);
                 }
                 Err(e) => {
                     out.problems.push(problem(e)?);
