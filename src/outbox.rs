@@ -97,7 +97,10 @@ pub struct Stats {
     /// `pending` or `claimed`; a record both held back and delayed is counted
     /// in `delayed`).
     pub held_by_key: u64,
-    /// Deduplication ids remembered ([`Options::dedup_capacity`] bounds them).
+    /// Deduplication ids remembered ([`Options::dedup_capacity`] bounds them),
+    /// as of the writer's last batch: ids whose window ended while nothing
+    /// was appended are counted until the next append forgets them (an
+    /// append with such an id is new all the same).
     pub dedup_ids: u64,
     /// Appends answered as duplicates since open.
     pub duplicates: u64,
