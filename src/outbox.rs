@@ -28,7 +28,7 @@ use crate::log::writer::{self, MessageFields, OwnedMessage, Payloads, Request, W
 use crate::message::{Appended, Message};
 use crate::options::{Durability, Options};
 use crate::state::dedup::Dedup;
-use crate::state::table::{SlotRef, Table};
+use crate::state::table::{Notices, SlotRef, Table};
 
 mod async_api;
 
@@ -832,8 +832,9 @@ impl Outbox {
     pub fn claim_bytes(&self, max_records: usize, max_bytes: u64) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (runs, durable_first) =
+        let (runs, durable_first, notices) =
             self.claim_leased(&mut shared.table.lock(), max_records, max_bytes);
+        notices.report();
         if durable_first {
             self.sync()?;
         }
@@ -844,13 +845,15 @@ impl Outbox {
     /// pending first (ahead of newer ones), then the claimed ones are held
     /// under a new lease and their deliveries numbered. Under `max_attempts`,
     /// returns true when the attempts were queued for the log: the caller
-    /// makes them durable (`sync`) before it hands the records out.
+    /// makes them durable (`sync`) before it hands the records out. Also
+    /// returns the table's notices, which the caller reports once it has
+    /// released the lock.
     fn claim_leased(
         &self,
         table: &mut Table,
         max_records: usize,
         max_bytes: u64,
-    ) -> (Vec<crate::state::table::ClaimRun>, bool) {
+    ) -> (Vec<crate::state::table::ClaimRun>, bool, Notices) {
         let shared = &self.handle.shared;
         let now = shared.clock.now_us();
         table.expire(now);
@@ -870,7 +873,7 @@ impl Outbox {
             // next ones, so that a claim comes back empty only when nothing
             // is pending.
             if !runs.is_empty() || parked == 0 {
-                return (runs, any_queued);
+                return (runs, any_queued, table.take_notices());
             }
         }
     }
@@ -909,7 +912,11 @@ impl Outbox {
         let mut table = shared.table.lock();
         let now = shared.clock.now_us();
         table.expire(now);
-        table.extend(seq, Clock::lease_deadline(now, lease))
+        let extended = table.extend(seq, Clock::lease_deadline(now, lease));
+        let notices = table.take_notices();
+        drop(table);
+        notices.report();
+        extended
     }
 
     /// Like [`claim`](Outbox::claim), but waits up to `timeout` for a record to
@@ -939,13 +946,21 @@ impl Outbox {
         let mut table = shared.table.lock();
         loop {
             shared.check_open()?;
-            let (runs, durable_first) = self.claim_leased(&mut table, max_records, u64::MAX);
+            let (runs, durable_first, notices) =
+                self.claim_leased(&mut table, max_records, u64::MAX);
             if !runs.is_empty() || max_records == 0 {
                 drop(table);
+                notices.report();
                 if durable_first {
                     self.sync()?;
                 }
                 return self.read_claimed(runs);
+            }
+            if !notices.is_empty() {
+                // Reported without the lock; then a fresh look, as anything
+                // may have changed meanwhile.
+                parking_lot::MutexGuard::unlocked(&mut table, || notices.report());
+                continue;
             }
             // Wake when the timeout ends, or when a lease runs out (its record
             // comes back): whichever is first.
@@ -1459,11 +1474,12 @@ impl Outbox {
     /// ```
     pub fn stats(&self) -> Stats {
         let shared = &self.handle.shared;
-        let t = {
+        let (t, notices) = {
             let mut table = shared.table.lock();
             table.expire(shared.clock.now_us());
-            table.stats()
+            (table.stats(), table.take_notices())
         };
+        notices.report();
         let c = &shared.counters;
         // Ages on the outbox's monotonic clock (`log::clock`): a wall clock
         // stepped back or forward does not change them.

@@ -1936,6 +1936,8 @@ impl Writer {
             table.set_aside(seq);
         }
         table.moved_in(&moves);
+        // Reported without the lock: a subscriber may read the outbox's stats.
+        drop(table);
         crate::event!(
             info,
             from = %relocation.path.display(),

@@ -94,8 +94,9 @@ impl Outbox {
     pub async fn claim_async(&self, max_records: usize) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (runs, durable_first) =
+        let (runs, durable_first, notices) =
             self.claim_leased(&mut shared.table.lock(), max_records, u64::MAX);
+        notices.report();
         self.hand_out_async(runs, durable_first).await
     }
 
@@ -238,13 +239,17 @@ impl Future for Arrival<'_> {
             return Poll::Ready(Err(e));
         }
         let mut table = shared.table.lock();
-        let (runs, durable_first) =
+        let (runs, durable_first, notices) =
             this.outbox
                 .claim_leased(&mut table, this.max_records, u64::MAX);
         if !runs.is_empty() || this.max_records == 0 {
+            drop(table);
+            notices.report();
             return Poll::Ready(Ok((runs, durable_first)));
         }
         if this.deadline.is_some_and(|d| Instant::now() >= d) {
+            drop(table);
+            notices.report();
             return Poll::Ready(Ok((Vec::new(), false)));
         }
         // Registered under the table lock: records made claimable after the
@@ -256,6 +261,7 @@ impl Future for Arrival<'_> {
             .next_lease_deadline()
             .and_then(|us| shared.clock.instant_at(us));
         drop(table);
+        notices.report();
         let wake = match (this.deadline, lease_ends) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

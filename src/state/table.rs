@@ -331,6 +331,9 @@ pub(crate) struct Table {
     /// A record became claimable when its key's turn passed to it
     /// ([`take_turn_passed`](Table::take_turn_passed)).
     turn_passed: bool,
+    /// Events to report once the table's lock is released
+    /// ([`take_notices`](Table::take_notices)).
+    notices: Vec<Notice>,
     /// The relocated records that are Pending, which a claim hands out before
     /// any other (they are the oldest). The cursor does not cover them.
     moved_pending: BTreeSet<u64>,
@@ -339,6 +342,57 @@ pub(crate) struct Table {
     /// The queues of the ordering keys (`state::keys`). A record held back
     /// behind an earlier one of its key holds the claimed bit, as a delay does.
     keys: Keys,
+}
+
+/// An event the table has to report (a `tracing` event, feature `tracing`).
+/// The table only notes it: its caller reports it once the table's lock is
+/// released ([`Notices::report`]), so that a subscriber may call back into the
+/// outbox (read its `stats()`, say) without waiting on a lock its own thread
+/// holds, and a slow subscriber holds up no claim, ack or append.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+pub(crate) enum Notice {
+    /// Leases ran out: `records` claimed records, the oldest `first_seq`,
+    /// went back to pending.
+    LeasesRanOut { records: usize, first_seq: u64 },
+    /// A claim parked `seq` as a dead letter past `max_attempts`.
+    MaxAttempts {
+        seq: u64,
+        attempts: u32,
+        reason: String,
+    },
+}
+
+/// The notices taken from the table under its lock, to report after it.
+#[must_use = "notices are reported once the table's lock is released"]
+pub(crate) struct Notices(Vec<Notice>);
+
+impl Notices {
+    /// Whether there is nothing to report.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Reports each notice as a `tracing` event; call without the table's
+    /// lock held.
+    pub(crate) fn report(self) {
+        #[cfg(feature = "tracing")]
+        for notice in self.0 {
+            match notice {
+                Notice::LeasesRanOut { records, first_seq } => crate::event!(
+                    warn,
+                    records,
+                    first_seq,
+                    "leases ran out: claimed records went back to pending"
+                ),
+                Notice::MaxAttempts {
+                    seq,
+                    attempts,
+                    reason,
+                } => crate::event!(warn, seq, attempts, "dead letter: {reason}"),
+            }
+        }
+    }
 }
 
 /// Where one record stands ([`Table::standing`]).
@@ -389,6 +443,7 @@ impl Table {
             origin: SeqMap::default(),
             copy_extra: SeqMap::default(),
             turn_passed: false,
+            notices: Vec::new(),
             released: SeqMap::default(),
             moved_pending: BTreeSet::new(),
             relocated: 0,
@@ -728,7 +783,11 @@ impl Table {
                 n => format!("{n} times"),
             };
             let reason = format!("delivered {times} without an acknowledgement (max_attempts)");
-            crate::event!(warn, seq = seq.get(), attempts, "dead letter: {reason}");
+            self.notices.push(Notice::MaxAttempts {
+                seq: seq.get(),
+                attempts,
+                reason: reason.clone(),
+            });
             self.dead.insert(
                 seq.get(),
                 DeadEntry {
@@ -764,12 +823,10 @@ impl Table {
         self.release_due(now);
         let expired = self.leases.expire(now);
         if !expired.is_empty() {
-            crate::event!(
-                warn,
-                records = expired.len(),
-                first_seq = expired.iter().min().copied().unwrap_or(0),
-                "leases ran out: claimed records went back to pending"
-            );
+            self.notices.push(Notice::LeasesRanOut {
+                records: expired.len(),
+                first_seq: expired.iter().min().copied().unwrap_or(0),
+            });
         }
         for &seq in &expired {
             // Still claimed: the lease would have let go of it otherwise.
@@ -1434,6 +1491,13 @@ impl Table {
     /// since the last call (its caller wakes those waiting for records).
     pub(crate) fn take_turn_passed(&mut self) -> bool {
         std::mem::take(&mut self.turn_passed)
+    }
+
+    /// The events noted since the last call, to report once the table's lock
+    /// is released (every caller of [`expire`](Table::expire) and
+    /// [`lease`](Table::lease) takes them).
+    pub(crate) fn take_notices(&mut self) -> Notices {
+        Notices(std::mem::take(&mut self.notices))
     }
 
     /// The dead letter `seq` (just taken out of `dead`) becomes deliverable:

@@ -25,6 +25,32 @@ struct Seen {
 #[derive(Default)]
 struct Recorder(Arc<Mutex<Vec<Seen>>>);
 
+/// An outbox that the subscriber reads (`stats()`) at each event, from a
+/// thread of its own, as a monitoring layer might. An event reported while
+/// the outbox's lock is held keeps that read waiting until the event returns:
+/// the subscriber then notes the event in `BLOCKED` (it gives up after 20 s,
+/// rather than hang as a read from the event's own thread would).
+static WATCHED: Mutex<Option<Outbox>> = Mutex::new(None);
+static BLOCKED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// Set on the reading thread: the events its own read reports are not
+    /// checked again.
+    static READING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Reads `outbox.stats()` from another thread; false if the read did not
+/// come back while the event was being reported.
+fn reads_during_event(outbox: Outbox) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        READING.with(|r| r.set(true));
+        let _ = outbox.stats();
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(Duration::from_secs(20)).is_ok()
+}
+
 struct Fields<'a>(&'a mut Seen);
 
 impl Visit for Fields<'_> {
@@ -54,6 +80,13 @@ impl Subscriber for Recorder {
             fields: Vec::new(),
         };
         event.record(&mut Fields(&mut seen));
+        let watched = WATCHED.lock().expect("watched").clone();
+        if let Some(outbox) = watched
+            && !READING.with(|r| r.get())
+            && !reads_during_event(outbox)
+        {
+            BLOCKED.lock().expect("blocked").push(seen.message.clone());
+        }
         self.0.lock().expect("events").push(seen);
     }
     fn enter(&self, _: &Id) {}
@@ -116,6 +149,7 @@ fn main() {
     quarantine(&events);
     lossy_drop(&events);
     leftover(&events);
+    reentrant_reads(&events);
     println!("tracing: every event seen");
 }
 
@@ -399,4 +433,60 @@ fn leftover(events: &Events) {
     assert!(!oldest.exists(), "removed again");
     assert_eq!(outbox.stats().pending, 0, "nothing comes back");
     outbox.close().expect("close");
+}
+
+/// A subscriber may read the outbox while an event is reported: no event is
+/// reported under the outbox's lock, neither from a claim (leases run out, a
+/// record parked past `max_attempts`) nor from the writer thread (records
+/// carried forward).
+fn reentrant_reads(events: &Events) {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let options = Options::default()
+        .segment_bytes(64 << 10)
+        .lease(Duration::from_millis(30))
+        .max_attempts(2);
+    let outbox = Outbox::open(tmp.path(), options).expect("open");
+    events.take("");
+    *WATCHED.lock().expect("watched") = Some(outbox.clone());
+
+    // A lease runs out twice: reported by the claims that find it so.
+    outbox.append(b"never acknowledged").expect("append");
+    let seq = outbox.claim(1).expect("claim")[0].seq();
+    std::thread::sleep(Duration::from_millis(60));
+    assert_eq!(outbox.claim(1).expect("claim")[0].seq(), seq);
+    not_blocked();
+    assert_eq!(events.take("leases ran out").len(), 1);
+    std::thread::sleep(Duration::from_millis(60));
+    assert!(outbox.claim(1).expect("claim").is_empty());
+    not_blocked();
+    assert_eq!(events.take("max_attempts").len(), 1);
+
+    // Relocation: the dead letter, alone in the oldest segment, is carried
+    // forward by the writer thread.
+    let payload = [b'x'; 200];
+    for _ in 0..30 {
+        let batch: Vec<&[u8]> = vec![&payload[..]; 100];
+        outbox.append_batch(&batch).expect("append_batch");
+        let seqs: Vec<_> = outbox
+            .claim(100)
+            .expect("claim")
+            .iter()
+            .map(|r| r.seq())
+            .collect();
+        outbox.ack_many(&seqs).expect("ack");
+        outbox.sync().expect("sync");
+    }
+    events.wait_for("records carried forward");
+    not_blocked();
+    *WATCHED.lock().expect("watched") = None;
+    outbox.close().expect("close");
+}
+
+/// No event so far was reported under the outbox's lock.
+fn not_blocked() {
+    let blocked = BLOCKED.lock().expect("blocked").clone();
+    assert!(
+        blocked.is_empty(),
+        "reported under the outbox's lock: {blocked:?}"
+    );
 }
