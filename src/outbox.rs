@@ -789,6 +789,12 @@ impl Outbox {
         self.handle.shared.options.lease
     }
 
+    /// Fails with [`Error::Closed`] or the poisoning error if the outbox can
+    /// no longer make anything durable.
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        self.handle.shared.check_usable()
+    }
+
     /// Claims up to `max_records` of the oldest pending records and returns them.
     ///
     /// Records come oldest first (by sequence number), records released back

@@ -97,9 +97,14 @@ impl RelayOptions {
     }
 
     /// How long a claim waits for records when none is pending, before the
-    /// relay looks at its stop request again. Default 100 ms.
+    /// relay looks at its stop request again; also the pause of
+    /// [`run`](Relay::run) after a claim that failed on one record. Default
+    /// 100 ms; at least 1 ms (a relay with nothing to do does not spin). A
+    /// wait too long to represent as a deadline ([`Duration::MAX`]) waits
+    /// until a record comes or the outbox closes: the stop request is then
+    /// seen only after that.
     pub fn wait(mut self, wait: Duration) -> RelayOptions {
-        self.wait = wait;
+        self.wait = wait.max(Duration::from_millis(1));
         self
     }
 
@@ -115,11 +120,12 @@ impl RelayOptions {
     }
 
     /// While a publish runs, the leases of its records are renewed every
-    /// `every` by `by` ([`Outbox::extend`]). Defaults 10 s and 30 s, for the
-    /// default lease of 30 s; under a shorter
-    /// [`Options::lease`](crate::Options::lease), unless this is called, a
-    /// third of the lease and the lease. `by` should exceed `every` by what a
-    /// renewal may take.
+    /// `every` by `by` ([`Outbox::extend`]). Unless this is called, a third
+    /// of the outbox's [`Options::lease`](crate::Options::lease) and the
+    /// lease: 10 s and 30 s under the default lease of 30 s (so a long lease
+    /// is renewed as long, never cut short). `by` should exceed `every` by
+    /// what a renewal may take. An `every` too long to represent as a
+    /// deadline ([`Duration::MAX`]) renews nothing.
     pub fn renew_leases(mut self, every: Duration, by: Duration) -> RelayOptions {
         self.renew_every = every.max(Duration::from_millis(1));
         self.renew_by = by;
@@ -156,6 +162,13 @@ pub struct RelayStats {
     /// [`Options::max_attempts`](crate::Options::max_attempts) are counted in
     /// [`Stats::dead_letters`](crate::Stats::dead_letters)).
     pub dead_letters: u64,
+    /// Claims that failed on one record's bytes, which [`Relay::run`] goes
+    /// on past: [`Error::Corrupt`] (the record is set aside, counted in
+    /// [`Stats::corrupt_records`](crate::Stats::corrupt_records), never
+    /// handed out) or [`Error::Io`] reading it (held back until its lease
+    /// runs out, then delivered again). The other records of the claim went
+    /// back to pending and are published by the next rounds.
+    pub unreadable: u64,
     /// Records pending in the outbox when the stats were taken.
     pub lag: u64,
     /// Age of the oldest pending record when the stats were taken.
@@ -189,6 +202,9 @@ pub struct Relay<P: Publisher> {
     in_flight: Arc<InFlight>,
     keeper: Option<JoinHandle<()>>,
     jitter: u64,
+    /// The last round's error came from its claim, on one record's bytes:
+    /// [`run`](Relay::run) goes on past it.
+    unreadable: bool,
 }
 
 /// The records a publish holds, shared with the keeper thread.
@@ -202,9 +218,11 @@ struct InFlight {
 impl<P: Publisher> Relay<P> {
     /// A relay of `outbox` into `publisher`.
     pub fn new(outbox: Outbox, publisher: P, mut options: RelayOptions) -> Relay<P> {
-        // Renewals that come after the lease ran out renew nothing.
+        // Renewals follow the outbox's lease: a third of it, by it. Shorter
+        // ones would cut a long lease short; longer ones come after the lease
+        // ran out and renew nothing.
         let lease = outbox.lease();
-        if !options.renew_set && lease < options.renew_by {
+        if !options.renew_set {
             options.renew_every = (lease / 3).max(Duration::from_millis(1));
             options.renew_by = lease;
         }
@@ -220,6 +238,7 @@ impl<P: Publisher> Relay<P> {
             in_flight: Arc::new(InFlight::default()),
             keeper: None,
             jitter,
+            unreadable: false,
         }
     }
 
@@ -234,14 +253,36 @@ impl<P: Publisher> Relay<P> {
     }
 
     /// One round: claims up to a batch (waiting up to [`RelayOptions::wait`]
-    /// for one), publishes it, and settles every record. Returns how many
-    /// records it handled (0 when none was pending). Nothing it claimed is
-    /// left claimed when it returns, unless settling it failed (the error
-    /// is returned; the lease then gives the record back).
+    /// for one), publishes it, and settles every record (the
+    /// acknowledgements of a round in one call, so one fsync under
+    /// [`Durability::Sync`](crate::Durability::Sync) acknowledgements).
+    /// Returns how many records it handled (0 when none was pending).
+    /// Nothing it claimed is left claimed when it returns, unless settling it
+    /// failed (the error is returned; the lease then gives the record back).
+    ///
+    /// A claim that failed on one record's bytes is returned as its error
+    /// ([`Error::Corrupt`] or [`Error::Io`]) and counted in
+    /// [`RelayStats::unreadable`]; the next round goes on with the other
+    /// records. A poisoned outbox ([`Error::Poisoned`]) is returned before
+    /// anything is claimed: its acknowledgements can no longer be made
+    /// durable, so whatever a round published would be delivered again after
+    /// the reopen.
     pub fn step(&mut self) -> Result<usize> {
-        let records = self
+        self.unreadable = false;
+        self.outbox.check_usable()?;
+        let records = match self
             .outbox
-            .claim_wait(self.options.batch, self.options.wait)?;
+            .claim_wait(self.options.batch, self.options.wait)
+        {
+            Ok(records) => records,
+            Err(e) => {
+                if matches!(e, Error::Corrupt { .. } | Error::Io { .. }) {
+                    self.unreadable = true;
+                    self.stats.unreadable += 1;
+                }
+                return Err(e);
+            }
+        };
         if records.is_empty() {
             return Ok(0);
         }
@@ -296,13 +337,25 @@ impl<P: Publisher> Relay<P> {
         }
         // A record whose lease ran out and was claimed again meanwhile is
         // still acknowledged (it was stored); one acknowledged already is Ok.
-        for seq in &stored {
-            if let Err(e) = self.outbox.ack(*seq)
-                && first_error.is_none()
-                && !matches!(e, Error::NotClaimed { .. })
-            {
-                first_error = Some(e);
-            }
+        // All in one call, so one fsync under `ack_durability(Sync)`; if one
+        // of them went back to pending meanwhile (`ack_many` then
+        // acknowledges none), one by one, leaving that one to its next
+        // delivery.
+        let acked = match self.outbox.ack_many(&stored) {
+            Err(Error::NotClaimed { .. }) => stored
+                .iter()
+                .map(|seq| match self.outbox.ack(*seq) {
+                    Err(Error::NotClaimed { .. }) => Ok(()),
+                    other => other,
+                })
+                .find(Result::is_err)
+                .unwrap_or(Ok(())),
+            other => other,
+        };
+        if let Err(e) = acked
+            && first_error.is_none()
+        {
+            first_error = Some(e);
         }
         if self.options.sync_acks
             && !stored.is_empty()
@@ -320,9 +373,28 @@ impl<P: Publisher> Relay<P> {
     /// Runs rounds until `stop` is set (checked between rounds: the round in
     /// progress finishes, so that the relay holds nothing when it returns) or
     /// an error; returns the stats.
+    ///
+    /// A claim that failed on one record's bytes (a checksum that does not
+    /// match, a read error of the disk) does not stop it: that record is set
+    /// aside or held back by the outbox, the failure is counted in
+    /// [`RelayStats::unreadable`] (and reported as a `tracing` event), and
+    /// after a pause of [`RelayOptions::wait`] the next round goes on with
+    /// the other records. Any other error ends it: the outbox closed or
+    /// poisoned, an acknowledgement refused.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<RelayStats> {
         while !stop.load(Ordering::Acquire) {
-            self.step()?;
+            match self.step() {
+                Ok(_) => {}
+                Err(_error) if self.unreadable => {
+                    crate::event!(
+                        warn,
+                        error = %_error,
+                        "relay: a claim failed on one record; the others go on"
+                    );
+                    std::thread::sleep(self.options.wait.min(Duration::from_secs(1)));
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(self.stats())
     }
@@ -390,7 +462,11 @@ fn keep_leases(in_flight: &InFlight, outbox: &Outbox, every: Duration, by: Durat
             in_flight.wake.wait(&mut seqs);
             continue;
         }
-        let deadline = Instant::now() + every;
+        // A renewal interval too long to represent renews nothing.
+        let Some(deadline) = Instant::now().checked_add(every) else {
+            in_flight.wake.wait(&mut seqs);
+            continue;
+        };
         let timed_out = in_flight.wake.wait_until(&mut seqs, deadline).timed_out();
         if timed_out && !seqs.is_empty() {
             let held = seqs.clone();
@@ -400,6 +476,58 @@ fn keep_leases(in_flight: &InFlight, outbox: &Outbox, every: Duration, by: Durat
                 let _ = outbox.extend(seq, by);
             }
             seqs = in_flight.seqs.lock();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_at_their_extremes_neither_spin_nor_overflow() {
+        assert_eq!(
+            RelayOptions::default().wait(Duration::ZERO).wait,
+            Duration::from_millis(1)
+        );
+        // A renewal interval past what an `Instant` can hold renews nothing,
+        // and the keeper ends when asked.
+        let in_flight = Arc::new(InFlight::default());
+        in_flight.seqs.lock().push(Seq::from(1));
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let outbox = Outbox::open(dir.path(), crate::Options::default()).expect("open");
+        let keeper = {
+            let (in_flight, outbox) = (in_flight.clone(), outbox.clone());
+            std::thread::spawn(move || {
+                keep_leases(&in_flight, &outbox, Duration::MAX, Duration::MAX);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        in_flight.stop.store(true, Ordering::Release);
+        {
+            let _guard = in_flight.seqs.lock();
+            in_flight.wake.notify_all();
+        }
+        keeper.join().expect("the keeper ends without a panic");
+        outbox.close().expect("close");
+    }
+
+    #[test]
+    fn renewals_follow_the_outboxs_lease_long_or_short() {
+        for (lease, every) in [
+            (Duration::from_secs(2), Duration::from_millis(666)),
+            (Duration::from_secs(30), Duration::from_secs(10)),
+            (Duration::from_secs(300), Duration::from_secs(100)),
+        ] {
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let outbox =
+                Outbox::open(dir.path(), crate::Options::default().lease(lease)).expect("open");
+            let publish = |_: &[Record]| Vec::new();
+            let relay = Relay::new(outbox.clone(), publish, RelayOptions::default());
+            let (e, b) = (relay.options.renew_every, relay.options.renew_by);
+            assert_eq!((e.as_millis(), b), (every.as_millis(), lease));
+            drop(relay);
+            outbox.close().expect("close");
         }
     }
 }

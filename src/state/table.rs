@@ -782,7 +782,15 @@ impl Table {
                 1 => "once".to_owned(),
                 n => format!("{n} times"),
             };
-            let reason = format!("delivered {times} without an acknowledgement (max_attempts)");
+            // The broker's last word (a release's reason), so that an
+            // operator sees why the deliveries failed.
+            let reason = match self.reasons.get(&seq.get()) {
+                Some(last) if !last.is_empty() => format!(
+                    "delivered {times} without an acknowledgement (max_attempts); \
+                     last error: {last}"
+                ),
+                _ => format!("delivered {times} without an acknowledgement (max_attempts)"),
+            };
             self.notices.push(Notice::MaxAttempts {
                 seq: seq.get(),
                 attempts,

@@ -417,3 +417,125 @@ fn run_stops_between_rounds_holding_nothing() {
     drop(relay);
     outbox.close().expect("close");
 }
+
+/// What a broker was given: (seq, payload).
+type Published = Arc<Mutex<Vec<(Seq, Vec<u8>)>>>;
+
+/// A claim that fails on one record's bytes does not stop `run`: a record on
+/// a range the disk cannot read is held back, records cut short by a damaged
+/// segment are set aside, and every other record is published, in order.
+#[test]
+fn run_goes_on_past_records_it_cannot_read() {
+    use segwal::sim::SimDisk;
+    use std::path::Path;
+
+    let disk = SimDisk::new(11);
+    let dir = Path::new("/outbox");
+    let options = Options::default().segment_bytes(16 * 4096);
+    let outbox = Outbox::open_with_storage(dir, options, Arc::new(disk.clone())).expect("open");
+    let seqs: Vec<Seq> = (0..60u8)
+        .map(|i| outbox.append(&[i; 100]).expect("append"))
+        .collect();
+    let mut files = disk.files(dir);
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    // The third record of the first segment sits on a range that cannot be
+    // read; the second segment loses everything from inside its fifth
+    // record on.
+    assert!(disk.fail_reads_in(&dir.join(&files[0]), 3 * 4096..3 * 4096 + 1));
+    assert!(disk.shrink(&dir.join(&files[1]), 5 * 4096 + 10));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let published: Published = Arc::default();
+    let (flag, seen, other) = (stop.clone(), published.clone(), outbox.clone());
+    let publish = move |records: &[Record]| {
+        seen.lock()
+            .extend(records.iter().map(|r| (r.seq(), r.payload().to_vec())));
+        // The claim in progress holds the last of them: nothing is left
+        // to publish once none is pending.
+        if other.stats().pending == 0 {
+            flag.store(true, std::sync::atomic::Ordering::Release);
+        }
+        records.iter().map(|_| Outcome::Stored).collect()
+    };
+    let mut relay = Relay::new(outbox.clone(), publish, fast());
+    let stats = relay
+        .run(&stop)
+        .expect("run goes on past unreadable records");
+    let corrupt = outbox.stats().corrupt_records;
+    assert!(corrupt >= 1, "the second segment's damage was met");
+    // The record on the bad range (held back), and each record cut off (set
+    // aside): one failed claim each.
+    assert_eq!(stats.unreadable, corrupt + 1, "{stats:?}");
+    let published = published.lock().clone();
+    assert_eq!(stats.published as usize, published.len());
+    assert_eq!(published.len() as u64, 60 - 1 - corrupt);
+    assert!(published.windows(2).all(|w| w[0].0 < w[1].0), "in order");
+    for (seq, payload) in &published {
+        let i = seqs
+            .iter()
+            .position(|s| s == seq)
+            .expect("an appended record");
+        assert_eq!(payload, &vec![i as u8; 100], "intact");
+    }
+    // The one behind the bad range was never published: still claimed.
+    assert!(!published.iter().any(|(s, _)| *s == seqs[2]));
+    assert_eq!(outbox.stats().claimed, 1);
+    drop(relay);
+    let _ = outbox.close();
+}
+
+/// A relay does not publish from a poisoned outbox, whose acknowledgements
+/// can no longer be made durable, even with `sync_acks(false)`.
+#[test]
+fn a_relay_stops_at_a_poisoned_outbox_before_it_publishes() {
+    use segwal::sim::{Fault, FaultRule, SimDisk};
+
+    let disk = SimDisk::new(5);
+    let outbox = Outbox::open_with_storage("/outbox", Options::default(), Arc::new(disk.clone()))
+        .expect("open");
+    for i in 0..10u8 {
+        outbox.append(&[i]).expect("append");
+    }
+    disk.inject(FaultRule {
+        fault: Fault::SyncEio,
+        at_op: disk.ops(),
+        persistent: true,
+    });
+    assert!(matches!(
+        outbox.append(b"lost"),
+        Err(segwal::Error::Poisoned { .. })
+    ));
+    let publish = |_: &[Record]| -> Vec<Outcome> { panic!("published from a poisoned outbox") };
+    let mut relay = Relay::new(outbox.clone(), publish, fast().sync_acks(false));
+    assert!(matches!(relay.step(), Err(segwal::Error::Poisoned { .. })));
+    let stats = outbox.stats();
+    assert_eq!((stats.pending, stats.claimed), (10, 0));
+    drop(relay);
+    let _ = outbox.close();
+}
+
+/// Under `ack_durability(Sync)`, a round's acknowledgements share one fsync
+/// rather than take one each.
+#[test]
+fn a_rounds_acknowledgements_share_one_fsync() {
+    let (_t, dir) = tmp();
+    let options = Options::default().ack_durability(segwal::Durability::Sync);
+    let outbox = Outbox::open(&dir, options).expect("open");
+    let batch: Vec<&[u8]> = vec![&b"event"[..]; 256];
+    outbox.append_batch(&batch).expect("append_batch");
+    let publish = |records: &[Record]| records.iter().map(|_| Outcome::Stored).collect();
+    let mut relay = Relay::new(outbox.clone(), publish, fast().batch(256).sync_acks(false));
+    let before = outbox.stats().fsyncs;
+    assert_eq!(relay.step().expect("step"), 256);
+    let fsyncs = outbox.stats().fsyncs - before;
+    assert_eq!(outbox.stats().pending + outbox.stats().claimed, 0);
+    // One for the acknowledgements; a second if the writer's own sync
+    // interval fell inside the round. One each would be 256.
+    assert!(
+        fsyncs <= 2,
+        "{fsyncs} fsyncs for one round's acknowledgements"
+    );
+    drop(relay);
+    outbox.close().expect("close");
+}
