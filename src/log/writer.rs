@@ -947,6 +947,15 @@ impl Writer {
             state_since = since.and_then(|us| self.shared.clock.instant_at(us));
             (acks, changes, table.backlog())
         };
+        // What the quotas count: the table's backlog and the records written
+        // since the last sync, which the table does not hold yet. Added up
+        // now, as a rotation below syncs: its sync moves those records into
+        // the table's figure, read before it, and they would be counted
+        // nowhere.
+        let backlog = (
+            backlog.0 + self.unpublished.0,
+            backlog.1 + self.unpublished.1,
+        );
         let mut internal: Vec<(FrameKind, Vec<u8>)> = Vec::new();
         if !acks.is_empty() {
             internal.push((frame::ACKS, crate::format::acks::encode(&acks)));
@@ -1192,7 +1201,8 @@ impl Writer {
     /// are numbered from `next_seq`, and the fields frame comes right after
     /// them; the ids written are remembered at once, so that the next append
     /// of the same id, in this batch or a later one, is its duplicate.
-    /// `backlog` is the table's (records, payload bytes) not acknowledged.
+    /// `backlog` is the (records, payload bytes) not acknowledged, those
+    /// written since the last sync included.
     fn plan(&mut self, batch: &[Request], backlog: (u64, u64), now: u64) -> Vec<Plan> {
         let mut plans = Vec::new();
         self.described.clear();
@@ -1204,10 +1214,7 @@ impl Writer {
         let reserve_short = self.reserve_short();
         let opts = &self.shared.options;
         let mut next = self.next_seq.get();
-        let (mut records, mut bytes) = (
-            backlog.0 + self.unpublished.0,
-            backlog.1 + self.unpublished.1,
-        );
+        let (mut records, mut bytes) = backlog;
         // The ids this batch writes, with the content digest and record of
         // each, to answer a second append of one within the batch.
         let mut planned = std::mem::take(&mut self.planned);

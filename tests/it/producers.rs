@@ -600,6 +600,58 @@ fn backlog_quotas_refuse_an_append_at_once_and_writing_nothing() {
     outbox.close().expect("close");
 }
 
+/// Under buffered durability, the records written since the last sync count
+/// towards the quotas also when the append that meets them fills the segment:
+/// the rotation's sync moves them into the table's backlog, read before it.
+#[test]
+fn backlog_quotas_count_unsynced_records_across_a_rotation() {
+    let buffered = || {
+        Options::default()
+            .durability(Durability::Buffered)
+            .buffered_sync_interval(Duration::from_secs(30))
+            .min_free_disk_bytes(0)
+    };
+    // A batch that rotates, on top of 19 records not yet synced.
+    let (_t, dir) = tmp();
+    let options = buffered()
+        .segment_bytes(32 << 10)
+        .max_backlog_records(20)
+        .max_backlog_bytes(20 * 1000);
+    let outbox = Outbox::open(&dir, options).expect("open");
+    for _ in 0..19 {
+        outbox.append(&[1u8; 1000]).expect("append");
+    }
+    let batch = vec![[2u8; 1000]; 20];
+    match outbox.append_batch(&batch) {
+        Err(Error::QuotaExceeded {
+            quota: "max_backlog_records",
+            limit: 20,
+            current: 19,
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    outbox.sync().expect("sync");
+    let stats = outbox.stats();
+    assert_eq!((stats.pending, stats.backlog_bytes), (19, 19 * 1000));
+    outbox.close().expect("close");
+
+    // Single appends, each rotation on top of what is not yet synced.
+    let (_t, dir) = tmp();
+    let options = buffered().segment_bytes(16 << 10).max_backlog_records(10);
+    let outbox = Outbox::open(&dir, options).expect("open");
+    let mut accepted = 0;
+    for _ in 0..30 {
+        match outbox.append(&[3u8; 1000]) {
+            Ok(_) => accepted += 1,
+            Err(Error::QuotaExceeded { current: 10, .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    outbox.sync().expect("sync");
+    assert_eq!((accepted, outbox.stats().pending), (10, 10));
+    outbox.close().expect("close");
+}
+
 /// The byte quota counts an append as `Stats::backlog_bytes` counts the
 /// backlog (payload and optional fields, no frame header), whether the records
 /// before it are synced or still waiting for their sync.

@@ -223,6 +223,14 @@ pub(crate) fn recorded_state<'a>(
                         stones: fields::decode_tombstones(f.payload)?,
                         at: f.header.seq,
                     }])
+                } else if f.header.kind == frame::FrameKind::Record {
+                    // The index that listed it as internal is wrong (its
+                    // checksum holds: a writer's bug, or a forgery): skipped,
+                    // the record would be lost without a word.
+                    Err(Corruption::Unsupported {
+                        what: "record listed as an internal frame by its segment's index",
+                        value: own.get(),
+                    })
                 } else {
                     // A log start, an index checkpoint, or a kind this build
                     // may skip.
@@ -260,6 +268,12 @@ mod tests {
     /// then a relocated copy whose header says `at` and whose ext names the
     /// record `own`. Returns what recovery reads of it.
     fn read(at: u64, own: u64) -> crate::error::Result<Vec<Recorded>> {
+        read_as(at, own, FrameKind::Relocated)
+    }
+
+    /// As [`read`], the second frame written as `kind` (a record: its
+    /// payload alone).
+    fn read_as(at: u64, own: u64, kind: FrameKind) -> crate::error::Result<Vec<Recorded>> {
         let disk = SimDisk::new(1);
         let dir = Path::new("/outbox");
         disk.create_dir(dir).expect("dir");
@@ -286,14 +300,10 @@ mod tests {
             state: CarriedState::Pending,
             reason: None,
         };
-        relocated::encode_ext(&RecordFields::default(), Seq::from(own), &carried, &mut ext);
-        frame::encode_with(
-            &mut bytes,
-            &header(at, FrameKind::Relocated),
-            &ext,
-            b"payload",
-            salt,
-        );
+        if kind == FrameKind::Relocated {
+            relocated::encode_ext(&RecordFields::default(), Seq::from(own), &carried, &mut ext);
+        }
+        frame::encode_with(&mut bytes, &header(at, kind), &ext, b"payload", salt);
         let file = disk.create(&path).expect("create");
         crate::io::write_all_at(&*file, &bytes, 0).expect("write");
         let span = |from: usize, to: usize| FrameSpan::new(from as u32, (to - from) as u32, false);
@@ -333,6 +343,24 @@ mod tests {
                         found: Seq::from(FIRST + 2),
                     }
                 );
+                assert!(offset > 4096, "the second frame's offset: {offset}");
+            }
+            other => panic!("expected Corrupt, got {:?}", other.map(|v| v.len())),
+        }
+    }
+
+    #[test]
+    fn a_record_an_index_lists_as_internal_is_corruption_not_skipped() {
+        // The seal index or a checkpoint (checksum valid) says the second
+        // frame is internal; it is a record, which recovery would otherwise
+        // skip, and lose.
+        match read_as(FIRST + 1, 3, FrameKind::Record) {
+            Err(Error::Corrupt {
+                kind: Corruption::Unsupported { value, .. },
+                offset,
+                ..
+            }) => {
+                assert_eq!(value, FIRST + 1);
                 assert!(offset > 4096, "the second frame's offset: {offset}");
             }
             other => panic!("expected Corrupt, got {:?}", other.map(|v| v.len())),
