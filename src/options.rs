@@ -359,7 +359,9 @@ impl Options {
     /// Deliveries a record gets without an acknowledgement before it becomes a
     /// dead letter instead of being delivered again. Default: unlimited. Every
     /// delivery counts: a claim, whatever ends it (an expired lease, a release,
-    /// a crash of the process while the record was claimed). So that a record
+    /// a crash of the process while the record was claimed); a claim that
+    /// failed before handing a record out (the read of another record of it
+    /// failed) does not count for that record. So that a record
     /// which crashes the process on every delivery ends up dead after
     /// `max_attempts` restarts rather than looping, each delivery's number is
     /// written to the log and fsynced before the record is handed out: with

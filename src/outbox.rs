@@ -842,9 +842,37 @@ impl Outbox {
             self.claim_leased(&mut shared.table.lock(), max_records, max_bytes);
         notices.report();
         if durable_first {
-            self.sync()?;
+            self.attempts_synced(&runs, self.sync())?;
         }
         self.read_claimed(runs)
+    }
+
+    /// Whether each delivery's number is written to the log (under
+    /// `max_attempts`).
+    fn records_attempts(&self) -> bool {
+        let options = &self.handle.shared.options;
+        // The negative control counts attempts in memory only.
+        options.max_attempts.is_some() && !crate::injected!(options, AttemptsInMemoryOnly)
+    }
+
+    /// The outcome of the sync that makes a claim's attempts durable before
+    /// its records are handed out: if it failed, the records go back, never
+    /// handed out, rather than stay claimed until their lease runs out.
+    fn attempts_synced(
+        &self,
+        runs: &[crate::state::table::ClaimRun],
+        synced: Result<()>,
+    ) -> Result<()> {
+        if synced.is_err() {
+            let seqs = runs.iter().flat_map(|r| r.frames.iter().map(|f| f.seq));
+            self.handle
+                .shared
+                .table
+                .lock()
+                .put_back_unread(seqs, self.records_attempts());
+            self.handle.shared.notify_arrived(true);
+        }
+        synced
     }
 
     /// Claims under the table lock: records whose lease ran out go back to
@@ -958,7 +986,7 @@ impl Outbox {
                 drop(table);
                 notices.report();
                 if durable_first {
-                    self.sync()?;
+                    self.attempts_synced(&runs, self.sync())?;
                 }
                 return self.read_claimed(runs);
             }
@@ -1072,13 +1100,19 @@ impl Outbox {
                 // failed, it stays claimed (held back until its lease runs
                 // out, then handed out again as a later attempt), so that a
                 // failing range of the disk cannot wedge the queue.
+                // The others were never handed out: their delivery does not
+                // count.
                 let others = runs
                     .iter()
                     .flat_map(|r| r.frames.iter().map(|f| f.seq))
                     .filter(|&s| s != failure.seq);
-                table.release_all(others);
+                table.put_back_unread(others, self.records_attempts());
                 let reclaim = failure.corrupt && table.set_aside(failure.seq);
+                let wake = shared.state_noted(&mut table);
                 drop(table);
+                if wake {
+                    self.nudge_writer();
+                }
                 // The released records are claimable again.
                 shared.notify_arrived(true);
                 if failure.corrupt {

@@ -166,7 +166,8 @@ impl Outbox {
         durable_first: bool,
     ) -> Result<Vec<Record>> {
         if durable_first {
-            self.sync_async().await?;
+            let synced = self.sync_async().await;
+            self.attempts_synced(&runs, synced)?;
         }
         self.read_claimed(runs)
     }

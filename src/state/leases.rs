@@ -146,10 +146,24 @@ impl Leases {
         }
     }
 
-    /// At open: `seq` was delivered `attempts` times (the log says so).
+    /// The claimed record `seq` went back to pending without being handed
+    /// out (the claim's read failed first): this delivery does not count.
+    /// Returns the deliveries counted before it.
+    pub(crate) fn returned_unread(&mut self, seq: u64) -> u32 {
+        let Some(held) = self.held.remove(&seq) else {
+            return self.delivered.get(&seq).copied().unwrap_or(0);
+        };
+        self.left(held.lease);
+        let before = held.attempt.saturating_sub(1);
+        self.set_exact(seq, before);
+        before
+    }
+
+    /// At open: `seq` was delivered `attempts` times (the log's latest
+    /// attempts entry for it says so: a claim whose read failed sets its
+    /// count back).
     pub(crate) fn set_delivered(&mut self, seq: u64, attempts: u32) {
-        let n = self.delivered.entry(seq).or_insert(0);
-        *n = (*n).max(attempts);
+        self.set_exact(seq, attempts);
     }
 
     /// At open: `seq` was delivered exactly `attempts` times (a relocated

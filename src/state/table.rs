@@ -1671,12 +1671,29 @@ impl Table {
         Ok(())
     }
 
-    /// Releases records claimed by a claim that could not be completed.
-    pub(crate) fn release_all(&mut self, seqs: impl IntoIterator<Item = Seq>) {
+    /// Puts back records a claim took but never handed out (its read, or
+    /// the sync of its attempts, failed first): pending again, and their
+    /// delivery does not count. Where attempts are written to the log
+    /// (`record_attempts`, under `max_attempts`), the count it holds is set
+    /// back too, by an attempts entry of the count before (replayed as the
+    /// latest), so that failed reads cannot make a dead letter of a record
+    /// never delivered.
+    pub(crate) fn put_back_unread(
+        &mut self,
+        seqs: impl IntoIterator<Item = Seq>,
+        record_attempts: bool,
+    ) {
         for seq in seqs {
-            // These were claimed by the caller a moment ago and cannot have moved
-            // on except by a concurrent ack, which leaves nothing to release.
-            let _ = self.release(seq);
+            // Acknowledged meanwhile, by a concurrent ack of its number:
+            // nothing to put back.
+            if !self.leases.is_held(seq.get()) || self.unclaim(seq).is_err() {
+                continue;
+            }
+            let attempts = self.leases.returned_unread(seq.get());
+            self.key_repass(seq.get());
+            if record_attempts {
+                self.unwritten.push(Change::Attempts { seq, attempts });
+            }
         }
     }
 
@@ -2245,7 +2262,7 @@ mod tests {
         let (mut t, _d) = table(5, None);
         let first = seqs(&take(&mut t, 2, u64::MAX));
         t.set_aside(Seq::from(first[0]));
-        t.release_all([Seq::from(first[1])]);
+        t.put_back_unread([Seq::from(first[1])], false);
         assert_eq!(seqs(&take(&mut t, 10, u64::MAX)), vec![2, 3, 4, 5]);
         t.check_invariants();
     }

@@ -411,3 +411,94 @@ fn a_delayed_record_or_a_dead_letter_can_still_be_acknowledged() {
     assert!(outbox.claim(10).expect("claim").is_empty());
     outbox.close().expect("close");
 }
+
+/// A claim whose read fails on one record puts the others back never handed
+/// out: their delivery does not count, in memory or in the log, so failed
+/// reads cannot make dead letters of records never delivered (on the
+/// simulated disk: seven records of the oldest segment on a range that
+/// cannot be read, `max_attempts(2)`, claims of ten).
+#[test]
+fn records_a_failed_read_put_back_are_not_charged_an_attempt() {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use segwal::sim::SimDisk;
+
+    let disk = SimDisk::new(13);
+    let dir = Path::new("/outbox");
+    let options = options().segment_bytes(16 * 4096).max_attempts(2);
+    let open =
+        || Outbox::open_with_storage(dir, options.clone(), Arc::new(disk.clone())).expect("open");
+    let outbox = open();
+    let seqs: Vec<Seq> = (0..60u8)
+        .map(|i| outbox.append(&[i; 100]).expect("append"))
+        .collect();
+    let mut files = disk.files(dir);
+    files.sort();
+    let first = dir.join(&files[0]);
+    // Each record appended alone starts a block; the segment's header
+    // takes the first. Records 2 to 8 lie on a range that cannot be read.
+    let bad: Vec<usize> = (2..=8).collect();
+    assert!(disk.fail_reads_in(&first, 4096 * 3..4096 * 9 + 1));
+    // Claims of ten, everything handed out kept claimed; each failed claim
+    // holds back its bad record. Every record handed out, in each round of
+    // deliveries, is on the same attempt.
+    let deliver = |outbox: &Outbox, attempt: u32| {
+        let (mut handed, mut failed) = (Vec::new(), 0);
+        loop {
+            match outbox.claim(10) {
+                Ok(records) if records.is_empty() => break,
+                Ok(records) => {
+                    for r in records {
+                        assert_eq!(r.attempt(), attempt, "seq {}", r.seq());
+                        handed.push(r.seq());
+                    }
+                }
+                Err(Error::Io { path, .. }) => {
+                    assert_eq!(path, first);
+                    failed += 1;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(failed, bad.len());
+        let expected: Vec<Seq> = (0..seqs.len())
+            .filter(|i| !bad.contains(i))
+            .map(|i| seqs[i])
+            .collect();
+        assert_eq!(handed, expected);
+        assert!(outbox.dead_letters(10).expect("dead letters").is_empty());
+    };
+    deliver(&outbox, 1);
+    // After a reopen, the counts the log holds: one delivery each.
+    outbox.close().expect("close");
+    let outbox = open();
+    deliver(&outbox, 2);
+    outbox.close().expect("close");
+}
+
+/// A claim whose attempts cannot be made durable (the fsync fails) hands
+/// nothing out and keeps nothing claimed: the records go back to pending.
+#[test]
+fn a_claim_whose_attempts_cannot_be_synced_keeps_nothing_claimed() {
+    use std::sync::Arc;
+
+    use segwal::sim::{Fault, FaultRule, SimDisk};
+
+    let disk = SimDisk::new(17);
+    let outbox =
+        Outbox::open_with_storage("/outbox", options().max_attempts(3), Arc::new(disk.clone()))
+            .expect("open");
+    for i in 0..7u8 {
+        outbox.append(&[i]).expect("append");
+    }
+    disk.inject(FaultRule {
+        fault: Fault::SyncEio,
+        at_op: disk.ops(),
+        persistent: true,
+    });
+    assert!(matches!(outbox.claim(10), Err(Error::Poisoned { .. })));
+    let stats = outbox.stats();
+    assert_eq!((stats.pending, stats.claimed), (7, 0), "{stats:?}");
+    let _ = outbox.close();
+}
