@@ -10,7 +10,8 @@
 //!
 //! Memory is bounded by what is in flight: an entry per claimed record and one
 //! per deadline of a claim that still holds a record (a claim whose records
-//! are all acknowledged or returned drops its deadline at once), and an
+//! are all acknowledged or returned drops its deadline at once, and one most
+//! of whose records are drops their numbers), and an
 //! entry per record that came back and is not yet acknowledged. Attempts live in memory: after a restart every record starts
 //! again at attempt 1.
 
@@ -47,6 +48,10 @@ impl Hasher for SeqHasher {
 /// A lease's deadline that never comes (leases disabled).
 pub(crate) const NEVER: u64 = u64::MAX;
 
+/// The records a claim's deadline lists from which it is compacted as they
+/// settle ([`Leases::left`]).
+const COMPACT_FROM: usize = 8;
+
 /// The leases of the claimed records, and the deliveries of records that came
 /// back.
 #[derive(Default)]
@@ -60,7 +65,7 @@ pub(crate) struct Leases {
     /// released or extended leaves `deadlines` at once, so that what is
     /// kept is bounded by the claims in flight, not by the claims of the
     /// last lease's length.
-    live: SeqMap<(u64, u32)>,
+    live: SeqMap<Live>,
     /// Deliveries made so far of records that came back (released, or their
     /// lease ran out), not yet acknowledged.
     delivered: SeqMap<u32>,
@@ -70,6 +75,16 @@ pub(crate) struct Leases {
     next_lease: u64,
     /// Leases that ran out since the outbox was opened (records, not claims).
     pub expired: u64,
+}
+
+/// A lease in `deadlines`.
+#[derive(Clone, Copy)]
+struct Live {
+    deadline: u64,
+    /// Records still held under it.
+    held: u32,
+    /// Numbers its entry in `deadlines` lists (the held ones among them).
+    listed: u32,
 }
 
 #[derive(Clone, Copy)]
@@ -103,21 +118,44 @@ impl Leases {
             .collect();
         if deadline != NEVER && !seqs.is_empty() {
             self.deadlines.insert((deadline, lease), seqs.to_vec());
-            self.live.insert(lease, (deadline, seqs.len() as u32));
+            let n = seqs.len() as u32;
+            self.live.insert(
+                lease,
+                Live {
+                    deadline,
+                    held: n,
+                    listed: n,
+                },
+            );
         }
         attempts
     }
 
     /// One record left the lease `lease` (acknowledged, released, extended
     /// under a new one, or run out): the lease's deadline goes with its last.
+    /// A claim most of whose records settled keeps only those it still
+    /// holds, so that memory follows the records held, not the size of the
+    /// claims that hold them (a claim of 512 with one record stuck would
+    /// keep 4 KiB until its deadline).
     fn left(&mut self, lease: u64) {
-        if let Some((deadline, n)) = self.live.get_mut(&lease) {
-            *n -= 1;
-            if *n == 0 {
-                let deadline = *deadline;
-                self.live.remove(&lease);
-                self.deadlines.remove(&(deadline, lease));
-            }
+        let Some(live) = self.live.get_mut(&lease) else {
+            return;
+        };
+        live.held -= 1;
+        let (deadline, n, listed) = (live.deadline, live.held, live.listed);
+        if n == 0 {
+            self.live.remove(&lease);
+            self.deadlines.remove(&(deadline, lease));
+        } else if listed as usize >= COMPACT_FROM
+            && n * 4 <= listed
+            && let Some(seqs) = self.deadlines.get_mut(&(deadline, lease))
+        {
+            // Each compaction leaves at most a quarter: amortised, one step
+            // per record that leaves.
+            let held = &self.held;
+            seqs.retain(|s| held.get(s).is_some_and(|h| h.lease == lease));
+            seqs.shrink_to_fit();
+            live.listed = seqs.len() as u32;
         }
     }
 
@@ -132,7 +170,14 @@ impl Leases {
         let old = std::mem::replace(&mut held.lease, lease);
         if deadline != NEVER {
             self.deadlines.insert((deadline, lease), vec![seq]);
-            self.live.insert(lease, (deadline, 1));
+            self.live.insert(
+                lease,
+                Live {
+                    deadline,
+                    held: 1,
+                    listed: 1,
+                },
+            );
         }
         self.left(old);
         true
@@ -306,5 +351,41 @@ mod tests {
         assert_eq!(l.next_deadline(), Some(20));
         assert_eq!(l.expire(20), vec![1]);
         assert!(l.deadlines.is_empty() && l.live.is_empty());
+    }
+
+    #[test]
+    fn a_claim_mostly_settled_keeps_only_the_numbers_it_holds() {
+        let mut l = Leases::default();
+        let listed = |l: &Leases| l.deadlines.values().map(Vec::len).sum::<usize>();
+        // 1,000 claims of 512, one record of each stuck.
+        for claim in 0..1_000u64 {
+            let seqs: Vec<u64> = (claim * 512..(claim + 1) * 512).collect();
+            l.grant(&seqs, 1_000_000 + claim);
+            for &seq in &seqs[1..] {
+                l.done(seq);
+            }
+        }
+        assert_eq!(l.live.len(), 1_000);
+        assert!(
+            listed(&l) < 1_000 * COMPACT_FROM,
+            "{} numbers listed",
+            listed(&l)
+        );
+        // What is still held runs out, and nothing else does.
+        let expired = l.expire(2_000_000);
+        assert_eq!(expired.len(), 1_000);
+        assert!(expired.iter().all(|s| s % 512 == 0));
+        assert!(l.deadlines.is_empty() && l.live.is_empty());
+        // Extended and released records leave their claim's list too.
+        let seqs: Vec<u64> = (0..100).collect();
+        l.grant(&seqs, 3_000_000);
+        for &seq in &seqs[..50] {
+            l.extend(seq, 4_000_000);
+        }
+        for &seq in &seqs[50..99] {
+            l.returned(seq);
+        }
+        assert_eq!(l.expire(3_000_000), vec![99]);
+        assert_eq!(l.expire(4_000_000).len(), 50);
     }
 }
