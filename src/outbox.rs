@@ -864,12 +864,14 @@ impl Outbox {
         synced: Result<()>,
     ) -> Result<()> {
         if synced.is_err() {
-            let seqs = runs.iter().flat_map(|r| r.frames.iter().map(|f| f.seq));
+            let taken = runs
+                .iter()
+                .flat_map(|r| r.frames.iter().map(|f| (f.seq, f.attempt)));
             self.handle
                 .shared
                 .table
                 .lock()
-                .put_back_unread(seqs, self.records_attempts());
+                .put_back_unread(taken, self.records_attempts());
             self.handle.shared.notify_arrived(true);
         }
         synced
@@ -1104,8 +1106,8 @@ impl Outbox {
                 // count.
                 let others = runs
                     .iter()
-                    .flat_map(|r| r.frames.iter().map(|f| f.seq))
-                    .filter(|&s| s != failure.seq);
+                    .flat_map(|r| r.frames.iter().map(|f| (f.seq, f.attempt)))
+                    .filter(|&(s, _)| s != failure.seq);
                 table.put_back_unread(others, self.records_attempts());
                 let reclaim = failure.corrupt && table.set_aside(failure.seq);
                 let wake = shared.state_noted(&mut table);

@@ -207,6 +207,13 @@ pub struct Relay<P: Publisher> {
     unreadable: bool,
 }
 
+/// Claims in a row that failed reading a record, with no claim read whole
+/// between them, after which [`Relay::run`] stops: the reads of the outbox
+/// fail, not one record's. Each such failure holds its record back for a
+/// lease, and a lease that runs out counts a delivery: going on would
+/// make dead letters of the backlog under `max_attempts`.
+const READ_FAILURES_IN_A_ROW: u32 = 3;
+
 /// The records a publish holds, shared with the keeper thread.
 #[derive(Default)]
 struct InFlight {
@@ -379,12 +386,31 @@ impl<P: Publisher> Relay<P> {
     /// aside or held back by the outbox, the failure is counted in
     /// [`RelayStats::unreadable`] (and reported as a `tracing` event), and
     /// after a pause of [`RelayOptions::wait`] the next round goes on with
-    /// the other records. Any other error ends it: the outbox closed or
-    /// poisoned, an acknowledgement refused.
+    /// the other records. Read errors ([`Error::Io`]) in three claims in a
+    /// row, with no claim read whole between them, end it with the last one:
+    /// then the outbox's reads fail, not one record's (each failure holds
+    /// its record back for a lease, and under
+    /// [`Options::max_attempts`](crate::Options::max_attempts) going on
+    /// would make dead letters of the backlog). Any other error ends it: the
+    /// outbox closed or poisoned, an acknowledgement refused.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<RelayStats> {
+        let mut read_failures = 0;
         while !stop.load(Ordering::Acquire) {
             match self.step() {
-                Ok(_) => {}
+                Ok(0) => {}
+                Ok(_) => read_failures = 0,
+                Err(e @ Error::Io { .. }) if self.unreadable => {
+                    read_failures += 1;
+                    if read_failures >= READ_FAILURES_IN_A_ROW {
+                        return Err(e);
+                    }
+                    crate::event!(
+                        warn,
+                        error = %e,
+                        "relay: a claim failed reading one record; the others go on"
+                    );
+                    std::thread::sleep(self.options.wait.min(Duration::from_secs(1)));
+                }
                 Err(_error) if self.unreadable => {
                     crate::event!(
                         warn,

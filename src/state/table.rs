@@ -784,13 +784,14 @@ impl Table {
             };
             // The broker's last word (a release's reason), so that an
             // operator sees why the deliveries failed.
-            let reason = match self.reasons.get(&seq.get()) {
+            // Clipped as the log clips it, so that memory and a reopen agree.
+            let reason = crate::format::delivery::clip(&match self.reasons.get(&seq.get()) {
                 Some(last) if !last.is_empty() => format!(
                     "delivered {times} without an acknowledgement (max_attempts); \
                      last error: {last}"
                 ),
                 _ => format!("delivered {times} without an acknowledgement (max_attempts)"),
-            };
+            });
             self.notices.push(Notice::MaxAttempts {
                 seq: seq.get(),
                 attempts,
@@ -1678,15 +1679,18 @@ impl Table {
     /// back too, by an attempts entry of the count before (replayed as the
     /// latest), so that failed reads cannot make a dead letter of a record
     /// never delivered.
+    ///
+    /// `taken` pairs each record with the attempt the claim took it as: one
+    /// no longer held as that attempt was acknowledged meanwhile, or its
+    /// lease ran out and another claim holds it now (perhaps handed out
+    /// already): it is left as it is.
     pub(crate) fn put_back_unread(
         &mut self,
-        seqs: impl IntoIterator<Item = Seq>,
+        taken: impl IntoIterator<Item = (Seq, u32)>,
         record_attempts: bool,
     ) {
-        for seq in seqs {
-            // Acknowledged meanwhile, by a concurrent ack of its number:
-            // nothing to put back.
-            if !self.leases.is_held(seq.get()) || self.unclaim(seq).is_err() {
+        for (seq, attempt) in taken {
+            if self.leases.attempt_held(seq.get()) != attempt || self.unclaim(seq).is_err() {
                 continue;
             }
             let attempts = self.leases.returned_unread(seq.get());
@@ -2257,12 +2261,47 @@ mod tests {
         assert_eq!(summary(&mut build(Some(100))), lent);
     }
 
+    /// A claim whose read failed after its lease ran out, and another claim
+    /// took (and perhaps handed out) its records, puts back only what it
+    /// still holds: the other claim's records stay claimed, their delivery
+    /// counted.
+    #[test]
+    fn a_failed_claim_puts_back_only_what_it_still_holds() {
+        let (mut t, _d) = table(3, None);
+        let leased = |t: &mut Table, deadline| {
+            let mut runs = t.claim(10, u64::MAX);
+            let _ = t.lease(&mut runs, deadline, Some(5), 0, true);
+            runs
+        };
+        let taken = |runs: &[ClaimRun]| -> Vec<(Seq, u32)> {
+            runs.iter()
+                .flat_map(|r| r.frames.iter().map(|f| (f.seq, f.attempt)))
+                .collect()
+        };
+        let a = leased(&mut t, 100);
+        t.expire(100);
+        let b = leased(&mut t, 1_000);
+        assert_eq!(taken(&b), [1, 2, 3].map(|s| (Seq::from(s), 2)));
+        let _ = t.take_unwritten();
+        // A's read fails now.
+        t.put_back_unread(taken(&a), true);
+        assert_eq!(t.stats().claimed, 3, "still B's");
+        assert!(t.take_unwritten().1.is_empty(), "no count set back");
+        assert_eq!(t.leases.delivered(2), 2);
+        // B's own failure puts them back, uncharged.
+        t.put_back_unread(taken(&b), true);
+        assert_eq!(t.stats().pending, 3);
+        assert_eq!(t.leases.delivered(2), 1);
+        assert_eq!(t.take_unwritten().1.len(), 3, "counts set back in the log");
+        t.check_invariants();
+    }
+
     #[test]
     fn set_aside_moves_past_a_bad_record() {
         let (mut t, _d) = table(5, None);
         let first = seqs(&take(&mut t, 2, u64::MAX));
         t.set_aside(Seq::from(first[0]));
-        t.put_back_unread([Seq::from(first[1])], false);
+        t.put_back_unread([(Seq::from(first[1]), 1)], false);
         assert_eq!(seqs(&take(&mut t, 10, u64::MAX)), vec![2, 3, 4, 5]);
         t.check_invariants();
     }

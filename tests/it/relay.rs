@@ -539,3 +539,49 @@ fn a_rounds_acknowledgements_share_one_fsync() {
     drop(relay);
     outbox.close().expect("close");
 }
+
+/// When every read fails (a disk gone, a process out of file descriptors),
+/// `run` stops after three claims in a row failed reading, rather than hold
+/// back one record a round until the backlog ran out of attempts.
+#[test]
+fn run_stops_when_the_outboxs_reads_fail_not_one_records() {
+    use segwal::sim::SimDisk;
+
+    let disk = SimDisk::new(23);
+    let options = Options::default()
+        .lease(Duration::from_millis(30))
+        .max_attempts(3);
+    let outbox =
+        Outbox::open_with_storage("/outbox", options, Arc::new(disk.clone())).expect("open");
+    for i in 0..60u8 {
+        outbox.append(&[i; 100]).expect("append");
+    }
+    disk.fail_reads(100);
+    let publish = |_: &[Record]| -> Vec<Outcome> { panic!("nothing can be read") };
+    let mut relay = Relay::new(outbox.clone(), publish, fast());
+    // A guard: a relay that never stops is stopped after a minute, and fails.
+    let stop = Arc::new(AtomicBool::new(false));
+    let guard = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            for _ in 0..600 {
+                if stop.load(std::sync::atomic::Ordering::Acquire) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Release);
+        })
+    };
+    let ran = relay.run(&stop);
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    guard.join().expect("guard");
+    assert!(matches!(ran, Err(segwal::Error::Io { .. })), "{ran:?}");
+    assert_eq!(relay.stats().unreadable, 3);
+    disk.fail_reads(0);
+    let stats = outbox.stats();
+    assert_eq!(stats.dead_letters, 0, "{stats:?}");
+    assert_eq!(stats.pending + stats.claimed, 60);
+    drop(relay);
+    outbox.close().expect("close");
+}

@@ -502,3 +502,31 @@ fn a_claim_whose_attempts_cannot_be_synced_keeps_nothing_claimed() {
     assert_eq!((stats.pending, stats.claimed), (7, 0), "{stats:?}");
     let _ = outbox.close();
 }
+
+/// A dead letter parked past `max_attempts` with a long last error keeps the
+/// reason the log keeps: the same before and after a reopen.
+#[test]
+fn a_max_attempts_reason_is_clipped_as_the_log_clips_it() {
+    let (_t, dir) = tmp();
+    let options = options().max_attempts(1);
+    let outbox = Outbox::open(&dir, options.clone()).expect("open");
+    let seq = outbox.append(b"x").expect("append");
+    assert_eq!(outbox.claim(1).expect("claim").len(), 1);
+    let long = "e".repeat(segwal::REASON_BYTES_MAX);
+    outbox
+        .release_after(seq, Duration::ZERO, &long)
+        .expect("release_after");
+    assert!(outbox.claim(1).expect("claim").is_empty(), "parked");
+    let before = outbox.dead_letters(10).expect("dead letters")[0]
+        .reason()
+        .to_owned();
+    assert_eq!(before.len(), segwal::REASON_BYTES_MAX);
+    assert!(before.starts_with("delivered once without an acknowledgement (max_attempts)"));
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options).expect("reopen");
+    assert_eq!(
+        outbox.dead_letters(10).expect("dead letters")[0].reason(),
+        before
+    );
+    outbox.close().expect("close");
+}
