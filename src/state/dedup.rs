@@ -33,6 +33,11 @@ const GONE: u32 = u32::MAX;
 const FAR: u32 = u32::MAX - 1;
 /// Time is kept in sixteenths of a second since `base_us`.
 const TICK_US: u64 = 62_500;
+/// A day, by which `base_us` lies before the oldest time a window keeps.
+const DAY_US: u64 = 86_400_000_000;
+/// Ticks from `base_us` past which the wall clock moves the base (about
+/// 4.25 years: a clock stepped forward, or an outbox open that long).
+const REBASE_TICKS: u64 = (u32::MAX / 2) as u64;
 
 #[derive(Clone, Copy)]
 struct Entry {
@@ -77,7 +82,7 @@ impl Dedup {
             window_us,
             capacity,
             // Ticks count from before the oldest entry a window can keep.
-            base_us: now_us.saturating_sub(window_us.saturating_add(86_400_000_000)),
+            base_us: Self::base_for(window_us, now_us),
             ring: VecDeque::new(),
             front: 0,
             slots: Vec::new(),
@@ -93,6 +98,35 @@ impl Dedup {
     /// Heap bytes.
     pub(crate) fn heap_bytes(&self) -> u64 {
         (self.ring.capacity() * size_of::<Entry>() + self.slots.capacity() * 4) as u64
+    }
+
+    /// The base of the ticks for a wall clock at `now_us`.
+    fn base_for(window_us: u64, now_us: u64) -> u64 {
+        now_us.saturating_sub(window_us.saturating_add(DAY_US))
+    }
+
+    /// Moves `base_us` when the wall clock at `now_us` left what ticks from
+    /// it can say: stepped back before the base (new ids would be stamped
+    /// at the base, ahead of the clock, and kept for about the step), or
+    /// forward past [`REBASE_TICKS`] (they would be stamped at the last
+    /// tick, behind the clock, and forgotten at once). Every entry keeps its
+    /// time; one the new base cannot say is clamped: before it, older than
+    /// any window; past its last tick, kept longer, as an id appended
+    /// before a step back is (docs/GUARANTEES.md, section 10). Rare: once a
+    /// step of more than a day, or once in years.
+    fn follow_the_clock(&mut self, now_us: u64) {
+        let base = Self::base_for(self.window_us, now_us);
+        let behind = now_us < self.base_us.saturating_add(self.window_us) && base < self.base_us;
+        let ahead = now_us.saturating_sub(self.base_us) / TICK_US > REBASE_TICKS;
+        if !(behind || ahead) {
+            return;
+        }
+        let old = self.base_us;
+        for e in &mut self.ring {
+            let at = old + u64::from(e.at) * TICK_US;
+            e.at = u32::try_from(at.saturating_sub(base) / TICK_US).unwrap_or(u32::MAX);
+        }
+        self.base_us = base;
     }
 
     fn ticks(&self, us: u64) -> u32 {
@@ -202,8 +236,9 @@ impl Dedup {
     }
 
     /// Forgets what left the window by `now_us` and what the capacity cannot
-    /// keep.
+    /// keep; moves the base of the ticks if the wall clock left it behind.
     pub(crate) fn expire(&mut self, now_us: u64) {
+        self.follow_the_clock(now_us);
         while let Some(e) = self.ring.front() {
             let over = self.ring.len() > self.capacity;
             if e.home_delta == GONE || over || self.expired(e, now_us) {
@@ -379,6 +414,49 @@ mod tests {
         assert_eq!(s.len(), 1);
         s.expire(now + 11 * MIN);
         assert_eq!(s.ring.len(), 1);
+    }
+
+    /// The window runs from each id's own append, whatever the wall clock
+    /// did since the open: stepped forward by years (a device whose clock
+    /// was set after the open), or back by a year.
+    #[test]
+    fn an_id_appended_after_a_step_of_the_clock_keeps_its_own_window() {
+        const YEAR: u64 = 365 * 24 * 60 * MIN;
+        let now = 50 * YEAR;
+        for step in [9 * YEAR, 60 * YEAR] {
+            let mut s = Dedup::new(MIN, 100, now);
+            s.insert(d(1, 1), Seq::from(1), now, Seq::from(2));
+            let later = now + step;
+            s.expire(later);
+            assert_eq!(s.check(d(1, 1), later), Seen::New, "out of its window");
+            s.insert(d(2, 2), Seq::from(3), later, Seq::from(4));
+            assert_eq!(
+                s.check(d(2, 2), later + MIN / 2),
+                Seen::Duplicate(Seq::from(3)),
+                "{step} µs forward: known within its window"
+            );
+            let carried = s.carry(Seq::from(10), Seq::from(11), later + MIN / 2);
+            assert_eq!(carried.len(), 1);
+            assert!(carried[0].appended_us.abs_diff(later) <= TICK_US);
+            assert_eq!(s.check(d(2, 2), later + 2 * MIN), Seen::New);
+        }
+        let mut s = Dedup::new(MIN, 100, now);
+        s.insert(d(1, 1), Seq::from(1), now, Seq::from(2));
+        let earlier = now - YEAR;
+        s.expire(earlier);
+        // Appended before the step back: kept longer, as documented.
+        assert_eq!(s.check(d(1, 1), earlier), Seen::Duplicate(Seq::from(1)));
+        s.insert(d(2, 2), Seq::from(3), earlier, Seq::from(4));
+        assert_eq!(s.check(d(2, 2), earlier), Seen::Duplicate(Seq::from(3)));
+        // Appended after it: its own window, and its own time carried.
+        let carried = s.carry(Seq::from(10), Seq::from(11), earlier);
+        let second = carried.iter().find(|t| t.seq == Seq::from(3));
+        assert!(second.is_some_and(|t| t.appended_us.abs_diff(earlier) <= TICK_US));
+        assert_eq!(s.check(d(2, 2), earlier + 2 * MIN), Seen::New);
+        assert_eq!(
+            s.check(d(1, 1), earlier + 2 * MIN),
+            Seen::Duplicate(Seq::from(1))
+        );
     }
 
     #[test]
