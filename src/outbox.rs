@@ -866,7 +866,7 @@ impl Outbox {
         if synced.is_err() {
             let taken = runs
                 .iter()
-                .flat_map(|r| r.frames.iter().map(|f| (f.seq, f.attempt)));
+                .flat_map(|r| r.frames.iter().map(|f| (f.seq, r.claim)));
             self.handle
                 .shared
                 .table
@@ -1106,7 +1106,7 @@ impl Outbox {
                 // count.
                 let others = runs
                     .iter()
-                    .flat_map(|r| r.frames.iter().map(|f| (f.seq, f.attempt)))
+                    .flat_map(|r| r.frames.iter().map(|f| (f.seq, r.claim)))
                     .filter(|&(s, _)| s != failure.seq);
                 table.put_back_unread(others, self.records_attempts());
                 let reclaim = failure.corrupt && table.set_aside(failure.seq);

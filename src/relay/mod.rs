@@ -207,8 +207,9 @@ pub struct Relay<P: Publisher> {
     unreadable: bool,
 }
 
-/// Claims in a row that failed reading a record, with no claim read whole
-/// between them, after which [`Relay::run`] stops: the reads of the outbox
+/// Claims in a row that failed reading a record, with no other claim
+/// between them (none that returned, none that met a bad checksum), after
+/// which [`Relay::run`] stops: the reads of the outbox
 /// fail, not one record's. Each such failure holds its record back for a
 /// lease, and a lease that runs out counts a delivery: going on would
 /// make dead letters of the backlog under `max_attempts`.
@@ -387,7 +388,8 @@ impl<P: Publisher> Relay<P> {
     /// [`RelayStats::unreadable`] (and reported as a `tracing` event), and
     /// after a pause of [`RelayOptions::wait`] the next round goes on with
     /// the other records. Read errors ([`Error::Io`]) in three claims in a
-    /// row, with no claim read whole between them, end it with the last one:
+    /// row, with no other claim between them (one that returned, even
+    /// empty, or met a bad checksum), end it with the last one:
     /// then the outbox's reads fail, not one record's (each failure holds
     /// its record back for a lease, and under
     /// [`Options::max_attempts`](crate::Options::max_attempts) going on
@@ -397,7 +399,8 @@ impl<P: Publisher> Relay<P> {
         let mut read_failures = 0;
         while !stop.load(Ordering::Acquire) {
             match self.step() {
-                Ok(0) => {}
+                // A claim that returned (records or none: nothing else was
+                // pending, the records held back aside): the reads work.
                 Ok(_) => read_failures = 0,
                 Err(e @ Error::Io { .. }) if self.unreadable => {
                     read_failures += 1;
@@ -412,6 +415,8 @@ impl<P: Publisher> Relay<P> {
                     std::thread::sleep(self.options.wait.min(Duration::from_secs(1)));
                 }
                 Err(_error) if self.unreadable => {
+                    // A checksum that fails: the disk returned bytes.
+                    read_failures = 0;
                     crate::event!(
                         warn,
                         error = %_error,

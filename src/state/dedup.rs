@@ -122,8 +122,17 @@ impl Dedup {
             return;
         }
         let old = self.base_us;
+        let last = old.saturating_add(u64::from(u32::MAX) * TICK_US);
         for e in &mut self.ring {
-            let at = old + u64::from(e.at) * TICK_US;
+            // An entry at the last tick may be later than it says (clamped
+            // there: stamped by a clock far ahead, or told from a base a
+            // step back moved): it is taken as no earlier than now, so that
+            // a clock put right again does not make it old.
+            let at = if e.at == u32::MAX {
+                last.max(now_us)
+            } else {
+                old + u64::from(e.at) * TICK_US
+            };
             e.at = u32::try_from(at.saturating_sub(base) / TICK_US).unwrap_or(u32::MAX);
         }
         self.base_us = base;
@@ -457,6 +466,22 @@ mod tests {
             s.check(d(1, 1), earlier + 2 * MIN),
             Seen::Duplicate(Seq::from(1))
         );
+
+        // A step back by more than the ticks can say (a clock reset to 1970
+        // or 2000), then put right: an id appended just before is still
+        // known for its window.
+        for back in [10 * YEAR, 49 * YEAR] {
+            let mut s = Dedup::new(MIN, 100, now);
+            s.insert(d(1, 1), Seq::from(1), now, Seq::from(2));
+            s.expire(now - back);
+            s.expire(now + 1_000_000);
+            assert_eq!(
+                s.check(d(1, 1), now + 1_000_000),
+                Seen::Duplicate(Seq::from(1)),
+                "{back} µs back, then right"
+            );
+            assert_eq!(s.carry(Seq::from(10), Seq::from(11), now).len(), 1);
+        }
     }
 
     #[test]

@@ -91,6 +91,10 @@ struct Live {
 struct Held {
     lease: u64,
     attempt: u32,
+    /// The claim that took it ([`Leases::grant`]'s number, to 32 bits),
+    /// kept across renewals: a claim that failed before handing its records
+    /// out puts back only those it still holds.
+    claim: u32,
 }
 
 impl Leases {
@@ -112,7 +116,15 @@ impl Leases {
             .iter()
             .map(|&seq| {
                 let attempt = self.next_attempt(seq);
-                self.held.insert(seq, Held { lease, attempt });
+                let claim = lease as u32;
+                self.held.insert(
+                    seq,
+                    Held {
+                        lease,
+                        attempt,
+                        claim,
+                    },
+                );
                 attempt
             })
             .collect();
@@ -247,6 +259,18 @@ impl Leases {
     /// Whether `seq` is held by a claim (not delayed, not a dead letter).
     pub(crate) fn is_held(&self, seq: u64) -> bool {
         self.held.contains_key(&seq)
+    }
+
+    /// The claim that holds `seq` (see [`Leases::last_claim`]), if any.
+    pub(crate) fn claim_of(&self, seq: u64) -> Option<u32> {
+        self.held.get(&seq).map(|h| h.claim)
+    }
+
+    /// The number of the last [`grant`](Leases::grant), to 32 bits: what
+    /// [`claim_of`](Leases::claim_of) says of the records it holds. Unique
+    /// among the claims of the last four billion.
+    pub(crate) fn last_claim(&self) -> u32 {
+        self.next_lease.wrapping_sub(1) as u32
     }
 
     /// Which delivery of `seq` is held now (0 if none).

@@ -192,6 +192,9 @@ pub(crate) struct ClaimRun {
     pub file: Option<Arc<dyn StorageFile>>,
     /// The claimed frames, in sequence order.
     pub frames: Vec<ClaimedFrame>,
+    /// The claim that holds them (`Leases::last_claim` when it was made; 0
+    /// before, and for a run that is not a claim's).
+    pub claim: u32,
 }
 
 /// One claimed frame: its record's sequence number and where it lies.
@@ -617,6 +620,7 @@ impl Table {
                 path: seg.path.clone(),
                 salt: seg.salt,
                 file: seg.file.clone(),
+                claim: 0,
                 frames: vec![ClaimedFrame {
                     seq: Seq::from(seq),
                     at: Seq::from(seg.first() + i as u64),
@@ -750,6 +754,10 @@ impl Table {
             .flat_map(|r| r.frames.iter().map(|f| f.seq.get()))
             .collect();
         let attempts = self.leases.grant(&seqs, deadline);
+        let claim = self.leases.last_claim();
+        for run in runs.iter_mut() {
+            run.claim = claim;
+        }
         for (frame, attempt) in runs
             .iter_mut()
             .flat_map(|r| r.frames.iter_mut())
@@ -1309,6 +1317,7 @@ impl Table {
                         path: seg.path.clone(),
                         salt: seg.salt,
                         file: seg.file.clone(),
+                        claim: 0,
                         frames: Vec::new(),
                     })
                     .frames
@@ -1680,17 +1689,18 @@ impl Table {
     /// latest), so that failed reads cannot make a dead letter of a record
     /// never delivered.
     ///
-    /// `taken` pairs each record with the attempt the claim took it as: one
-    /// no longer held as that attempt was acknowledged meanwhile, or its
-    /// lease ran out and another claim holds it now (perhaps handed out
-    /// already): it is left as it is.
+    /// `taken` pairs each record with the claim that took it
+    /// ([`ClaimRun::claim`]): one no longer held by that claim was
+    /// acknowledged meanwhile, or its lease ran out and another claim holds
+    /// it now (perhaps handed out already, perhaps as the same attempt
+    /// after a requeue): it is left as it is.
     pub(crate) fn put_back_unread(
         &mut self,
         taken: impl IntoIterator<Item = (Seq, u32)>,
         record_attempts: bool,
     ) {
-        for (seq, attempt) in taken {
-            if self.leases.attempt_held(seq.get()) != attempt || self.unclaim(seq).is_err() {
+        for (seq, claim) in taken {
+            if self.leases.claim_of(seq.get()) != Some(claim) || self.unclaim(seq).is_err() {
                 continue;
             }
             let attempts = self.leases.returned_unread(seq.get());
@@ -2275,13 +2285,18 @@ mod tests {
         };
         let taken = |runs: &[ClaimRun]| -> Vec<(Seq, u32)> {
             runs.iter()
-                .flat_map(|r| r.frames.iter().map(|f| (f.seq, f.attempt)))
+                .flat_map(|r| r.frames.iter().map(|f| (f.seq, r.claim)))
+                .collect()
+        };
+        let attempts = |runs: &[ClaimRun]| -> Vec<u32> {
+            runs.iter()
+                .flat_map(|r| r.frames.iter().map(|f| f.attempt))
                 .collect()
         };
         let a = leased(&mut t, 100);
         t.expire(100);
         let b = leased(&mut t, 1_000);
-        assert_eq!(taken(&b), [1, 2, 3].map(|s| (Seq::from(s), 2)));
+        assert_eq!(attempts(&b), [2, 2, 2]);
         let _ = t.take_unwritten();
         // A's read fails now.
         t.put_back_unread(taken(&a), true);
@@ -2293,6 +2308,22 @@ mod tests {
         assert_eq!(t.stats().pending, 3);
         assert_eq!(t.leases.delivered(2), 1);
         assert_eq!(t.take_unwritten().1.len(), 3, "counts set back in the log");
+        t.check_invariants();
+
+        // A record dead-lettered and requeued starts its attempts again: a
+        // later claim may hold it as the very attempt a stale claim took.
+        let (mut t, _d) = table(3, None);
+        let stale = leased(&mut t, 100);
+        t.expire(100);
+        let again = leased(&mut t, 1_000);
+        for (seq, _) in taken(&again) {
+            t.dead_letter(seq, "refused", 0).expect("dead letter");
+            t.requeue(seq).expect("requeue");
+        }
+        let live = leased(&mut t, 2_000);
+        assert_eq!(attempts(&live), attempts(&stale), "the same attempts");
+        t.put_back_unread(taken(&stale), true);
+        assert_eq!(t.stats().claimed, 3, "still the live claim's");
         t.check_invariants();
     }
 

@@ -585,3 +585,49 @@ fn run_stops_when_the_outboxs_reads_fail_not_one_records() {
     drop(relay);
     outbox.close().expect("close");
 }
+
+/// One record that can never be read, and nothing else pending: each time
+/// its lease runs out its claim fails again, with empty rounds between;
+/// `run` goes on (the reads of the outbox work), and everything else is
+/// published.
+#[test]
+fn one_unreadable_record_on_an_idle_outbox_does_not_stop_run() {
+    use segwal::sim::SimDisk;
+    use std::path::Path;
+
+    let disk = SimDisk::new(29);
+    let dir = Path::new("/outbox");
+    let options = Options::default().lease(Duration::from_millis(100));
+    let outbox = Outbox::open_with_storage(dir, options, Arc::new(disk.clone())).expect("open");
+    for i in 0..20u8 {
+        outbox.append(&[i; 100]).expect("append");
+    }
+    let file = dir.join(&disk.files(dir)[0]);
+    // The third record: each appended alone starts a block after the header's.
+    assert!(disk.fail_reads_in(&file, 3 * 4096..3 * 4096 + 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Stops the relay once the record's lease ran out three times (each time
+    // its claim failed again), or after a minute.
+    let watcher = {
+        let (stop, outbox) = (stop.clone(), outbox.clone());
+        std::thread::spawn(move || {
+            for _ in 0..600 {
+                if outbox.stats().claimed_expired >= 3 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Release);
+        })
+    };
+    let publish = |records: &[Record]| records.iter().map(|_| Outcome::Stored).collect();
+    let mut relay = Relay::new(outbox.clone(), publish, fast());
+    let ran = relay.run(&stop);
+    watcher.join().expect("watcher");
+    let stats = ran.expect("run goes on: one record's reads fail, not the outbox's");
+    assert_eq!(stats.published, 19);
+    assert!(stats.unreadable >= 3, "{stats:?}");
+    assert!(outbox.stats().claimed_expired >= 3);
+    drop(relay);
+    outbox.close().expect("close");
+}

@@ -106,6 +106,7 @@ impl Table {
                 path: seg.path.clone(),
                 salt: seg.salt,
                 file: seg.file.clone(),
+                claim: 0,
                 frames: vec![ClaimedFrame {
                     seq: Seq::from(own),
                     at: Seq::from(seg.first() + i as u64),
@@ -134,6 +135,7 @@ impl Table {
                     path: seg.path.clone(),
                     salt: seg.salt,
                     file: seg.file.clone(),
+                    claim: 0,
                     frames: vec![ClaimedFrame {
                         at: Seq::from(seg.first() + i as u64),
                         offset,
