@@ -87,6 +87,12 @@ struct Live {
     listed: u32,
 }
 
+/// The claim number of the grant `lease`: never 0, which runs that are no
+/// claim's carry.
+fn claim_number(lease: u64) -> u32 {
+    (lease % u64::from(u32::MAX)) as u32 + 1
+}
+
 #[derive(Clone, Copy)]
 struct Held {
     lease: u64,
@@ -116,7 +122,7 @@ impl Leases {
             .iter()
             .map(|&seq| {
                 let attempt = self.next_attempt(seq);
-                let claim = lease as u32;
+                let claim = claim_number(lease);
                 self.held.insert(
                     seq,
                     Held {
@@ -270,7 +276,7 @@ impl Leases {
     /// [`claim_of`](Leases::claim_of) says of the records it holds. Unique
     /// among the claims of the last four billion.
     pub(crate) fn last_claim(&self) -> u32 {
-        self.next_lease.wrapping_sub(1) as u32
+        claim_number(self.next_lease.wrapping_sub(1))
     }
 
     /// Which delivery of `seq` is held now (0 if none).

@@ -192,8 +192,8 @@ pub(crate) struct ClaimRun {
     pub file: Option<Arc<dyn StorageFile>>,
     /// The claimed frames, in sequence order.
     pub frames: Vec<ClaimedFrame>,
-    /// The claim that holds them (`Leases::last_claim` when it was made; 0
-    /// before, and for a run that is not a claim's).
+    /// The claim that holds them (`Leases::last_claim` when it was made,
+    /// never 0; 0 before, and for a run that is not a claim's).
     pub claim: u32,
 }
 
@@ -2294,6 +2294,8 @@ mod tests {
                 .collect()
         };
         let a = leased(&mut t, 100);
+        // The first claim's number too is not that of a run no claim made.
+        assert!(a.iter().all(|r| r.claim != 0));
         t.expire(100);
         let b = leased(&mut t, 1_000);
         assert_eq!(attempts(&b), [2, 2, 2]);
@@ -2330,9 +2332,10 @@ mod tests {
     #[test]
     fn set_aside_moves_past_a_bad_record() {
         let (mut t, _d) = table(5, None);
-        let first = seqs(&take(&mut t, 2, u64::MAX));
+        let runs = take(&mut t, 2, u64::MAX);
+        let first = seqs(&runs);
         t.set_aside(Seq::from(first[0]));
-        t.put_back_unread([(Seq::from(first[1]), 1)], false);
+        t.put_back_unread([(Seq::from(first[1]), runs[0].claim)], false);
         assert_eq!(seqs(&take(&mut t, 10, u64::MAX)), vec![2, 3, 4, 5]);
         t.check_invariants();
     }
