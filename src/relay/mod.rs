@@ -207,12 +207,12 @@ pub struct Relay<P: Publisher> {
     unreadable: bool,
 }
 
-/// Claims in a row that failed reading a record, with no other claim
-/// between them (none that returned, none that met a bad checksum), after
-/// which [`Relay::run`] stops: the reads of the outbox
-/// fail, not one record's. Each such failure holds its record back for a
-/// lease, and a lease that runs out counts a delivery: going on would
-/// make dead letters of the backlog under `max_attempts`.
+/// Claims that failed reading a record within one lease, with no claim
+/// returning records between them, after which [`Relay::run`] stops. A
+/// failed read holds its record back for the lease, so failures within one
+/// lease are of different records: the reads of the outbox fail, not one
+/// record's; and each lease that runs out counts a delivery, so going on
+/// would make dead letters of the backlog under `max_attempts`.
 const READ_FAILURES_IN_A_ROW: u32 = 3;
 
 /// The records a publish holds, shared with the keeper thread.
@@ -387,42 +387,62 @@ impl<P: Publisher> Relay<P> {
     /// aside or held back by the outbox, the failure is counted in
     /// [`RelayStats::unreadable`] (and reported as a `tracing` event), and
     /// after a pause of [`RelayOptions::wait`] the next round goes on with
-    /// the other records. Read errors ([`Error::Io`]) in three claims in a
-    /// row, with no other claim between them (one that returned, even
-    /// empty, or met a bad checksum), end it with the last one:
-    /// then the outbox's reads fail, not one record's (each failure holds
-    /// its record back for a lease, and under
+    /// the other records. Read errors ([`Error::Io`]) in three claims
+    /// within one [`Options::lease`](crate::Options::lease), with no claim
+    /// returning records between them, end it with the last one: a failed
+    /// read holds its record back for the lease, so those are three
+    /// records, and the outbox's reads fail, not one record's (and under
     /// [`Options::max_attempts`](crate::Options::max_attempts) going on
-    /// would make dead letters of the backlog). Any other error ends it: the
-    /// outbox closed or poisoned, an acknowledgement refused.
+    /// would make dead letters of the backlog, a lease's end counting a
+    /// delivery). One record that can never be read fails at most once a
+    /// lease, and does not stop it. Any other error ends it: the outbox
+    /// closed or poisoned, an acknowledgement refused.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<RelayStats> {
-        let mut read_failures = 0;
+        let lease = self.outbox.lease();
+        // The pause after a failure: short enough that three claims fit in
+        // a lease.
+        let pause = self
+            .options
+            .wait
+            .min(Duration::from_secs(1))
+            .min(lease / 4)
+            .max(Duration::from_millis(1));
+        // The read failures since the first of them, and when that was.
+        let mut failures: Option<(Instant, u32)> = None;
         while !stop.load(Ordering::Acquire) {
             match self.step() {
-                // A claim that returned (records or none: nothing else was
-                // pending, the records held back aside): the reads work.
-                Ok(_) => read_failures = 0,
+                Ok(0) => {}
+                Ok(_) => failures = None,
                 Err(e @ Error::Io { .. }) if self.unreadable => {
-                    read_failures += 1;
-                    if read_failures >= READ_FAILURES_IN_A_ROW {
+                    let now = Instant::now();
+                    let n = match failures {
+                        Some((first, n)) if now.duration_since(first) < lease => n + 1,
+                        _ => 1,
+                    };
+                    if n >= READ_FAILURES_IN_A_ROW {
                         return Err(e);
+                    }
+                    if n == 1 {
+                        failures = Some((now, 1));
+                    } else if let Some((_, count)) = failures.as_mut() {
+                        *count = n;
                     }
                     crate::event!(
                         warn,
                         error = %e,
                         "relay: a claim failed reading one record; the others go on"
                     );
-                    std::thread::sleep(self.options.wait.min(Duration::from_secs(1)));
+                    std::thread::sleep(pause);
                 }
                 Err(_error) if self.unreadable => {
-                    // A checksum that fails: the disk returned bytes.
-                    read_failures = 0;
+                    // A checksum that fails: the record is set aside, not
+                    // held back, and is met once.
                     crate::event!(
                         warn,
                         error = %_error,
                         "relay: a claim failed on one record; the others go on"
                     );
-                    std::thread::sleep(self.options.wait.min(Duration::from_secs(1)));
+                    std::thread::sleep(pause);
                 }
                 Err(e) => return Err(e),
             }

@@ -72,6 +72,11 @@ pub(crate) struct Dedup {
     slots: Vec<u32>,
     /// Entries in the index (not gone).
     live: usize,
+    /// The exact time of each entry at the last tick (`u32::MAX`), which
+    /// may be later than the tick says: stamped by a clock far ahead of the
+    /// base, or told from a base a step back moved. Empty but for such
+    /// steps.
+    pinned: std::collections::HashMap<u64, u64>,
 }
 
 impl Dedup {
@@ -84,6 +89,7 @@ impl Dedup {
             // Ticks count from before the oldest entry a window can keep.
             base_us: Self::base_for(window_us, now_us),
             ring: VecDeque::new(),
+            pinned: std::collections::HashMap::new(),
             front: 0,
             slots: Vec::new(),
             live: 0,
@@ -97,7 +103,9 @@ impl Dedup {
 
     /// Heap bytes.
     pub(crate) fn heap_bytes(&self) -> u64 {
-        (self.ring.capacity() * size_of::<Entry>() + self.slots.capacity() * 4) as u64
+        (self.ring.capacity() * size_of::<Entry>()
+            + self.slots.capacity() * 4
+            + self.pinned.capacity() * 16) as u64
     }
 
     /// The base of the ticks for a wall clock at `now_us`.
@@ -121,21 +129,18 @@ impl Dedup {
         if !(behind || ahead) {
             return;
         }
-        let old = self.base_us;
-        let last = old.saturating_add(u64::from(u32::MAX) * TICK_US);
-        for e in &mut self.ring {
-            // An entry at the last tick may be later than it says (clamped
-            // there: stamped by a clock far ahead, or told from a base a
-            // step back moved): it is taken as no earlier than now, so that
-            // a clock put right again does not make it old.
-            let at = if e.at == u32::MAX {
-                last.max(now_us)
-            } else {
-                old + u64::from(e.at) * TICK_US
-            };
-            e.at = u32::try_from(at.saturating_sub(base) / TICK_US).unwrap_or(u32::MAX);
-        }
+        let times: Vec<u64> = self.ring.iter().map(|e| self.time_of(e)).collect();
         self.base_us = base;
+        for (k, at) in times.into_iter().enumerate() {
+            let ticks = self.ticks(at);
+            let e = &mut self.ring[k];
+            e.at = ticks;
+            if ticks == u32::MAX {
+                self.pinned.insert(e.seq, at);
+            } else {
+                self.pinned.remove(&e.seq);
+            }
+        }
     }
 
     fn ticks(&self, us: u64) -> u32 {
@@ -146,10 +151,23 @@ impl Dedup {
         self.base_us + u64::from(ticks) * TICK_US
     }
 
+    /// When the record of `e` was appended (to the tick; exact for an
+    /// entry at the last tick).
+    fn time_of(&self, e: &Entry) -> u64 {
+        if e.at == u32::MAX {
+            self.pinned
+                .get(&e.seq)
+                .copied()
+                .unwrap_or_else(|| self.us(e.at))
+        } else {
+            self.us(e.at)
+        }
+    }
+
     fn expired(&self, e: &Entry, now_us: u64) -> bool {
         // An entry stamped ahead of the clock (the clock stepped back) is
         // young: kept, not dropped.
-        now_us.saturating_sub(self.us(e.at)) > self.window_us.saturating_add(TICK_US)
+        now_us.saturating_sub(self.time_of(e)) > self.window_us.saturating_add(TICK_US)
     }
 
     fn entry(&self, pos: u32) -> Option<&Entry> {
@@ -240,6 +258,9 @@ impl Dedup {
         {
             self.remove_slot(i);
         }
+        if e.at == u32::MAX {
+            self.pinned.remove(&e.seq);
+        }
         self.ring.pop_front();
         self.front = self.front.wrapping_add(1);
     }
@@ -294,6 +315,9 @@ impl Dedup {
             home_delta: delta(seq, home),
             at: self.ticks(appended_us),
         };
+        if entry.at == u32::MAX {
+            self.pinned.insert(entry.seq, appended_us);
+        }
         // Grown before the entry joins the ring: growing indexes the ring.
         if (self.live + 1) * 2 > self.slots.len() {
             self.grow();
@@ -349,11 +373,10 @@ impl Dedup {
             .take_while(|e| e.seq < log_start.get())
             .filter(|e| self.to_carry(e, log_start, now_us))
             .take(go)
-            .map(|e| e.at)
+            .map(|e| self.time_of(e))
             .max()
             .unwrap_or(0);
-        let expires = self
-            .us(latest)
+        let expires = latest
             .saturating_add(self.window_us)
             .saturating_add(TICK_US)
             .saturating_add(1);
@@ -374,7 +397,7 @@ impl Dedup {
             if self.to_carry(&e, log_start, now_us) {
                 out.push(Tombstone {
                     seq: Seq::from(e.seq),
-                    appended_us: self.us(e.at),
+                    appended_us: self.time_of(&e),
                     dedup: DedupDigest {
                         id: e.id,
                         content: e.content,
@@ -474,6 +497,12 @@ mod tests {
             let mut s = Dedup::new(MIN, 100, now);
             s.insert(d(1, 1), Seq::from(1), now, Seq::from(2));
             s.expire(now - back);
+            // Carried while the clock is wrong: at its own time.
+            let carried = s.carry(Seq::from(3), Seq::from(4), now - back);
+            assert_eq!(carried.len(), 1);
+            assert!(carried[0].appended_us.abs_diff(now) <= TICK_US);
+            // Put right in two steps.
+            s.expire(now - back / 2);
             s.expire(now + 1_000_000);
             assert_eq!(
                 s.check(d(1, 1), now + 1_000_000),
