@@ -118,10 +118,10 @@ impl Dedup {
     /// at the base, ahead of the clock, and kept for about the step), or
     /// forward past [`REBASE_TICKS`] (they would be stamped at the last
     /// tick, behind the clock, and forgotten at once). Every entry keeps its
-    /// time; one the new base cannot say is clamped: before it, older than
-    /// any window; past its last tick, kept longer, as an id appended
-    /// before a step back is (docs/GUARANTEES.md, section 10). Rare: once a
-    /// step of more than a day, or once in years.
+    /// time: one before the new base is older than any window, and one past
+    /// its last tick stays there with its exact time in `pinned` (an id
+    /// appended before a step back is kept longer: docs/GUARANTEES.md,
+    /// section 10). Rare: once a step of more than a day, or once in years.
     fn follow_the_clock(&mut self, now_us: u64) {
         let base = Self::base_for(self.window_us, now_us);
         let behind = now_us < self.base_us.saturating_add(self.window_us) && base < self.base_us;

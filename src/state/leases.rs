@@ -11,9 +11,10 @@
 //! Memory is bounded by what is in flight: an entry per claimed record and one
 //! per deadline of a claim that still holds a record (a claim whose records
 //! are all acknowledged or returned drops its deadline at once, and one most
-//! of whose records are drops their numbers), and an
-//! entry per record that came back and is not yet acknowledged. Attempts live in memory: after a restart every record starts
-//! again at attempt 1.
+//! of whose records are settled lists only those it still holds), and an
+//! entry per record that came back and is not yet acknowledged. Without
+//! `max_attempts` attempts live in memory only: after a restart every record
+//! starts again at attempt 1 (under it, the log holds them: `Change::Attempts`).
 
 use std::collections::{BTreeMap, HashMap};
 
