@@ -98,7 +98,8 @@ impl RelayOptions {
 
     /// How long a claim waits for records when none is pending, before the
     /// relay looks at its stop request again; also the pause of
-    /// [`run`](Relay::run) after a claim that failed on one record. Default
+    /// [`run`](Relay::run) after a claim that failed on one record (at most
+    /// a second, and a quarter of the outbox's lease). Default
     /// 100 ms; at least 1 ms (a relay with nothing to do does not spin). A
     /// wait too long to represent as a deadline ([`Duration::MAX`]) waits
     /// until a record comes or the outbox closes: the stop request is then
@@ -163,7 +164,8 @@ pub struct RelayStats {
     /// [`Stats::dead_letters`](crate::Stats::dead_letters)).
     pub dead_letters: u64,
     /// Claims that failed on one record's bytes, which [`Relay::run`] goes
-    /// on past: [`Error::Corrupt`] (the record is set aside, counted in
+    /// on past (unless the outbox's reads fail: see [`Relay::run`]):
+    /// [`Error::Corrupt`] (the record is set aside, counted in
     /// [`Stats::corrupt_records`](crate::Stats::corrupt_records), never
     /// handed out) or [`Error::Io`] reading it (held back until its lease
     /// runs out, then delivered again). The other records of the claim went
@@ -208,12 +210,12 @@ pub struct Relay<P: Publisher> {
 }
 
 /// Claims that failed reading a record within one lease, with no claim
-/// returning records between them, after which [`Relay::run`] stops. A
+/// returning records between them, at which [`Relay::run`] stops. A
 /// failed read holds its record back for the lease, so failures within one
 /// lease are of different records: the reads of the outbox fail, not one
 /// record's; and each lease that runs out counts a delivery, so going on
 /// would make dead letters of the backlog under `max_attempts`.
-const READ_FAILURES_IN_A_ROW: u32 = 3;
+const READ_FAILURES_IN_A_LEASE: u32 = 3;
 
 /// The records a publish holds, shared with the keeper thread.
 #[derive(Default)]
@@ -386,8 +388,8 @@ impl<P: Publisher> Relay<P> {
     /// match, a read error of the disk) does not stop it: that record is set
     /// aside or held back by the outbox, the failure is counted in
     /// [`RelayStats::unreadable`] (and reported as a `tracing` event), and
-    /// after a pause of [`RelayOptions::wait`] the next round goes on with
-    /// the other records. Read errors ([`Error::Io`]) in three claims
+    /// after a pause ([`RelayOptions::wait`], at most a second and a quarter
+    /// of the lease) the next round goes on with the other records. Read errors ([`Error::Io`]) in three claims
     /// within one [`Options::lease`](crate::Options::lease), with no claim
     /// returning records between them, end it with the last one: a failed
     /// read holds its record back for the lease, so those are three
@@ -415,18 +417,14 @@ impl<P: Publisher> Relay<P> {
                 Ok(_) => failures = None,
                 Err(e @ Error::Io { .. }) if self.unreadable => {
                     let now = Instant::now();
-                    let n = match failures {
-                        Some((first, n)) if now.duration_since(first) < lease => n + 1,
-                        _ => 1,
+                    let (first, n) = match failures {
+                        Some((first, n)) if now.duration_since(first) < lease => (first, n + 1),
+                        _ => (now, 1),
                     };
-                    if n >= READ_FAILURES_IN_A_ROW {
+                    if n >= READ_FAILURES_IN_A_LEASE {
                         return Err(e);
                     }
-                    if n == 1 {
-                        failures = Some((now, 1));
-                    } else if let Some((_, count)) = failures.as_mut() {
-                        *count = n;
-                    }
+                    failures = Some((first, n));
                     crate::event!(
                         warn,
                         error = %e,
