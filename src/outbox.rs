@@ -919,9 +919,10 @@ impl Outbox {
     /// not claimed, or its lease already ran out and it went back to pending;
     /// with [`Error::UnknownSeq`] if `seq` was never assigned to a record.
     /// Any `lease` is taken, zero included: a lease that ends at once lets
-    /// the record go back to pending at the next claim, as an expiry; to
-    /// hand it back without counting an expiry, [`release`](Outbox::release)
-    /// it.
+    /// the record go back to pending at the next claim, as an expiry (and
+    /// wakes [`claim_wait`](Outbox::claim_wait) callers, who then take it);
+    /// to hand it back without counting an expiry,
+    /// [`release`](Outbox::release) it.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
@@ -948,10 +949,17 @@ impl Outbox {
         let mut table = shared.table.lock();
         let now = shared.clock.now_us();
         table.expire(now);
-        let extended = table.extend(seq, Clock::lease_deadline(now, lease));
+        let deadline = Clock::lease_deadline(now, lease);
+        // Waiters sleep until the earliest deadline they knew of: a lease cut
+        // shorter than it must wake them, or its record waits for that.
+        let sooner = table.next_lease_deadline().is_none_or(|d| deadline < d);
+        let extended = table.extend(seq, deadline);
         let notices = table.take_notices();
         drop(table);
         notices.report();
+        if sooner && extended.is_ok() {
+            shared.notify_arrived(true);
+        }
         extended
     }
 
@@ -1778,6 +1786,9 @@ impl Handle {
             shared.arrived.notify_all();
         }
         shared.arrivals.wake_all();
+        // Against a first timed wait starting the timers meanwhile: see
+        // `Shared::timers`.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if let Some(timers) = shared.timers.get() {
             timers.stop();
         }

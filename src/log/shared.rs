@@ -247,13 +247,28 @@ impl Shared {
     }
 
     /// The timer thread of `claim_wait_async`, started on first use (`None`
-    /// if the system refuses a thread: the caller then polls).
+    /// if the system refuses a thread, or the outbox is closed: the caller
+    /// then polls, and sees the outbox closed).
     pub(crate) fn timers(&self) -> Option<&Arc<crate::log::timer::Timers>> {
         if let Some(t) = self.timers.get() {
             return Some(t);
         }
+        if self.check_open().is_err() {
+            return None;
+        }
         let started = crate::log::timer::Timers::start()?;
-        Some(self.timers.get_or_init(|| started))
+        let kept = self.timers.get_or_init(|| started.clone());
+        if !Arc::ptr_eq(kept, &started) {
+            // Another task started one first: this one's thread stops.
+            started.stop();
+        }
+        // A close that looked for the timers before they were kept did not
+        // stop them (it fences likewise between its mark and its look).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.check_open().is_err() {
+            kept.stop();
+        }
+        Some(kept)
     }
 }
 

@@ -44,11 +44,17 @@ impl Timers {
         Some(timers)
     }
 
-    /// Wakes `waker` at `at` (at once if it has passed). Returns the timer's
-    /// id, for [`cancel`](Timers::cancel).
+    /// Wakes `waker` at `at` (at once if it has passed, or if the timers
+    /// are stopped: the outbox closed). Returns the timer's id, for
+    /// [`cancel`](Timers::cancel).
     pub(crate) fn wake_at(&self, at: Instant, waker: &Waker) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut state = self.state.lock();
+        if state.stopped {
+            drop(state);
+            waker.wake_by_ref();
+            return id;
+        }
         let earliest = state.entries.iter().all(|(t, ..)| at < *t);
         state.entries.push((at, id, waker.clone()));
         drop(state);
@@ -107,5 +113,33 @@ impl Timers {
                 None => self.changed.wait(&mut state),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+    use std::time::Duration;
+
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A deadline given to stopped timers (the outbox closed meanwhile)
+    /// wakes its task at once: no thread is left to wake it later.
+    #[test]
+    fn a_deadline_set_after_the_stop_wakes_at_once() {
+        let timers = Timers::start().expect("timer thread");
+        timers.stop();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        timers.wake_at(Instant::now() + Duration::from_secs(3600), &waker);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
     }
 }

@@ -236,10 +236,13 @@ impl Future for Arrival<'_> {
         let this = &mut *self;
         this.cancel_timer();
         let shared = &this.outbox.handle.shared;
+        // Checked under the table lock, which `close` takes after marking the
+        // outbox closed and before waking the tasks registered: a task either
+        // sees the mark or is registered in time to be woken.
+        let mut table = shared.table.lock();
         if let Err(e) = shared.check_open() {
             return Poll::Ready(Err(e));
         }
-        let mut table = shared.table.lock();
         let (runs, durable_first, notices) =
             this.outbox
                 .claim_leased(&mut table, this.max_records, u64::MAX);

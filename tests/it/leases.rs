@@ -129,3 +129,35 @@ fn extend_by_zero_lets_the_record_go_as_an_expiry() {
     outbox.ack(seq).expect("ack");
     outbox.close().expect("close");
 }
+
+/// A lease cut shorter wakes those waiting for records: `claim_wait` and
+/// `claim_wait_async` get the record then, not when the old lease would have
+/// ended (an hour here; their timeout is a minute).
+#[test]
+fn a_lease_cut_short_wakes_the_waiting_claims() {
+    let (_t, outbox) = open(Duration::from_secs(3600));
+    for asynchronous in [false, true] {
+        let seq = outbox.append(b"x").expect("append");
+        assert_eq!(outbox.claim(1).expect("claim")[0].seq(), seq);
+        let waiter = {
+            let outbox = outbox.clone();
+            std::thread::spawn(move || {
+                let timeout = Duration::from_secs(60);
+                if asynchronous {
+                    pollster::block_on(outbox.claim_wait_async(1, timeout))
+                } else {
+                    outbox.claim_wait(1, timeout)
+                }
+            })
+        };
+        // Give the waiter time to sleep on the lease's end (if it has not,
+        // it finds the record claimable when it looks).
+        sleep(Duration::from_millis(200));
+        outbox.extend(seq, Duration::ZERO).expect("extend by zero");
+        let got = waiter.join().expect("waiter").expect("claim_wait");
+        assert_eq!(got.len(), 1, "async: {asynchronous}");
+        assert_eq!((got[0].seq(), got[0].attempt()), (seq, 2));
+        outbox.ack(seq).expect("ack");
+    }
+    outbox.close().expect("close");
+}

@@ -266,3 +266,52 @@ fn renaming_the_directory_under_an_open_outbox_moves_the_outbox() {
     assert!(first <= 20);
     outbox.close().expect("close");
 }
+
+/// Threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("tasks")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// Timed `claim_wait_async` calls start the outbox's timer thread on first
+/// use. Many racing to be first start one thread between them, and a close
+/// stops it: none outlives the outbox.
+#[test]
+fn racing_first_timed_waits_leave_no_timer_thread_behind() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let out = child("child_racing_first_timed_waits", t.path());
+    assert_eq!(figure(&out, "timer_threads_left"), 0, "{out}");
+}
+
+#[test]
+fn child_racing_first_timed_waits() {
+    let Some(root) = child_dir() else { return };
+    const ROUNDS: usize = 30;
+    const TASKS: usize = 8;
+    for round in 0..ROUNDS {
+        let outbox = Outbox::open(root.join(round.to_string()), Options::default()).expect("open");
+        let start = std::sync::Barrier::new(TASKS);
+        std::thread::scope(|s| {
+            for _ in 0..TASKS {
+                s.spawn(|| {
+                    start.wait();
+                    let wait = outbox.claim_wait_async(1, std::time::Duration::from_millis(20));
+                    assert!(pollster::block_on(wait).expect("wait").is_empty());
+                });
+            }
+        });
+        outbox.close().expect("close");
+    }
+    // A stopped timer thread ends as soon as it runs again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while threads_named("segwal-timer") > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    println!(
+        "segwal-child: timer_threads_left={}",
+        threads_named("segwal-timer")
+    );
+}
