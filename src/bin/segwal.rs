@@ -308,6 +308,8 @@ fn report_json(v: &Verification) -> Value {
             "first_seq": d.first.get(),
             "last_seq": d.last.map(|s| s.get()),
             "relocated_seqs": d.relocated.iter().map(|s| s.get()).collect::<Vec<_>>(),
+            "acks_dropped": d.acks_dropped,
+            "changes_dropped": d.changes_dropped,
             "segments_set_aside": d.segments_set_aside.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         })),
     })
@@ -685,6 +687,7 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         "dropped",
         "quarantined",
         "records_kept",
+        "states_kept",
     ] {
         out.set(key, Value::Null);
     }
@@ -744,12 +747,17 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
             seqs.join(", ")
         ));
     }
+    if let Some(line) = state_dropped(plan) {
+        out.say(line);
+    }
     out.set(
         "would_drop",
         json!({
             "first_seq": plan.first.get(),
             "last_seq": plan.last.map(|l| l.get()),
             "relocated_seqs": plan.relocated.iter().map(|s| s.get()).collect::<Vec<_>>(),
+            "acks_dropped": plan.acks_dropped,
+            "changes_dropped": plan.changes_dropped,
             "file": plan.path.display().to_string(),
             "offset": plan.offset,
             "file_set_aside_whole": whole.contains(&plan.path),
@@ -829,12 +837,17 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
                 seqs.join(", ")
             ));
         }
+        if let Some(line) = state_dropped(dropped) {
+            out.say(format_args!("repaired: {line}"));
+        }
         out.set(
             "dropped",
             json!({
                 "first_seq": dropped.first.get(),
                 "last_seq": dropped.last.map(|l| l.get()),
                 "relocated_seqs": dropped.relocated.iter().map(|s| s.get()).collect::<Vec<_>>(),
+                "acks_dropped": dropped.acks_dropped,
+                "changes_dropped": dropped.changes_dropped,
             }),
         );
     }
@@ -850,14 +863,51 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         );
     }
     out.set("quarantined", quarantined.into());
-    out.say(format_args!("{} records kept", report.records_recovered));
-    out.set("records_kept", report.records_recovered.into());
     if let Err(e) = outbox.close() {
         errln!("segwal: close: {e}");
         return out.finish(2);
     }
+    // What is kept, counted as `inspect` counts it, from the log as the
+    // repair left it.
+    match segwal::verify(&found.dir).map(|v| v.states) {
+        Ok(Some(c)) => {
+            out.say(format_args!(
+                "{} records kept: {} pending, {} held back by a key, {} delayed, {} dead, {} acknowledged (still on disk)",
+                c.records, c.pending, c.held_by_key, c.delayed, c.dead, c.acknowledged
+            ));
+            out.set("records_kept", c.records.into());
+            out.set(
+                "states_kept",
+                json!({
+                    "pending": c.pending,
+                    "held_by_key": c.held_by_key,
+                    "delayed": c.delayed,
+                    "dead": c.dead,
+                    "acknowledged": c.acknowledged,
+                }),
+            );
+        }
+        Ok(None) | Err(_) => {
+            out.say(format_args!(
+                "{} records pending (the log could not be read again to count the others: run verify)",
+                report.records_recovered
+            ));
+        }
+    }
     out.set("repaired", true.into());
     out.finish(0)
+}
+
+/// The line saying what a repair drops of the delivery state of the records
+/// it keeps, if it drops any.
+fn state_dropped(d: &segwal::Dropped) -> Option<String> {
+    if d.acks_dropped == 0 && d.changes_dropped == 0 {
+        return None;
+    }
+    Some(format!(
+        "and the delivery state of records kept written in what is dropped: {} acknowledged records are pending again (delivered again), {} records go back to the state the kept frames record (a dead letter made there is pending again, one requeued or discarded there is a dead letter again, a delay given there is gone)",
+        d.acks_dropped, d.changes_dropped
+    ))
 }
 
 fn main() -> ExitCode {
@@ -931,10 +981,11 @@ fn run(cli: Cli) -> ExitCode {
 }
 
 /// The seqs a lossy recovery drops, said as what they are: `last` is a
-/// bound, and `None` when no complete record lay past `first`.
+/// bound, and `None` when nothing past `first` could be read as a record
+/// (a file whose header is the damage cannot be checked at all).
 fn dropped_range(first: segwal::Seq, last: Option<segwal::Seq>) -> String {
     last.map_or_else(
-        || format!("from seq {first} on (no complete record after it)"),
+        || format!("from seq {first} on (no record past it could be read and checked)"),
         |l| format!("seqs {first} to {l} at most"),
     )
 }

@@ -53,6 +53,18 @@ pub(crate) enum Change {
     Discard(Seq),
 }
 
+impl Change {
+    /// The record it changes.
+    pub(crate) fn seq(&self) -> Seq {
+        match self {
+            Change::Attempts { seq, .. }
+            | Change::Release { seq, .. }
+            | Change::DeadLetter { seq, .. } => *seq,
+            Change::Requeue(seq) | Change::Discard(seq) => *seq,
+        }
+    }
+}
+
 /// `reason` cut to [`REASON_BYTES_MAX`] bytes, on a character boundary.
 pub(crate) fn clip(reason: &str) -> String {
     let mut end = reason.len().min(REASON_BYTES_MAX);

@@ -1348,3 +1348,67 @@ fn dump_prints_a_relocated_record_once_at_its_own_seq() {
     ]);
     assert_eq!(seqs_of(&lines(&from)), seqs[1..].to_vec());
 }
+
+/// Acknowledgements and dead letters are written after the records they
+/// settle, here in a later segment: a repair that drops that segment's
+/// frames keeps the records and drops what settled them. The dry run says
+/// so, and the counts after the repair show it.
+#[test]
+fn repair_says_which_acknowledgements_and_dead_letters_of_kept_records_it_drops() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    let big = vec![b'b'; 700 << 10];
+    let outbox = Outbox::open(&dir, Options::default().segment_bytes(1 << 20)).expect("open");
+    for i in 0..10u8 {
+        outbox.append(&[b's', i]).expect("append");
+    }
+    outbox.append(&big).expect("filler, first segment");
+    // Does not fit: it starts the second segment.
+    let first_of_second = outbox.append(&big).expect("second segment");
+    let small = outbox.claim(10).expect("claim");
+    assert_eq!(small.len(), 10);
+    for r in &small[..6] {
+        outbox.ack(r.seq()).expect("ack");
+    }
+    for r in &small[6..8] {
+        outbox.dead_letter(r.seq(), "refused").expect("dead letter");
+    }
+    outbox.sync().expect("sync");
+    outbox.append(&big).expect("third segment");
+    outbox.close().expect("close");
+    let (seg, offset) = segwal::dump(&dir, segwal::DumpOptions::new())
+        .expect("dump")
+        .map(|r| r.expect("record"))
+        .find(|r| r.seq == first_of_second)
+        .map(|r| (r.path.to_path_buf(), r.offset))
+        .expect("the second segment's first record");
+    assert_ne!(seg, segments(&dir)[0], "it starts the second segment");
+    let mut bytes = std::fs::read(&seg).expect("read");
+    bytes[offset as usize + 48 + 1000] ^= 0x40;
+    std::fs::write(&seg, &bytes).expect("write");
+
+    let out = segwal(&["repair", d]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("6 acknowledged records are pending again")
+            && stdout.contains("2 records go back"),
+        "{stdout}"
+    );
+    let preview = json(&segwal(&["repair", d, "--json"]));
+    assert_eq!(preview["would_drop"]["first_seq"], first_of_second.get());
+    assert_eq!(preview["would_drop"]["acks_dropped"], 6);
+    assert_eq!(preview["would_drop"]["changes_dropped"], 2);
+
+    let done = json(&segwal(&["repair", d, "--yes", "--json"]));
+    assert_eq!(done["repaired"], true, "{done}");
+    assert_eq!(done["dropped"]["acks_dropped"], 6);
+    // The ten small records and the filler, all pending: none of what the
+    // dropped frames settled holds.
+    assert_eq!(done["records_kept"], 11, "{done}");
+    assert_eq!(
+        done["states_kept"],
+        serde_json::json!({"pending": 11, "held_by_key": 0, "delayed": 0, "dead": 0, "acknowledged": 0})
+    );
+}

@@ -169,7 +169,9 @@ pub(crate) fn recover(
 /// it drops out of segments gone before, whose numbers lie below those
 /// (`Dropped::relocated`), read here from the dropped frames, leaving out
 /// those acknowledged in either part; `kept` is the state the kept frames
-/// record. Nothing to do for a plan that drops nothing.
+/// record. And the delivery state of records kept that only the dropped
+/// frames record (`Dropped::acks_dropped`, `changes_dropped`). Nothing to
+/// do for a plan that drops nothing.
 pub(crate) fn name_relocated(
     storage: &dyn Storage,
     scans: &[scan::SegmentScan],
@@ -191,14 +193,18 @@ pub(crate) fn name_relocated(
                 _ => None,
             })
             .collect();
-        // And the copies and acknowledgements in valid frames past the
-        // damage of each dropped file.
+        // And the copies, acknowledgements and other changes in valid frames
+        // past the damage of each dropped file.
+        let mut changed = Vec::new();
         for d in scans.iter().skip(damaged).filter_map(|s| s.damage.as_ref()) {
             copies.extend_from_slice(&d.relocated);
             let acked = d.acked.iter().map(|&(a, b)| state::Recorded::Acks(a, b));
             listed.extend(acked);
+            changed.extend_from_slice(&d.changed);
         }
         dropped.relocated = rebuild::relocated_dropped(copies, kept, &listed, plan.log_start);
+        (dropped.acks_dropped, dropped.changes_dropped) =
+            rebuild::kept_state_dropped(&listed, changed, plan.log_start, dropped.first);
     }
 }
 

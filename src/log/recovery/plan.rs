@@ -505,6 +505,8 @@ fn drop_from(d: &mut Deciding<'_>, k: usize, damage: Damage, max_seen: Seq) {
         last: Some(max_seen).filter(|&m| m >= first),
         // Found once the dropped frames are read (`recover`).
         relocated: Vec::new(),
+        acks_dropped: 0,
+        changes_dropped: 0,
         segments_set_aside: deleted,
     });
 }

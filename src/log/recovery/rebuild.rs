@@ -96,6 +96,46 @@ pub(crate) fn relocated_dropped(
     out
 }
 
+/// What the dropped frames (`dropped`, and `more_changed`, the records the
+/// changes read past the damage name) record of the records a lossy repair
+/// keeps (numbered from `log_start` to below `first`, the first number
+/// dropped): how many of them they acknowledge, and how many other records
+/// they change (a dead letter, a release, a requeue, a discard; attempts
+/// aside). Each acknowledgement range is counted whole: a record is
+/// acknowledged once.
+pub(crate) fn kept_state_dropped(
+    dropped: &[Recorded],
+    more_changed: Vec<Seq>,
+    log_start: Seq,
+    first: Seq,
+) -> (u64, u64) {
+    use crate::format::delivery::Change;
+    let kept = log_start.get()..first.get();
+    let mut acks = 0u64;
+    let mut changed: std::collections::BTreeSet<u64> = more_changed
+        .into_iter()
+        .map(Seq::get)
+        .filter(|s| kept.contains(s))
+        .collect();
+    for r in dropped {
+        match r {
+            Recorded::Acks(a, b) => {
+                let from = a.get().max(kept.start);
+                let to = b.get().saturating_add(1).min(kept.end);
+                acks = acks.saturating_add(to.saturating_sub(from));
+            }
+            Recorded::Change(Change::Attempts { .. }, _) => {}
+            Recorded::Change(change, _) => {
+                if kept.contains(&change.seq().get()) {
+                    changed.insert(change.seq().get());
+                }
+            }
+            _ => {}
+        }
+    }
+    (acks, changed.len() as u64)
+}
+
 /// The segments a plan keeps as an open would leave them (without the seal
 /// an open would add to the newest), taking their frames out of `scans`: for
 /// a check that changes nothing on disk.

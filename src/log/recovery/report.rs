@@ -102,6 +102,18 @@ pub struct Dropped {
     /// the dropped part (the disk a repair is for) would have shown; such
     /// records are missing from the list.
     pub relocated: Vec<Seq>,
+    /// Acknowledgements of records the repair keeps that lay only in what
+    /// it drops (changes of delivery state are written after the records
+    /// they concern, often in a later segment): those records are pending
+    /// again afterwards, and delivered again. The relay that acknowledged
+    /// them sees them twice.
+    pub acks_dropped: u64,
+    /// Records the repair keeps whose other changes of delivery state (a
+    /// dead letter, a release with its delay, a requeue, a discard) lay
+    /// only in what it drops: each goes back to the state the kept frames
+    /// record (a dead letter made so in the dropped part is pending again; a
+    /// dead letter requeued or discarded there is a dead letter again).
+    pub changes_dropped: u64,
     /// Segment files dropped whole (later segments, and the damaged one when
     /// nothing of it is kept): moved into the `quarantine` folder (each also
     /// listed in [`RecoveryReport::quarantined`]), never deleted.

@@ -76,6 +76,10 @@ pub(crate) struct Damage {
     /// The ranges of acknowledgements in those frames: a copy acknowledged
     /// is not named.
     pub acked: Vec<(Seq, Seq)>,
+    /// The records named by the other changes of delivery state in those
+    /// frames (attempts aside): a repair says how many records it keeps
+    /// lose one.
+    pub changed: Vec<Seq>,
 }
 
 impl Damage {
@@ -99,6 +103,7 @@ impl Damage {
             could_hold: None,
             relocated: Vec::new(),
             acked: Vec::new(),
+            changed: Vec::new(),
         }
     }
 
@@ -953,8 +958,8 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
 
 /// Reads the frame `first` and the frames that follow it one after another
 /// (each numbered one past the one before, from `cursor`, the end of
-/// `first`), into what `d` names: the own numbers of relocated copies and
-/// the acknowledged ranges. Returns the end of the last frame read.
+/// `first`), into what `d` names: the own numbers of relocated copies, the
+/// acknowledged ranges and the other changes of delivery state. Returns the end of the last frame read.
 fn read_chain(
     buf: &[u8],
     salt: u32,
@@ -973,6 +978,11 @@ fn read_chain(
             && let Ok(ranges) = crate::format::acks::decode(f.payload)
         {
             d.acked.extend(ranges);
+        } else if f.header.kind != crate::format::delivery::ATTEMPTS
+            && let Ok(changes) = crate::format::delivery::decode(f.header.kind, f.payload)
+        {
+            d.changed
+                .extend(changes.iter().map(crate::format::delivery::Change::seq));
         }
         let more = buf
             .get(cursor..)
