@@ -292,7 +292,7 @@ fn report_json(v: &Verification) -> Value {
         "outbox_id": v.outbox_id.map(|id| format!("{id:032x}")),
         "format_version": v.format_version,
         "owner_pid": v.owner_pid,
-        "owner_running": v.owner_pid.map(running),
+        "owner_running": v.owner_pid.map(|pid| running(&v.dir, pid)),
         "records": v.records,
         "bytes": v.bytes,
         "segments": segments,
@@ -315,9 +315,32 @@ fn report_json(v: &Verification) -> Value {
     })
 }
 
-/// Whether a process `pid` exists (the owner file names the last opener).
-fn running(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
+/// Whether the process `pid` (the last opener, as the `OWNER` file names
+/// it) holds the outbox `dir` open now: whether it holds the `flock` an open
+/// takes on the directory, as `/proc/locks` lists it (the lock's pid and the
+/// directory's inode), which takes no lock. A pid alone says nothing: after
+/// a crash or a reboot another process may have it. Where `/proc/locks`
+/// cannot be read, whether the pid exists.
+fn running(dir: &std::path::Path, pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+        return std::path::Path::new(&format!("/proc/{pid}")).exists();
+    };
+    let Ok(inode) = std::fs::metadata(dir).map(|m| m.ino()) else {
+        return false;
+    };
+    // `1: FLOCK  ADVISORY  WRITE 4242 fe:00:8052740 0 EOF` (a waiter's line
+    // has `->` after the number).
+    locks.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().filter(|f| *f != "->").collect();
+        fields.get(1) == Some(&"FLOCK")
+            && fields.get(4).and_then(|p| p.parse::<u32>().ok()) == Some(pid)
+            && fields
+                .get(5)
+                .and_then(|id| id.rsplit(':').next())
+                .and_then(|i| i.parse::<u64>().ok())
+                == Some(inode)
+    })
 }
 
 fn print_problem(p: &Problem) {
@@ -341,7 +364,9 @@ fn inspect(v: &Verification) {
         None => outln!("format      -"),
     }
     match v.owner_pid {
-        Some(pid) if running(pid) => outln!("owner       pid {pid} (running)"),
+        Some(pid) if running(&v.dir, pid) => {
+            outln!("owner       pid {pid} (running: it holds the outbox open)")
+        }
         Some(pid) => outln!("owner       pid {pid} (not running)"),
         None => outln!("owner       -"),
     }
@@ -438,7 +463,8 @@ fn open(dir: &std::path::Path) -> Result<segwal::Outbox, ExitCode> {
 /// Refuses, exit 2, a path that holds no outbox (none, not a directory, or a
 /// directory without a segment file): a command that opens the outbox
 /// would create one there, and a mistyped path would then answer "0 dead
-/// letters" with files made where nobody asked for them.
+/// letters" with files made where nobody asked for them; `verify` would
+/// call it clean.
 fn an_outbox(dir: &std::path::Path) -> Result<(), ExitCode> {
     let refuse = |why: String| {
         errln!("segwal: {why}");
@@ -659,6 +685,9 @@ impl RepairReport {
 }
 
 fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
+    if let Err(code) = an_outbox(dir) {
+        return code;
+    }
     let found = match segwal::verify(dir) {
         Ok(v) => v,
         Err(e) => {
@@ -936,6 +965,10 @@ fn run(cli: Cli) -> ExitCode {
         Command::DeadLetters { dir, action } => return dead_letters(dir, action),
         Command::Repair { dir, yes, json } => return repair(dir, *yes, *json),
     };
+    // A mistyped path is no clean outbox.
+    if let Err(code) = an_outbox(dir) {
+        return code;
+    }
     let verification = match verify_showing_progress(dir) {
         Ok(v) => v,
         Err(e) => {
@@ -1089,9 +1122,12 @@ fn hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Whether `bytes` are one JSON value.
+/// Whether `bytes` are one JSON value that a JSON reader takes: UTF-8, and
+/// every string's escapes valid Unicode (a lone surrogate, `"\ud800"`, is
+/// what the grammar allows and readers refuse). Skipping the value would
+/// check neither, so it is parsed.
 fn is_json(bytes: &[u8]) -> bool {
-    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+    std::str::from_utf8(bytes).is_ok_and(|text| serde_json::from_str::<Value>(text).is_ok())
 }
 
 /// JSON that is one value, on one line: a line break in JSON can only be
@@ -1298,6 +1334,9 @@ fn dump(
     format: Format,
     state: bool,
 ) -> ExitCode {
+    if let Err(code) = an_outbox(dir) {
+        return code;
+    }
     let mut options = segwal::DumpOptions::new().from(segwal::Seq::from(from.unwrap_or(0)));
     if state {
         options = options.with_states();
@@ -1386,6 +1425,13 @@ mod tests {
         assert_eq!(&*line, &b"{   \"b\": 1,   \"a\": \"x\\ny\"  }"[..]);
         assert!(is_json(&line));
         assert!(!is_json(b"order created"));
+        // Not UTF-8, or a string that is not Unicode: shown as text or hex,
+        // so that a line of `dump --json` is always JSON a reader takes.
+        assert!(!is_json(b"\"\xff\""));
+        assert!(!is_json(b"\"a\xc0\xafb\""));
+        assert!(!is_json(br#""\ud800""#));
+        assert!(!is_json(br#"["\udc00x"]"#));
+        assert!(is_json(br#""\ud83d\ude00""#));
         assert_eq!(quoted(b"a\"b\n"), r#""a\"b\n""#);
         assert_eq!(quoted(&[0x66, 0xff]), r#""f\xff""#);
         // The fast path and the escaping one agree on what needs escaping.

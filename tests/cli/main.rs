@@ -441,17 +441,28 @@ fn dead_letters_listed_requeued_and_discarded_and_refused_while_the_owner_runs()
 }
 
 /// `dead-letters` opens the outbox, which would create one at a mistyped
-/// path: a path that holds no outbox is refused, exit 2, and left as it was.
+/// path, and `verify` would call an empty directory clean: a path that holds
+/// no outbox is refused by every command, exit 2, and left as it was.
 #[test]
-fn dead_letters_refuses_a_path_that_holds_no_outbox_and_creates_nothing() {
+fn every_command_refuses_a_path_that_holds_no_outbox_and_creates_nothing() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let missing = tmp.path().join("outbx");
     let empty = tmp.path().join("empty");
     std::fs::create_dir(&empty).expect("dir");
     for (dir, says) in [(&missing, "stat directory"), (&empty, "holds no outbox")] {
         let d = dir.to_str().expect("utf-8");
-        for args in [vec!["list"], vec!["requeue", "5"], vec!["discard", "5"]] {
-            let out = segwal(&[&["dead-letters", d][..], &args[..]].concat());
+        let dead_letters = [vec!["list"], vec!["requeue", "5"], vec!["discard", "5"]]
+            .map(|args| [&["dead-letters", d][..], &args[..]].concat());
+        // Nor is it a clean or empty outbox to the other commands.
+        let checks = [
+            vec!["verify", d],
+            vec!["dump", d],
+            vec!["inspect", d],
+            vec!["repair", d],
+            vec!["repair", d, "--yes"],
+        ];
+        for args in dead_letters.into_iter().chain(checks) {
+            let out = segwal(&args);
             assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(stderr.contains(says), "{stderr}");
@@ -1127,6 +1138,16 @@ fn dump_ends_at_a_lost_tail_a_missing_segment_or_a_foreign_file_as_an_open_would
     let name = dir.join("00000000000000000001.seg");
     std::fs::write(&name, b"not a segment\n".repeat(400)).expect("write");
     refused(&dir, &name, "magic", None);
+
+    // An operator's notes named with the segment suffix, beside a whole log:
+    // an open refuses the directory, and so does every dump.
+    let (dir, _) = build("notes");
+    let notes = dir.join("notes.seg");
+    std::fs::write(&notes, b"hi\n").expect("write");
+    refused(&dir, &notes, "segment", None);
+    let out = segwal(&["dump", dir.to_str().expect("utf-8"), "--state"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("notes.seg"));
 }
 
 #[test]
@@ -1411,4 +1432,68 @@ fn repair_says_which_acknowledgements_and_dead_letters_of_kept_records_it_drops(
         done["states_kept"],
         serde_json::json!({"pending": 11, "held_by_key": 0, "delayed": 0, "dead": 0, "acknowledged": 0})
     );
+}
+
+/// `dump --state` on a log that rotates faster than it is read: the
+/// segments the owner creates during a pass are read too (as `verify`
+/// reads them), never taken for a missing segment.
+#[test]
+fn dump_state_follows_a_log_that_rotates_while_it_is_read() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    let outbox = Outbox::open(&dir, Options::default().segment_bytes(8 << 10)).expect("open");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let outputs = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                outbox.append(&[b'w'; 500]).expect("append while dumped");
+                i += 1;
+                // Acknowledged now and then: segments go at the back too.
+                if i.is_multiple_of(256) {
+                    for r in outbox.claim(200).expect("claim") {
+                        outbox.ack(r.seq()).expect("ack");
+                    }
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let outputs: Vec<Output> = (0..40).map(|_| segwal(&["dump", d, "--state"])).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        outputs
+    });
+    for out in &outputs {
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    outbox.close().expect("close");
+}
+
+/// An `OWNER` file naming a process that exists but does not hold the
+/// outbox (a pid reused after a crash or a reboot) is not a running owner;
+/// the process holding the lock is, while it holds it.
+#[test]
+fn a_stale_owner_pid_is_not_taken_for_a_running_owner() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    outbox.append(b"x").expect("append");
+    let live = json(&segwal(&["inspect", "--json", d]));
+    assert_eq!(live["owner_running"], true, "{live}");
+    outbox.close().expect("close");
+    // This test's own process: it exists, and no longer holds the outbox.
+    let closed = json(&segwal(&["inspect", "--json", d]));
+    assert_eq!(closed["owner_pid"], std::process::id());
+    assert_eq!(closed["owner_running"], false, "{closed}");
+    // pid 1 exists on every Linux system.
+    std::fs::write(dir.join("OWNER"), b"1").expect("write OWNER");
+    let out = segwal(&["inspect", d]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("owner       pid 1 (not running)"), "{text}");
 }

@@ -281,12 +281,28 @@ fn gone(e: &Error) -> bool {
 }
 
 impl Dump {
-    /// The segment files of the directory, in log order.
+    /// The segment files of the directory, in log order. A file named with
+    /// the segment suffix but not as a segment is refused, as an open
+    /// refuses it.
     fn list(&self) -> Result<Vec<SegmentId>> {
         let names = ReadOnly(&*self.storage)
             .list(&self.dir)
             .map_err(|e| Error::io("list directory", &self.dir, e))?;
-        let mut ids: Vec<SegmentId> = names.iter().filter_map(|n| SegmentId::parse(n)).collect();
+        let mut ids = Vec::with_capacity(names.len());
+        for name in &names {
+            match SegmentId::parse(name) {
+                Some(id) => ids.push(id),
+                None if name.ends_with(crate::format::seq::SEGMENT_SUFFIX) => {
+                    return Err(Error::Corrupt {
+                        path: self.dir.join(name),
+                        offset: 0,
+                        seq: None,
+                        kind: Corruption::BadSegmentName,
+                    });
+                }
+                None => {}
+            }
+        }
         ids.sort();
         Ok(ids)
     }
@@ -340,6 +356,24 @@ impl Dump {
             for (k, &id) in ids.iter().enumerate() {
                 if let Some(scan) = self.scan_segment(id, k + 1 == ids.len())? {
                     scans.push(scan);
+                }
+            }
+            // A seal in the newest file read: the owner created its successor
+            // after the listing (it creates a segment before it seals the
+            // one before). Those are read too, as `verify` follows them.
+            for _ in 0..super::verify::FOLLOW_MAX {
+                let Some(last) = scans.last().filter(|s| s.seal.is_some()).map(|s| s.id) else {
+                    break;
+                };
+                let newer: Vec<SegmentId> =
+                    self.list()?.into_iter().filter(|&id| id > last).collect();
+                if newer.is_empty() {
+                    break;
+                }
+                for (k, &id) in newer.iter().enumerate() {
+                    if let Some(scan) = self.scan_segment(id, k + 1 == newer.len())? {
+                        scans.push(scan);
+                    }
                 }
             }
             // A log being written changes under a pass (a rotation, a seal):

@@ -125,10 +125,8 @@ pub(crate) fn kept_state_dropped(
                 acks = acks.saturating_add(to.saturating_sub(from));
             }
             Recorded::Change(Change::Attempts { .. }, _) => {}
-            Recorded::Change(change, _) => {
-                if kept.contains(&change.seq().get()) {
-                    changed.insert(change.seq().get());
-                }
+            Recorded::Change(change, _) if kept.contains(&change.seq().get()) => {
+                changed.insert(change.seq().get());
             }
             _ => {}
         }

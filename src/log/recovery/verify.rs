@@ -70,7 +70,7 @@ const PASSES_MAX: usize = 5;
 
 /// How many times one pass lists the directory again for the segments a
 /// running owner created since its first listing.
-const FOLLOW_MAX: usize = 64;
+pub(crate) const FOLLOW_MAX: usize = 64;
 
 /// One segment file, as [`verify`](crate::verify) found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
