@@ -952,7 +952,8 @@ impl Outbox {
         let deadline = Clock::lease_deadline(now, lease);
         // Waiters sleep until the earliest deadline they knew of: a lease cut
         // shorter than it must wake them, or its record waits for that.
-        let sooner = table.next_lease_deadline().is_none_or(|d| deadline < d);
+        let sooner = deadline != crate::state::leases::NEVER
+            && table.next_lease_deadline().is_none_or(|d| deadline < d);
         let extended = table.extend(seq, deadline);
         let notices = table.take_notices();
         drop(table);

@@ -292,7 +292,7 @@ fn report_json(v: &Verification) -> Value {
         "outbox_id": v.outbox_id.map(|id| format!("{id:032x}")),
         "format_version": v.format_version,
         "owner_pid": v.owner_pid,
-        "owner_running": v.owner_pid.map(|pid| running(&v.dir, pid)),
+        "owner_running": v.owner_pid.map(|pid| lock_holder(&v.dir, Some(pid)).is_some()),
         "records": v.records,
         "bytes": v.bytes,
         "segments": segments,
@@ -315,32 +315,52 @@ fn report_json(v: &Verification) -> Value {
     })
 }
 
-/// Whether the process `pid` (the last opener, as the `OWNER` file names
-/// it) holds the outbox `dir` open now: whether it holds the `flock` an open
-/// takes on the directory, as `/proc/locks` lists it (the lock's pid and the
-/// directory's inode), which takes no lock. A pid alone says nothing: after
-/// a crash or a reboot another process may have it. Where `/proc/locks`
-/// cannot be read, whether the pid exists.
-fn running(dir: &std::path::Path, pid: u32) -> bool {
+/// Whether a process holds the outbox `dir` open now: whether the `flock`
+/// an open takes on the directory is held, as `/proc/locks` lists it (a line
+/// for the directory's inode that is no waiter's), which takes no lock.
+/// `Some(pid)` of the holder as this system numbers it (an owner in another
+/// pid namespace, a container, wrote its own number in `OWNER`). The pid
+/// alone says nothing: after a crash or a reboot another process may have
+/// it. `None` if no lock is held. Where `/proc/locks` cannot be read,
+/// whether the `OWNER` pid (`owner`) exists.
+fn lock_holder(dir: &std::path::Path, owner: Option<u32>) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
-        return std::path::Path::new(&format!("/proc/{pid}")).exists();
+        return owner.filter(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
     };
-    let Ok(inode) = std::fs::metadata(dir).map(|m| m.ino()) else {
-        return false;
-    };
-    // `1: FLOCK  ADVISORY  WRITE 4242 fe:00:8052740 0 EOF` (a waiter's line
-    // has `->` after the number).
-    locks.lines().any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().filter(|f| *f != "->").collect();
-        fields.get(1) == Some(&"FLOCK")
-            && fields.get(4).and_then(|p| p.parse::<u32>().ok()) == Some(pid)
-            && fields
-                .get(5)
-                .and_then(|id| id.rsplit(':').next())
-                .and_then(|i| i.parse::<u64>().ok())
-                == Some(inode)
+    let inode = std::fs::metadata(dir).ok()?.ino();
+    flock_holder(&locks, inode)
+}
+
+/// The pid `/proc/locks` (`locks`) shows holding a `flock` on `inode`.
+fn flock_holder(locks: &str, inode: u64) -> Option<u32> {
+    // `1: FLOCK  ADVISORY  WRITE 4242 fe:00:8052740 0 EOF`; a process
+    // waiting for the lock has `->` after the number, and holds nothing.
+    // The device is not compared: some file systems (btrfs subvolumes)
+    // show another in `stat` than here.
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1) != Some(&"FLOCK") {
+            return None;
+        }
+        let on = fields.get(5)?.rsplit(':').next()?.parse::<u64>().ok()?;
+        (on == inode).then(|| fields.get(4)?.parse::<u32>().ok())?
     })
+}
+
+/// How `inspect` says who holds the outbox open.
+fn owner_line(dir: &std::path::Path, owner: Option<u32>) -> String {
+    match (owner, lock_holder(dir, owner)) {
+        (Some(pid), Some(holder)) if pid == holder => {
+            format!("pid {pid} (running: it holds the outbox open)")
+        }
+        (Some(pid), Some(holder)) => {
+            format!("pid {pid} (running: held open by pid {holder} as this system numbers it)")
+        }
+        (None, Some(holder)) => format!("- (held open by pid {holder})"),
+        (Some(pid), None) => format!("pid {pid} (not running)"),
+        (None, None) => "-".to_owned(),
+    }
 }
 
 fn print_problem(p: &Problem) {
@@ -363,13 +383,7 @@ fn inspect(v: &Verification) {
         Some(version) => outln!("format      version {version}"),
         None => outln!("format      -"),
     }
-    match v.owner_pid {
-        Some(pid) if running(&v.dir, pid) => {
-            outln!("owner       pid {pid} (running: it holds the outbox open)")
-        }
-        Some(pid) => outln!("owner       pid {pid} (not running)"),
-        None => outln!("owner       -"),
-    }
+    outln!("owner       {}", owner_line(&v.dir, v.owner_pid));
     outln!(
         "records     {} in the log (acknowledged ones included until their segment goes)",
         v.records
@@ -934,7 +948,7 @@ fn state_dropped(d: &segwal::Dropped) -> Option<String> {
         return None;
     }
     Some(format!(
-        "and the delivery state of records kept written in what is dropped: {} acknowledged records are pending again (delivered again), {} records go back to the state the kept frames record (a dead letter made there is pending again, one requeued or discarded there is a dead letter again, a delay given there is gone)",
+        "and the delivery state of records kept written in what is dropped: {} acknowledged records are unacknowledged again (delivered again; a dead letter discarded there is a dead letter again), {} records go back to the state the kept frames record (a dead letter made there is pending again, one requeued there is a dead letter again, a release's delay and reason given there are gone)",
         d.acks_dropped, d.changes_dropped
     ))
 }
@@ -1122,12 +1136,51 @@ fn hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Whether `bytes` are one JSON value that a JSON reader takes: UTF-8, and
-/// every string's escapes valid Unicode (a lone surrogate, `"\ud800"`, is
-/// what the grammar allows and readers refuse). Skipping the value would
-/// check neither, so it is parsed.
+/// Whether `bytes` are one JSON value that a JSON reader takes: valid JSON
+/// (skipped as one value, never built: no depth limit, no number range, no
+/// memory), in UTF-8, and with every `\u` escape valid Unicode (a lone
+/// surrogate, `"\ud800"`, is what the grammar allows and readers refuse).
 fn is_json(bytes: &[u8]) -> bool {
-    std::str::from_utf8(bytes).is_ok_and(|text| serde_json::from_str::<Value>(text).is_ok())
+    std::str::from_utf8(bytes).is_ok_and(|text| {
+        serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() && surrogates_paired(text)
+    })
+}
+
+/// Whether every UTF-16 surrogate escaped in `json` (valid JSON: outside
+/// strings there is no backslash) is a high one followed by a low one.
+fn surrogates_paired(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    let unit = |at: usize| {
+        let hex = bytes.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+    };
+    let mut at = 0;
+    while let Some(k) = bytes
+        .get(at..)
+        .and_then(|rest| rest.iter().position(|&b| b == b'\\'))
+    {
+        at += k;
+        if bytes.get(at + 1) != Some(&b'u') {
+            at += 2;
+            continue;
+        }
+        let Some(u) = unit(at + 2) else { return false };
+        at += 6;
+        match u {
+            0xD800..=0xDBFF => {
+                let low = (bytes.get(at..at + 2) == Some(b"\\u"))
+                    .then(|| unit(at + 2))
+                    .flatten();
+                if !low.is_some_and(|l| (0xDC00..=0xDFFF).contains(&l)) {
+                    return false;
+                }
+                at += 6;
+            }
+            0xDC00..=0xDFFF => return false,
+            _ => {}
+        }
+    }
+    true
 }
 
 /// JSON that is one value, on one line: a line break in JSON can only be
@@ -1417,6 +1470,22 @@ mod tests {
         assert_eq!(rfc3339(u64::MAX), format!("unix_us:{}", u64::MAX));
     }
 
+    /// The holder of a directory's lock, as `/proc/locks` lists it: not a
+    /// process waiting for it, not a lock on another inode or of another
+    /// kind, whatever pid the `OWNER` file names.
+    #[test]
+    fn the_lock_holder_is_read_from_proc_locks() {
+        let locks = "1: POSIX  ADVISORY  WRITE 10 fe:00:77 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 11 fe:00:78 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 7991 fe:00:77 0 EOF\n\
+                     3: -> FLOCK  ADVISORY  WRITE 12 fe:00:77 0 EOF\n";
+        assert_eq!(flock_holder(locks, 77), Some(7991));
+        assert_eq!(flock_holder(locks, 78), Some(11));
+        let waiting = "3: -> FLOCK  ADVISORY  WRITE 12 fe:00:77 0 EOF\n";
+        assert_eq!(flock_holder(waiting, 77), None);
+        assert_eq!(flock_holder("", 77), None);
+    }
+
     #[test]
     fn json_payloads_go_on_one_line_unchanged_but_for_line_breaks() {
         let pretty = b"{\n  \"b\": 1,\n  \"a\": \"x\\ny\"\r\n}";
@@ -1432,6 +1501,13 @@ mod tests {
         assert!(!is_json(br#""\ud800""#));
         assert!(!is_json(br#"["\udc00x"]"#));
         assert!(is_json(br#""\ud83d\ude00""#));
+        assert!(is_json(br#"["\\ud800", "\u00e9\"\\"]"#));
+        assert!(!is_json(br#""\ud83d\u0041""#));
+        assert!(!is_json(br#""\ud83d""#));
+        // Valid JSON that a Value could not hold is JSON all the same.
+        assert!(is_json(b"{\"x\": 1e400}"));
+        let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+        assert!(is_json(deep.as_bytes()));
         assert_eq!(quoted(b"a\"b\n"), r#""a\"b\n""#);
         assert_eq!(quoted(&[0x66, 0xff]), r#""f\xff""#);
         // The fast path and the escaping one agree on what needs escaping.

@@ -204,7 +204,7 @@ pub(crate) fn name_relocated(
         }
         dropped.relocated = rebuild::relocated_dropped(copies, kept, &listed, plan.log_start);
         (dropped.acks_dropped, dropped.changes_dropped) =
-            rebuild::kept_state_dropped(&listed, changed, plan.log_start, dropped.first);
+            rebuild::kept_state_dropped(&listed, changed, kept, plan.log_start, dropped.first);
     }
 }
 

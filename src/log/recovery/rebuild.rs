@@ -98,40 +98,70 @@ pub(crate) fn relocated_dropped(
 
 /// What the dropped frames (`dropped`, and `more_changed`, the records the
 /// changes read past the damage name) record of the records a lossy repair
-/// keeps (numbered from `log_start` to below `first`, the first number
-/// dropped): how many of them they acknowledge, and how many other records
-/// they change (a dead letter, a release, a requeue, a discard; attempts
-/// aside). Each acknowledgement range is counted whole: a record is
-/// acknowledged once.
+/// keeps: those numbered from `log_start` to below `first` (the first number
+/// dropped), and those carried forward out of segments deleted before whose
+/// copies are kept (`kept`, the state the kept frames record). Returns how
+/// many of them they acknowledge (a discard of a dead letter is written as
+/// an acknowledgement), and how many they change otherwise (a dead letter, a
+/// release, a requeue; attempts aside). Ranges are merged before they are
+/// counted, so a record acknowledged twice counts once.
 pub(crate) fn kept_state_dropped(
     dropped: &[Recorded],
     more_changed: Vec<Seq>,
+    kept: &[Recorded],
     log_start: Seq,
     first: Seq,
 ) -> (u64, u64) {
     use crate::format::delivery::Change;
-    let kept = log_start.get()..first.get();
-    let mut acks = 0u64;
+    let own_range = log_start.get()..first.get();
+    let carried: std::collections::BTreeSet<u64> = kept
+        .iter()
+        .filter_map(|r| match r {
+            Recorded::Relocated { seq, .. } if !own_range.contains(&seq.get()) => Some(seq.get()),
+            _ => None,
+        })
+        .collect();
+    let is_kept = |seq: u64| own_range.contains(&seq) || carried.contains(&seq);
     let mut changed: std::collections::BTreeSet<u64> = more_changed
         .into_iter()
         .map(Seq::get)
-        .filter(|s| kept.contains(s))
+        .filter(|&s| is_kept(s))
         .collect();
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
     for r in dropped {
         match r {
-            Recorded::Acks(a, b) => {
-                let from = a.get().max(kept.start);
-                let to = b.get().saturating_add(1).min(kept.end);
-                acks = acks.saturating_add(to.saturating_sub(from));
-            }
+            Recorded::Acks(a, b) => ranges.push((a.get(), b.get())),
             Recorded::Change(Change::Attempts { .. }, _) => {}
-            Recorded::Change(change, _) if kept.contains(&change.seq().get()) => {
+            Recorded::Change(change, _) if is_kept(change.seq().get()) => {
                 changed.insert(change.seq().get());
             }
             _ => {}
         }
     }
-    (acks, changed.len() as u64)
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (a, b) in ranges {
+        match merged.last_mut() {
+            Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    let mut acks = 0u64;
+    for &(a, b) in &merged {
+        let from = a.max(own_range.start);
+        let to = b.saturating_add(1).min(own_range.end);
+        acks = acks.saturating_add(to.saturating_sub(from));
+    }
+    let carried_acked = carried
+        .iter()
+        .filter(|&&seq| {
+            let at = merged.partition_point(|&(a, _)| a <= seq);
+            at.checked_sub(1)
+                .and_then(|k| merged.get(k))
+                .is_some_and(|&(_, b)| b >= seq)
+        })
+        .count() as u64;
+    (acks.saturating_add(carried_acked), changed.len() as u64)
 }
 
 /// The segments a plan keeps as an open would leave them (without the seal
@@ -356,5 +386,52 @@ mod tests {
                 (Seq::from(27), 0, 4)
             ]
         );
+    }
+
+    /// What a repair drops of the delivery state of the records it keeps:
+    /// acknowledgements counted once however their ranges overlap, only
+    /// those of records kept (its own numbers from the log's start to the
+    /// first dropped, and the records whose relocated copies are kept), and
+    /// the other changes by record, attempts aside.
+    #[test]
+    fn the_delivery_state_a_repair_drops_counts_each_kept_record_once() {
+        use crate::format::delivery::Change;
+        let s = Seq::from;
+        let release = |seq: u64| {
+            Recorded::Change(
+                Change::Release {
+                    seq: s(seq),
+                    not_before_us: 5,
+                    reason: String::new(),
+                },
+                0,
+            )
+        };
+        let dropped = vec![
+            // 5 and 8..=12 below the log's start (of which 7 is carried),
+            // 20..=24 kept, 30.. dropped.
+            Recorded::Acks(s(5), s(12)),
+            Recorded::Acks(s(20), s(22)),
+            Recorded::Acks(s(21), s(24)),
+            Recorded::Acks(s(29), s(40)),
+            release(21),
+            release(21),
+            release(7),
+            release(6),
+            release(35),
+            Recorded::Change(
+                Change::Attempts {
+                    seq: s(23),
+                    attempts: 2,
+                },
+                0,
+            ),
+        ];
+        let kept = vec![copy(7, 25), copy(6, 26)];
+        let (acks, changes) = kept_state_dropped(&dropped, vec![s(22), s(3)], &kept, s(20), s(30));
+        // 20..=29 own (20 to 24 and 29 acknowledged), 6 and 7 carried.
+        assert_eq!(acks, 5 + 1 + 2);
+        // 21, 7, 6 and 22 (read past the damage); not 35 nor 3.
+        assert_eq!(changes, 4);
     }
 }

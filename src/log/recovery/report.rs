@@ -104,15 +104,21 @@ pub struct Dropped {
     pub relocated: Vec<Seq>,
     /// Acknowledgements of records the repair keeps that lay only in what
     /// it drops (changes of delivery state are written after the records
-    /// they concern, often in a later segment): those records are pending
-    /// again afterwards, and delivered again. The relay that acknowledged
-    /// them sees them twice.
+    /// they concern, often in a later segment): those records are
+    /// unacknowledged afterwards, and delivered again (the relay that
+    /// acknowledged them sees them twice). A discard of a dead letter is
+    /// written as an acknowledgement and counted here: that record is a dead
+    /// letter again. The records kept are those numbered from the log's start
+    /// up to [`first`](Dropped::first), and those carried forward out of
+    /// segments deleted before whose copies are kept.
     pub acks_dropped: u64,
     /// Records the repair keeps whose other changes of delivery state (a
-    /// dead letter, a release with its delay, a requeue, a discard) lay
-    /// only in what it drops: each goes back to the state the kept frames
-    /// record (a dead letter made so in the dropped part is pending again; a
-    /// dead letter requeued or discarded there is a dead letter again).
+    /// dead letter, a release with its delay and reason, a requeue) lay only
+    /// in what it drops: each goes back to the state the kept frames record
+    /// (a dead letter made so in the dropped part is pending again; a dead
+    /// letter requeued there is a dead letter again). A record may be
+    /// counted here and in [`acks_dropped`](Dropped::acks_dropped) (made a
+    /// dead letter, then discarded).
     pub changes_dropped: u64,
     /// Segment files dropped whole (later segments, and the damaged one when
     /// nothing of it is kept): moved into the `quarantine` folder (each also
