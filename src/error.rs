@@ -87,7 +87,10 @@ pub enum Error {
     },
     /// `try_append` found the writer queue full.
     Full,
-    /// No record with this sequence number was ever appended.
+    /// No record with this sequence number was ever appended; or, under
+    /// [`Durability::Buffered`](crate::Durability::Buffered), its append was
+    /// answered but is not yet durable, so the state table does not hold it
+    /// yet (it cannot have been claimed).
     UnknownSeq {
         /// The sequence number.
         seq: Seq,

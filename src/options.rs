@@ -379,9 +379,13 @@ impl Options {
     /// When `ack`, `ack_many` and `ack_through` return. Default
     /// [`Durability::Buffered`]: once the acknowledgement is in memory (the
     /// record is never handed out again by this process) and queued for the
-    /// log; it is written with the writer's next batch and fsynced with it, or
-    /// within [`buffered_sync_interval`](Options::buffered_sync_interval) when
-    /// nothing else is written, and at `sync` and `close`. A crash in that
+    /// log; it is written with the writer's next batch and fsynced with it
+    /// (under [`Durability::Buffered`] appends, that batch is fsynced at the
+    /// interval below), or within
+    /// [`buffered_sync_interval`](Options::buffered_sync_interval) when
+    /// nothing else is written, and at `sync` and `close` (a change answered
+    /// Ok while `close` runs is among those; one made after is refused with
+    /// `Error::Closed`). A crash in that
     /// window can lose it: the record is then delivered again after the
     /// restart (at least once). [`Durability::Sync`]: an acknowledgement
     /// returns once it is fsynced, group-committed with everything else. Once

@@ -473,8 +473,9 @@ impl Outbox {
     }
 
     /// Like [`append`](Outbox::append), but fails with [`Error::Full`] instead of
-    /// waiting when the writer queue is full. Once queued, it waits for
-    /// durability like `append`.
+    /// waiting when the writer queue is full. Once queued, it waits like
+    /// `append`: for the fsync under [`Durability::Sync`](crate::Durability::Sync),
+    /// for the write under [`Durability::Buffered`](crate::Durability::Buffered).
     pub fn try_append(&self, payload: &[u8]) -> Result<Seq> {
         self.check_record(payload)?;
         let bytes = frame_len(payload.len()) as u64;
@@ -1147,7 +1148,9 @@ impl Outbox {
     /// may retry. A record that is pending (never claimed, or released;
     /// waiting for its own not-before time or its key's turn without ever
     /// having been handed out) fails with [`Error::NotClaimed`]; a number
-    /// never assigned (or an internal frame's) with
+    /// never assigned (or an internal frame's, or, under
+    /// [`Durability::Buffered`](crate::Durability::Buffered), a record
+    /// answered but not yet durable, which no claim can have taken) with
     /// [`Error::UnknownSeq`]. The acknowledgement is written to the log: durable
     /// at once under [`Durability::Sync`](crate::Durability::Sync), else with
     /// the next write batch or within
@@ -1190,6 +1193,12 @@ impl Outbox {
         shared.check_open()?;
         let (reclaim, wake, passed) = {
             let mut table = shared.table.lock();
+            // Again under the lock, as every change of delivery state does:
+            // `close` marks the outbox closed before its writer takes the
+            // last changes from the table, under this lock, and throws the
+            // table away after. A change made after that take would be
+            // answered Ok and written nowhere.
+            shared.check_open()?;
             let reclaim = table.ack(seqs)?;
             (
                 reclaim,
@@ -1226,6 +1235,7 @@ impl Outbox {
         shared.check_open()?;
         let (count, reclaim, wake, passed) = {
             let mut table = shared.table.lock();
+            shared.check_open()?;
             let (count, reclaim) = table.ack_through(seq);
             let passed = table.take_turn_passed();
             (count, reclaim, shared.state_noted(&mut table), passed)
@@ -1282,7 +1292,10 @@ impl Outbox {
     pub fn release(&self, seq: Seq) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        shared.table.lock().release(seq)?;
+        let mut table = shared.table.lock();
+        shared.check_open()?;
+        table.release(seq)?;
+        drop(table);
         shared.notify_arrived(false);
         Ok(())
     }
@@ -1322,6 +1335,7 @@ impl Outbox {
             .saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX));
         let wake = {
             let mut table = shared.table.lock();
+            shared.check_open()?;
             table.release_after(seq, due, now, not_before, reason)?;
             shared.state_noted(&mut table)
         };
@@ -1362,6 +1376,7 @@ impl Outbox {
         shared.check_open()?;
         let (wake, passed) = {
             let mut table = shared.table.lock();
+            shared.check_open()?;
             table.dead_letter(seq, reason, crate::io::segment_file::now_us())?;
             (shared.state_noted(&mut table), table.take_turn_passed())
         };
@@ -1465,6 +1480,7 @@ impl Outbox {
         shared.check_open()?;
         let wake = {
             let mut table = shared.table.lock();
+            shared.check_open()?;
             table.requeue(seq)?;
             shared.state_noted(&mut table)
         };
@@ -1494,6 +1510,7 @@ impl Outbox {
         shared.check_open()?;
         let (reclaim, wake) = {
             let mut table = shared.table.lock();
+            shared.check_open()?;
             let reclaim = table.discard(seq)?;
             (reclaim, shared.state_noted(&mut table))
         };
