@@ -114,13 +114,20 @@ fn stored(reader: &mut JetStream) -> Option<u64> {
 /// Waits until the stream holds at least `count` messages.
 fn wait_for_messages(reader: &mut JetStream, count: u64, service: &mut Child) {
     let deadline = Instant::now() + Duration::from_secs(240);
-    while stored(reader).unwrap_or(0) < count {
+    loop {
+        // The last answer is kept for the failure's message: a stream that
+        // stopped growing and a stream that could not be read are two
+        // different failures.
+        let state = reader.stream_state().map(|s| s.messages);
+        if matches!(state, Ok(n) if n >= count) {
+            return;
+        }
         if let Ok(Some(status)) = service.try_wait() {
             panic!("the service exited ({status}) before the stream held {count} messages");
         }
         assert!(
             Instant::now() < deadline,
-            "the stream never reached {count} messages"
+            "the stream never reached {count} messages; its last state read: {state:?}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }

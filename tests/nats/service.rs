@@ -156,6 +156,30 @@ pub fn main(args: &[String]) {
             relay.run(&stop).expect("the relay runs")
         })
     };
+    // Every 30 s, where delivery stands: a run that stalls says whether
+    // appends or publishing stopped.
+    let monitor = {
+        let (outbox, stop) = (outbox.clone(), stop.clone());
+        thread::spawn(move || {
+            let started = Instant::now();
+            let mut next = started + Duration::from_secs(30);
+            while !stop.load(Ordering::Acquire) {
+                thread::sleep(Duration::from_millis(100));
+                if Instant::now() >= next {
+                    next += Duration::from_secs(30);
+                    let s = outbox.stats();
+                    eprintln!(
+                        "service: at {:.0} s, last seq {:?}, pending {}, claimed {}, delayed {}",
+                        started.elapsed().as_secs_f64(),
+                        s.last_seq,
+                        s.pending,
+                        s.claimed,
+                        s.delayed
+                    );
+                }
+            }
+        })
+    };
     let producers: Vec<_> = (0..work.producers)
         .map(|p| {
             let (outbox, work) = (outbox.clone(), work.clone());
@@ -194,6 +218,7 @@ pub fn main(args: &[String]) {
     }
     stop.store(true, Ordering::Release);
     let figures = relay.join().expect("relay");
+    monitor.join().expect("monitor");
     outbox.close().expect("close");
     eprintln!("service: done, {figures:?}");
 }
