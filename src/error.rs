@@ -87,6 +87,13 @@ pub enum Error {
     },
     /// `try_append` found the writer queue full.
     Full,
+    /// This process is a child (made by `fork`) of the process that opened
+    /// the outbox: it has none of the outbox's threads, and shares its
+    /// directory lock and files with that process, which goes on writing
+    /// them. Every call fails so, `close` and the drop included, and changes
+    /// nothing on disk. Open the outbox in one process only: a child that
+    /// needs one opens it after the parent has closed it (or another).
+    Forked,
     /// No record with this sequence number was ever appended; or, under
     /// [`Durability::Buffered`](crate::Durability::Buffered), its append was
     /// answered but is not yet durable, so the state table does not hold it
@@ -238,6 +245,9 @@ impl fmt::Display for Error {
                 )
             }
             Error::Full => f.write_str("writer queue is full"),
+            Error::Forked => f.write_str(
+                "this process is a child (fork) of the process that opened the outbox: only that process may use it; open it here once that one has closed it",
+            ),
             Error::UnknownSeq { seq } => write!(f, "no record with seq {seq} was ever appended"),
             Error::NotClaimed { seq } => write!(
                 f,

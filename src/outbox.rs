@@ -372,6 +372,7 @@ impl Outbox {
             table: Mutex::new(table),
             arrived: Condvar::new(),
             closed: AtomicBool::new(false),
+            generation: crate::io::fork::watch(),
             poison: OnceLock::new(),
             counters: Counters::default(),
             lock: Mutex::new(Some(lock)),
@@ -1619,6 +1620,14 @@ impl Outbox {
     /// every call on any handle fails with [`Error::Closed`], including `close`.
     /// Records claimed and not acknowledged are pending again at the next open.
     ///
+    /// Called (or the last handle dropped) on a thread of segwal's own, as a
+    /// waker of an async call or a `tracing` subscriber runs on, `close` cannot
+    /// wait for the writer, which may be that very thread: it begins the
+    /// close and returns `Ok` at once; the writer still writes and fsyncs
+    /// everything answered before it stops, and the directory lock goes with
+    /// it. In a child made by `fork`, it fails with [`Error::Forked`] and
+    /// changes nothing.
+    ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
     /// # let dir = tempfile::tempdir().expect("temporary directory");
@@ -1793,9 +1802,51 @@ fn ratio(a: u64, b: u64) -> f64 {
 impl Handle {
     fn close(&self) -> Result<()> {
         let shared = &self.shared;
+        // In a child of the fork: no writer to join (threads are not
+        // copied), a lock shared with the parent, files the parent writes.
+        // Nothing is touched; every later call fails the same way.
+        if shared.forked() {
+            shared.closed.store(true, Ordering::Release);
+            return Err(Error::Forked);
+        }
+        // On a thread of segwal's own (a waker or a `tracing` subscriber it
+        // runs), which may be the writer itself or one the writer joins as it
+        // stops: the close is begun, and the writer finishes it, writing and
+        // syncing what was answered; the lock goes with the writer's last
+        // reference to the outbox.
+        if crate::log::shared::on_own_thread() {
+            if !self.begin_close() {
+                return Err(Error::Closed);
+            }
+            drop(self.writer.lock().take());
+            return Ok(());
+        }
         let _closing = self.closing.lock();
-        if shared.closed.swap(true, Ordering::AcqRel) {
+        if !self.begin_close() {
             return Err(Error::Closed);
+        }
+        let outcome = match self.writer.lock().take() {
+            Some(thread) => thread.join().unwrap_or(Err(Error::Closed)),
+            None => Ok(()),
+        };
+        // Descriptors and the state table go now, not when the last handle is
+        // dropped: every call from here on returns `Closed`.
+        shared.files.clear();
+        *shared.table.lock() = Table::new();
+        drop(shared.lock.lock().take());
+        shared.storage.close();
+        outcome
+    }
+}
+
+impl Handle {
+    /// Marks the outbox closed, wakes every waiter, stops the timers and
+    /// drops the writer's only sender, so that the writer drains its queue
+    /// and stops. `false` if it was closed already.
+    fn begin_close(&self) -> bool {
+        let shared = &self.shared;
+        if shared.closed.swap(true, Ordering::AcqRel) {
+            return false;
         }
         // Wake producers waiting for queue space and relays waiting for records.
         shared.budget.wake_all();
@@ -1812,17 +1863,7 @@ impl Handle {
         }
         // Dropping the only sender lets the writer drain the queue and stop.
         drop(self.tx.write().take());
-        let outcome = match self.writer.lock().take() {
-            Some(thread) => thread.join().unwrap_or(Err(Error::Closed)),
-            None => Ok(()),
-        };
-        // Descriptors and the state table go now, not when the last handle is
-        // dropped: every call from here on returns `Closed`.
-        shared.files.clear();
-        *shared.table.lock() = Table::new();
-        drop(shared.lock.lock().take());
-        shared.storage.close();
-        outcome
+        true
     }
 }
 

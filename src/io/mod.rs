@@ -10,6 +10,7 @@
 //! happens next (a failed `write_at` or `sync_data` poisons it); implementations
 //! never retry a failed sync on their own.
 
+pub(crate) mod fork;
 pub(crate) mod reader;
 pub(crate) mod reserve;
 pub(crate) mod segment_file;

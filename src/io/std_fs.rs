@@ -261,7 +261,11 @@ impl Storage for StdStorage {
             Err(_) => {}
         }
         held.insert(key);
-        Ok(Box::new(HeldLock { file: handle, key }))
+        Ok(Box::new(HeldLock {
+            file: handle,
+            key,
+            generation: super::fork::watch(),
+        }))
     }
 }
 
@@ -344,11 +348,18 @@ struct HeldLock {
     file: File,
     /// The directory's (device, inode).
     key: (u64, u64),
+    /// The fork count when it was taken (`io::fork`).
+    generation: u64,
 }
 
 impl Drop for HeldLock {
     fn drop(&mut self) {
-        let _ = self.file.unlock();
+        // A child of the fork shares the lock with the process that took
+        // it: unlocking here would release the parent's. Closing the
+        // descriptor does not.
+        if super::fork::current() == self.generation {
+            let _ = self.file.unlock();
+        }
         HELD.lock().remove(&self.key);
     }
 }

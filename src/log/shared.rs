@@ -30,6 +30,9 @@ pub(crate) struct Shared {
     /// Notified when records become claimable, and at close.
     pub arrived: Condvar,
     pub closed: AtomicBool,
+    /// The fork count at the open (`io::fork`): a process whose count
+    /// differs is a child of the one that opened the outbox.
+    pub generation: u64,
     /// Set once, by the writer, at the first failed write or sync.
     pub poison: OnceLock<Error>,
     pub budget: Budget,
@@ -228,10 +231,20 @@ impl Shared {
     /// go on working on a poisoned outbox so that a relay can deliver what is
     /// durable while the process prepares to reopen.
     pub(crate) fn check_open(&self) -> Result<()> {
+        if self.forked() {
+            return Err(Error::Forked);
+        }
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
         Ok(())
+    }
+
+    /// Whether this process is a child (by `fork`) of the one that opened
+    /// the outbox: it has none of the outbox's threads and shares its lock,
+    /// so it may change nothing.
+    pub(crate) fn forked(&self) -> bool {
+        crate::io::fork::current() != self.generation
     }
 
     /// Records became claimable (or the outbox closed): wakes the threads
@@ -270,6 +283,24 @@ impl Shared {
         }
         Some(kept)
     }
+}
+
+std::thread_local! {
+    /// Set on the threads segwal runs (writer, notifier, timer).
+    static OWN_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as one of segwal's own: the wakers and
+/// `tracing` subscribers it runs may drop the last handle of an outbox,
+/// whose close must then not wait for that very thread
+/// ([`on_own_thread`]).
+pub(crate) fn mark_own_thread() {
+    OWN_THREAD.with(|own| own.set(true));
+}
+
+/// Whether the calling thread is one of segwal's own.
+pub(crate) fn on_own_thread() -> bool {
+    OWN_THREAD.with(std::cell::Cell::get)
 }
 
 /// How recently a producer appending alone must have written a batch of its
@@ -1376,7 +1407,10 @@ impl Notifier {
             let queue = queue.clone();
             std::thread::Builder::new()
                 .name("segwal-notify".into())
-                .spawn(move || queue.serve(deliver))
+                .spawn(move || {
+                    mark_own_thread();
+                    queue.serve(deliver)
+                })
                 .ok()?
         };
         Some(Notifier {

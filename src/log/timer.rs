@@ -39,7 +39,10 @@ impl Timers {
         let run = timers.clone();
         std::thread::Builder::new()
             .name("segwal-timer".into())
-            .spawn(move || run.run())
+            .spawn(move || {
+                crate::log::shared::mark_own_thread();
+                run.run()
+            })
             .ok()?;
         Some(timers)
     }

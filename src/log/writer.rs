@@ -2262,6 +2262,7 @@ impl Writer {
 /// answering every request with that error until the outbox is closed, so no
 /// producer waits forever.
 pub(crate) fn run(core: Arc<Mutex<Writer>>, rx: Receiver<Request>) -> Result<()> {
+    crate::log::shared::mark_own_thread();
     let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve(&core, &rx)));
     if let Ok(outcome) = served {
         return outcome;

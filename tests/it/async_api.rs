@@ -392,3 +392,56 @@ fn a_claim_wait_given_up_or_timed_out_leaves_no_waker_behind() {
     assert_eq!(got[0].seq(), seq);
     outbox.close().expect("close");
 }
+
+/// A waker that owns the last handle, and drops it when woken.
+struct DropsTheOutbox(std::sync::Mutex<Option<Outbox>>);
+
+impl std::task::Wake for DropsTheOutbox {
+    fn wake(self: Arc<Self>) {
+        drop(self.0.lock().expect("waker's handle").take());
+    }
+}
+
+/// A waker run by segwal's own thread (the writer's, or the notifier's for
+/// batches of many answers) that drops the last handle closes the outbox
+/// without waiting for that thread: what was queued is written, the lock
+/// goes, and the directory opens again (it deadlocked with the notifier).
+#[test]
+fn a_waker_that_drops_the_last_handle_closes_the_outbox_without_hanging() {
+    for appends in [1usize, 100] {
+        let (_d, path) = tmp();
+        let options = Options::default()
+            .caller_writes(false)
+            .linger(Duration::from_millis(50));
+        let outbox = Outbox::open(&path, options).expect("open");
+        let owner = Arc::new(DropsTheOutbox(std::sync::Mutex::new(Some(outbox.clone()))));
+        let waker = Waker::from(owner.clone());
+        {
+            let mut futures: Vec<_> = (0..appends)
+                .map(|_| Box::pin(outbox.append_async(b"queued")))
+                .collect();
+            for (k, future) in futures.iter_mut().enumerate() {
+                // Only the last future's waker owns the handle.
+                let mut cx = if k + 1 == appends {
+                    Context::from_waker(&waker)
+                } else {
+                    Context::from_waker(Waker::noop())
+                };
+                assert!(future.as_mut().poll(&mut cx).is_pending());
+            }
+        }
+        drop((outbox, waker, owner));
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let reopened = loop {
+            match Outbox::open(&path, Options::default()) {
+                Ok(outbox) => break outbox,
+                Err(Error::Locked { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("{appends} appends: the directory stayed held: {e}"),
+            }
+        };
+        assert_eq!(drain(&reopened).len(), appends);
+        reopened.close().expect("close");
+    }
+}

@@ -191,3 +191,70 @@ fn the_owner_file_is_never_followed_into_another_file() {
     let outbox = Outbox::open(&dir, Options::default()).expect("open beside a FIFO");
     outbox.close().expect("close");
 }
+
+/// A child made by `fork` inherits an open outbox but none of its threads,
+/// and shares its lock: every call in the child fails with `Forked`, its
+/// close and drop change nothing, and the parent's outbox, lock and records
+/// are as they were.
+#[test]
+#[expect(
+    unsafe_code,
+    reason = "fork(2), waitpid(2) and _exit(2) have no wrapper in std"
+)]
+fn a_forked_child_cannot_use_its_parents_outbox_nor_release_its_lock() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let before = outbox.append(b"before the fork").expect("append");
+    // SAFETY: the child calls only what the outbox's calls do (its appends
+    // fail before they write), then `_exit`, never returning into the test
+    // harness; the parent only waits for it.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        let forked = |r: segwal::Result<()>| matches!(r, Err(Error::Forked));
+        let answers = [
+            forked(outbox.append(b"from the child").map(|_| ())),
+            forked(outbox.claim(1).map(|_| ())),
+            forked(outbox.ack(before)),
+            forked(outbox.sync()),
+            forked(outbox.clone().close()),
+            forked(outbox.append(b"after close").map(|_| ())),
+        ];
+        drop(outbox);
+        // The exit code names the first call that did not fail so (1 to 6).
+        let code = answers.iter().position(|&f| !f).map_or(0, |k| k as i32 + 1);
+        // SAFETY: ends the child at once, without the harness's exit path.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just made; `status` outlives the call.
+    let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(waited, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child's call {} did not fail with Forked",
+        libc::WEXITSTATUS(status)
+    );
+    // The lock is still the parent's: another descriptor cannot take it.
+    let probe = std::fs::File::open(&dir).expect("open the directory");
+    assert!(matches!(
+        probe.try_lock(),
+        Err(std::fs::TryLockError::WouldBlock)
+    ));
+    let after = outbox.append(b"after the fork").expect("append");
+    outbox.close().expect("close");
+    let reopened = Outbox::open(&dir, Options::default()).expect("reopen");
+    let records = crate::drain(&reopened);
+    let got: Vec<(segwal::Seq, Vec<u8>)> = records
+        .iter()
+        .map(|r| (r.seq(), r.payload().to_vec()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (before, b"before the fork".to_vec()),
+            (after, b"after the fork".to_vec())
+        ]
+    );
+    reopened.close().expect("close");
+}
