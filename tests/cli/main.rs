@@ -61,6 +61,38 @@ fn segments(dir: &Path) -> Vec<PathBuf> {
     segs
 }
 
+/// Runs `read` while a thread appends records of `size` bytes to `outbox`
+/// and, every `every` appends, claims up to `claim` records and acknowledges
+/// them (segments go at the back too); the appender stops before `read`'s
+/// answer is returned, so that a failed assertion never leaves it running.
+fn while_the_owner_appends<T>(
+    outbox: &Outbox,
+    size: usize,
+    every: u64,
+    claim: usize,
+    read: impl FnOnce() -> T,
+) -> T {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                outbox.append(&vec![b'w'; size]).expect("append while read");
+                i += 1;
+                if i.is_multiple_of(every) {
+                    for r in outbox.claim(claim).expect("claim") {
+                        outbox.ack(r.seq()).expect("ack");
+                    }
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let out = read();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    })
+}
+
 #[test]
 fn verify_and_inspect_a_clean_outbox() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -311,29 +343,12 @@ fn read_only_commands_work_while_the_owner_appends() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("outbox");
     let outbox = Outbox::open(&dir, Options::default().segment_bytes(1 << 20)).expect("open");
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let outputs = std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut i = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                outbox.append(&[b'w'; 700]).expect("append while inspected");
-                i += 1;
-                if i.is_multiple_of(64) {
-                    for r in outbox.claim(64).expect("claim") {
-                        outbox.ack(r.seq()).expect("ack");
-                    }
-                }
-            }
-        });
-        std::thread::sleep(Duration::from_millis(200));
+    let outputs = while_the_owner_appends(&outbox, 700, 64, 64, || {
         let mut outputs = Vec::new();
         for _ in 0..5 {
             outputs.push(segwal(&["verify", "--json", dir.to_str().expect("utf-8")]));
             std::thread::sleep(Duration::from_millis(50));
         }
-        // Stopped before anything is asserted: a failed assertion must not
-        // leave the appender running (the scope would wait for it forever).
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         outputs
     });
     for out in &outputs {
@@ -1161,21 +1176,7 @@ fn dump_while_the_owner_appends_stops_at_what_was_written() {
     let dir = tmp.path().join("outbox");
     let d = dir.to_str().expect("utf-8");
     let outbox = Outbox::open(&dir, Options::default().segment_bytes(1 << 20)).expect("open");
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let outputs = std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut i = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                outbox.append(&[b'w'; 700]).expect("append while dumped");
-                i += 1;
-                if i.is_multiple_of(64) {
-                    for r in outbox.claim(64).expect("claim") {
-                        outbox.ack(r.seq()).expect("ack");
-                    }
-                }
-            }
-        });
-        std::thread::sleep(Duration::from_millis(200));
+    let outputs = while_the_owner_appends(&outbox, 700, 64, 64, || {
         let mut outputs = Vec::new();
         for k in 0..6 {
             let state = if k % 2 == 0 {
@@ -1190,7 +1191,6 @@ fn dump_while_the_owner_appends_stops_at_what_was_written() {
             outputs.push(segwal(&args));
             std::thread::sleep(Duration::from_millis(30));
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         outputs
     });
     // A dump lists the segments, then reads them: one whose listing saw
@@ -1448,25 +1448,8 @@ fn dump_state_follows_a_log_that_rotates_while_it_is_read() {
     let dir = tmp.path().join("outbox");
     let d = dir.to_str().expect("utf-8");
     let outbox = Outbox::open(&dir, Options::default().segment_bytes(8 << 10)).expect("open");
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let outputs = std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut i = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                outbox.append(&[b'w'; 500]).expect("append while dumped");
-                i += 1;
-                // Acknowledged now and then: segments go at the back too.
-                if i.is_multiple_of(256) {
-                    for r in outbox.claim(200).expect("claim") {
-                        outbox.ack(r.seq()).expect("ack");
-                    }
-                }
-            }
-        });
-        std::thread::sleep(Duration::from_millis(200));
-        let outputs: Vec<Output> = (0..40).map(|_| segwal(&["dump", d, "--state"])).collect();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        outputs
+    let outputs: Vec<Output> = while_the_owner_appends(&outbox, 500, 256, 200, || {
+        (0..40).map(|_| segwal(&["dump", d, "--state"])).collect()
     });
     for out in &outputs {
         assert_eq!(

@@ -299,13 +299,6 @@ fn a_segment_of_acknowledgements_alone_rotates_like_any_other() {
 /// moment; after a power cut and a reopen, none answered Ok comes back.
 #[test]
 fn a_change_answered_ok_while_close_runs_is_durable_once_close_returns() {
-    const POWER_CUT: CrashModel = CrashModel {
-        write_kept: 0,
-        write_torn: 0,
-        grown_tail: 0,
-        dir_change_kept: 0,
-        block_garbled: 0,
-    };
     let options = Options::default().buffered_sync_interval(Duration::from_secs(3600));
     let mut raced = 0;
     for round in 0..120u64 {
@@ -363,19 +356,10 @@ fn a_change_answered_ok_while_close_runs_is_durable_once_close_returns() {
     println!("{raced} of 120 closes came while acknowledgements were made");
 }
 
-/// A power cut that keeps nothing the disk was not told to keep.
-const LOSE_UNSYNCED: CrashModel = CrashModel {
-    write_kept: 0,
-    write_torn: 0,
-    grown_tail: 0,
-    dir_change_kept: 0,
-    block_garbled: 0,
-};
-
 /// The seqs pending after a power cut on a copy of `disk` as it is now.
 fn pending_after_a_power_cut(disk: &SimDisk, options: &Options, seed: u64) -> Vec<Seq> {
     let copy = disk.fork(seed);
-    copy.crash(LOSE_UNSYNCED);
+    copy.crash(POWER_CUT);
     let outbox =
         Outbox::open_with_storage("/outbox", options.clone(), Arc::new(copy)).expect("reopen");
     let seqs = drain(&outbox).iter().map(|r| r.seq()).collect();
@@ -442,7 +426,7 @@ fn sync_acknowledged_changes_survive_a_power_cut_when_the_call_returns() {
     assert_eq!(outbox.claim(8).expect("claim").len(), 8);
     let state = |seed: u64| {
         let copy = disk.fork(seed);
-        copy.crash(LOSE_UNSYNCED);
+        copy.crash(POWER_CUT);
         let r =
             Outbox::open_with_storage("/outbox", options.clone(), Arc::new(copy)).expect("reopen");
         let st = r.stats();
