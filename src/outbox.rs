@@ -840,13 +840,32 @@ impl Outbox {
     pub fn claim_bytes(&self, max_records: usize, max_bytes: u64) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (runs, durable_first, notices) =
-            self.claim_leased(&mut shared.table.lock(), max_records, max_bytes);
+        let (runs, durable_first, notices) = {
+            let mut table = shared.table.lock();
+            // Again under the lock: attempts are queued only while the
+            // writer can still take them (see `ack_many`).
+            shared.check_open()?;
+            self.claim_leased(&mut table, max_records, max_bytes)
+        };
         notices.report();
+        self.hand_out(runs, durable_first)
+    }
+
+    /// Reads the records of a claim's `runs`, then, when their attempts were
+    /// queued for the log (`durable_first`), makes those durable before the
+    /// records are handed out. Read first, so that a close that begins
+    /// during the sync (its writer fsyncs the attempts) still hands them out
+    /// rather than leave a delivery counted for records never handed out.
+    fn hand_out(
+        &self,
+        runs: Vec<crate::state::table::ClaimRun>,
+        durable_first: bool,
+    ) -> Result<Vec<Record>> {
+        let records = self.read_claimed(&runs)?;
         if durable_first {
-            self.attempts_synced(&runs, self.sync())?;
+            self.attempts_synced(&runs, self.synced_by_the_close(self.sync()))?;
         }
-        self.read_claimed(runs)
+        Ok(records)
     }
 
     /// Whether each delivery's number is written to the log (under
@@ -859,7 +878,9 @@ impl Outbox {
 
     /// The outcome of the sync that makes a claim's attempts durable before
     /// its records are handed out: if it failed, the records go back, never
-    /// handed out, rather than stay claimed until their lease runs out.
+    /// handed out, rather than stay claimed until their lease runs out. A
+    /// close that began after the attempts were queued answers for it
+    /// ([`synced_by_the_close`](Outbox::synced_by_the_close)).
     fn attempts_synced(
         &self,
         runs: &[crate::state::table::ClaimRun],
@@ -877,6 +898,24 @@ impl Outbox {
             self.handle.shared.notify_arrived(true);
         }
         synced
+    }
+
+    /// The outcome of the sync that makes a change of delivery state durable
+    /// (under `ack_durability(Sync)`), the change made under the table lock
+    /// while the outbox was open. `Closed` then means a close began after
+    /// the change: its writer takes every change made before its mark and
+    /// fsyncs them. So the answer is the close's: once it is done, `Ok` if
+    /// its fsync held, else the poison.
+    fn synced_by_the_close(&self, synced: Result<()>) -> Result<()> {
+        if !matches!(synced, Err(Error::Closed)) {
+            return synced;
+        }
+        // Held by the closing thread until its writer is joined.
+        drop(self.handle.closing.lock());
+        match self.handle.shared.poison.get() {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
     }
 
     /// Claims under the table lock: records whose lease ran out go back to
@@ -949,6 +988,7 @@ impl Outbox {
         let shared = &self.handle.shared;
         shared.check_open()?;
         let mut table = shared.table.lock();
+        shared.check_open()?;
         let now = shared.clock.now_us();
         table.expire(now);
         let deadline = Clock::lease_deadline(now, lease);
@@ -990,6 +1030,9 @@ impl Outbox {
         let shared = &self.handle.shared;
         // A timeout too long to represent waits without one.
         let deadline = Instant::now().checked_add(timeout);
+        // Before the lock too: in a child of a fork the lock may be held for
+        // ever by a thread of the parent.
+        shared.check_open()?;
         let mut table = shared.table.lock();
         loop {
             shared.check_open()?;
@@ -998,10 +1041,7 @@ impl Outbox {
             if !runs.is_empty() || max_records == 0 {
                 drop(table);
                 notices.report();
-                if durable_first {
-                    self.attempts_synced(&runs, self.sync())?;
-                }
-                return self.read_claimed(runs);
+                return self.hand_out(runs, durable_first);
             }
             if !notices.is_empty() {
                 // Reported without the lock; then a fresh look, as anything
@@ -1100,10 +1140,10 @@ impl Outbox {
         Ok(())
     }
 
-    fn read_claimed(&self, runs: Vec<crate::state::table::ClaimRun>) -> Result<Vec<Record>> {
+    fn read_claimed(&self, runs: &[crate::state::table::ClaimRun]) -> Result<Vec<Record>> {
         let claimed: usize = runs.iter().map(|r| r.frames.len()).sum();
         let mut records = Vec::with_capacity(claimed);
-        match self.read_runs(&runs, &mut records) {
+        match self.read_runs(runs, &mut records) {
             Ok(()) => Ok(records),
             Err(failure) => {
                 let shared = &self.handle.shared;
@@ -1263,7 +1303,7 @@ impl Outbox {
             shared.table.lock().take_acks();
         }
         if shared.options.ack_durability == crate::Durability::Sync {
-            return self.sync();
+            return self.synced_by_the_close(self.sync());
         }
         if reclaim || wake {
             self.nudge_writer();
@@ -1543,10 +1583,23 @@ impl Outbox {
     /// ```
     pub fn stats(&self) -> Stats {
         let shared = &self.handle.shared;
-        let (t, notices) = {
-            let mut table = shared.table.lock();
-            table.expire(shared.clock.now_us());
-            (table.stats(), table.take_notices())
+        // In a child of a fork the table's lock may be held for ever by a
+        // thread of the parent: the child reads it only if it is free, and
+        // otherwise sees an empty table.
+        let table = if shared.forked() {
+            shared.table.try_lock()
+        } else {
+            Some(shared.table.lock())
+        };
+        let (t, notices) = match table {
+            Some(mut table) => {
+                table.expire(shared.clock.now_us());
+                (table.stats(), table.take_notices())
+            }
+            None => {
+                let mut empty = Table::new();
+                (empty.stats(), empty.take_notices())
+            }
         };
         notices.report();
         let c = &shared.counters;
@@ -1818,24 +1871,35 @@ impl Handle {
             if !self.begin_close() {
                 return Err(Error::Closed);
             }
-            drop(self.writer.lock().take());
-            return Ok(());
+            // The writer is left to a later `close` or the last drop on
+            // another thread to join; the lock goes with the writer's last
+            // reference if none comes.
+            return match shared.poison.get() {
+                Some(e) => Err(e.clone()),
+                None => Ok(()),
+            };
         }
         let _closing = self.closing.lock();
-        if !self.begin_close() {
+        let first = self.begin_close();
+        // Joined here also after a close begun on segwal's own thread, which
+        // could not join it.
+        let joined = self
+            .writer
+            .lock()
+            .take()
+            .map(|thread| thread.join().unwrap_or(Err(Error::Closed)));
+        if first || joined.is_some() {
+            // Descriptors and the state table go now, not when the last
+            // handle is dropped: every call from here on returns `Closed`.
+            shared.files.clear();
+            *shared.table.lock() = Table::new();
+            drop(shared.lock.lock().take());
+            shared.storage.close();
+        }
+        if !first {
             return Err(Error::Closed);
         }
-        let outcome = match self.writer.lock().take() {
-            Some(thread) => thread.join().unwrap_or(Err(Error::Closed)),
-            None => Ok(()),
-        };
-        // Descriptors and the state table go now, not when the last handle is
-        // dropped: every call from here on returns `Closed`.
-        shared.files.clear();
-        *shared.table.lock() = Table::new();
-        drop(shared.lock.lock().take());
-        shared.storage.close();
-        outcome
+        joined.unwrap_or(Ok(()))
     }
 }
 

@@ -1,7 +1,7 @@
 //! [`StdStorage`]: the real file system, through `std::fs` and `libc`.
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Write};
 use std::ops::Range;
@@ -217,7 +217,9 @@ impl Storage for StdStorage {
             .map(|m| (m.dev(), m.ino()))
             .map_err(LockError::Io)?;
         let mut held = HELD.lock();
-        if held.contains(&key) {
+        // An entry a parent process made before a fork is not this
+        // process's: the `flock` below decides for it.
+        if held.get(&key) == Some(&super::fork::current()) {
             return Err(LockError::Held {
                 pid: Some(std::process::id()),
             });
@@ -260,11 +262,12 @@ impl Storage for StdStorage {
             // opened precisely to drain it): the pid is only a hint.
             Err(_) => {}
         }
-        held.insert(key);
+        let generation = super::fork::watch();
+        held.insert(key, generation);
         Ok(Box::new(HeldLock {
             file: handle,
             key,
-            generation: super::fork::watch(),
+            generation,
         }))
     }
 }
@@ -337,8 +340,10 @@ fn open_owner(dir: &Path, write: bool) -> io::Result<File> {
     Ok(file)
 }
 
-/// The directories (device, inode) locked by this process.
-static HELD: parking_lot::Mutex<BTreeSet<(u64, u64)>> = parking_lot::Mutex::new(BTreeSet::new());
+/// The directories (device, inode) locked by this process, each with the
+/// fork count when it was locked (`io::fork`).
+static HELD: parking_lot::Mutex<BTreeMap<(u64, u64), u64>> =
+    parking_lot::Mutex::new(BTreeMap::new());
 
 /// A held `flock`. Dropping it unlocks explicitly rather than relying on the
 /// close: a child process forked meanwhile (between its fork and its exec) shares
@@ -360,7 +365,12 @@ impl Drop for HeldLock {
         if super::fork::current() == self.generation {
             let _ = self.file.unlock();
         }
-        HELD.lock().remove(&self.key);
+        // Only this lock's entry: a child may since have locked the
+        // directory itself, under its own count.
+        let mut held = HELD.lock();
+        if held.get(&self.key) == Some(&self.generation) {
+            held.remove(&self.key);
+        }
     }
 }
 

@@ -94,8 +94,11 @@ impl Outbox {
     pub async fn claim_async(&self, max_records: usize) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (runs, durable_first, notices) =
-            self.claim_leased(&mut shared.table.lock(), max_records, u64::MAX);
+        let (runs, durable_first, notices) = {
+            let mut table = shared.table.lock();
+            shared.check_open()?;
+            self.claim_leased(&mut table, max_records, u64::MAX)
+        };
         notices.report();
         self.hand_out_async(runs, durable_first).await
     }
@@ -165,11 +168,13 @@ impl Outbox {
         runs: Vec<ClaimRun>,
         durable_first: bool,
     ) -> Result<Vec<Record>> {
+        // Read first, as `hand_out` does.
+        let records = self.read_claimed(&runs)?;
         if durable_first {
             let synced = self.sync_async().await;
-            self.attempts_synced(&runs, synced)?;
+            self.attempts_synced(&runs, self.synced_by_the_close(synced))?;
         }
-        self.read_claimed(runs)
+        Ok(records)
     }
 }
 
@@ -236,6 +241,11 @@ impl Future for Arrival<'_> {
         let this = &mut *self;
         this.cancel_timer();
         let shared = &this.outbox.handle.shared;
+        // In a child of a fork the table's lock may be held for ever by a
+        // thread of the parent: checked before it too.
+        if let Err(e) = shared.check_open() {
+            return Poll::Ready(Err(e));
+        }
         // Checked under the table lock, which `close` takes after marking the
         // outbox closed and before waking the tasks registered: a task either
         // sees the mark or is registered in time to be woken.

@@ -242,7 +242,34 @@ fn a_forked_child_cannot_use_its_parents_outbox_nor_release_its_lock() {
         Err(std::fs::TryLockError::WouldBlock)
     ));
     let after = outbox.append(b"after the fork").expect("append");
+    // A second child opens the directory for itself once the parent has
+    // closed it: the parent's hold, copied into the child, is not its own.
+    // SAFETY: as above.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let code = loop {
+            match Outbox::open(&dir, Options::default()) {
+                Ok(own) => break if own.close().is_ok() { 0 } else { 2 },
+                Err(Error::Locked { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(_) => break 3,
+            }
+        };
+        // SAFETY: as above.
+        unsafe { libc::_exit(code) };
+    }
     outbox.close().expect("close");
+    // SAFETY: as above.
+    let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(waited, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the second child could not open the directory the parent closed: {}",
+        libc::WEXITSTATUS(status)
+    );
     let reopened = Outbox::open(&dir, Options::default()).expect("reopen");
     let records = crate::drain(&reopened);
     let got: Vec<(segwal::Seq, Vec<u8>)> = records
