@@ -60,6 +60,34 @@ struct Handle {
     /// Held for the whole of a `close`: a second `close` returns only once the
     /// first has joined the writer and released the directory lock.
     closing: Mutex<()>,
+    /// The writer thread's outcome once it ended: whether the close's last
+    /// fsync held, for calls whose change that close took.
+    ended: Arc<WriterEnd>,
+}
+
+/// The outcome of the writer thread, set as it ends.
+#[derive(Default)]
+struct WriterEnd {
+    outcome: Mutex<Option<Result<()>>>,
+    set: Condvar,
+}
+
+impl WriterEnd {
+    fn set(&self, outcome: Result<()>) {
+        *self.outcome.lock() = Some(outcome);
+        self.set.notify_all();
+    }
+
+    /// Waits for the writer to end; its outcome.
+    fn wait(&self) -> Result<()> {
+        let mut outcome = self.outcome.lock();
+        loop {
+            if let Some(outcome) = outcome.as_ref() {
+                return outcome.clone();
+            }
+            self.set.wait(&mut outcome);
+        }
+    }
 }
 
 /// The way to the writer: its queue, and the writer itself, which a producer
@@ -397,9 +425,15 @@ impl Outbox {
         )?;
         let core = Arc::new(Mutex::new(writer));
         let thread_core = core.clone();
+        let ended = Arc::new(WriterEnd::default());
+        let thread_ended = ended.clone();
         let thread = std::thread::Builder::new()
             .name("segwal-writer".into())
-            .spawn(move || writer::run(thread_core, thread_rx))
+            .spawn(move || {
+                let outcome = writer::run(thread_core, thread_rx);
+                thread_ended.set(outcome.clone());
+                outcome
+            })
             .map_err(|e| Error::io("spawn writer thread", &shared.dir, e))?;
         trace_open(&shared.dir, &report);
         // Kept aside for the next open that finds the disk full. Where there
@@ -423,6 +457,7 @@ impl Outbox {
                 report,
                 outbox_id,
                 closing: Mutex::new(()),
+                ended,
             }),
         })
     }
@@ -904,17 +939,22 @@ impl Outbox {
     /// (under `ack_durability(Sync)`), the change made under the table lock
     /// while the outbox was open. `Closed` then means a close began after
     /// the change: its writer takes every change made before its mark and
-    /// fsyncs them. So the answer is the close's: once it is done, `Ok` if
-    /// its fsync held, else the poison.
+    /// fsyncs them. So the answer is the close's: once its writer ended,
+    /// `Ok` if its last fsync held, else the poison.
     fn synced_by_the_close(&self, synced: Result<()>) -> Result<()> {
-        if !matches!(synced, Err(Error::Closed)) {
+        // On segwal's own thread the writer may be waiting for this very
+        // thread (it is the writer, or the notifier the writer joins as it
+        // stops): the change stays in doubt, answered `Closed`.
+        if !matches!(synced, Err(Error::Closed)) || crate::log::shared::on_own_thread() {
             return synced;
         }
-        // Held by the closing thread until its writer is joined.
-        drop(self.handle.closing.lock());
+        // Whoever began the close (one begun on segwal's own thread holds no
+        // lock), the writer's end says whether its last fsync held. (An
+        // async claim waits here too, for that one fsync.)
+        let ended = self.handle.ended.wait();
         match self.handle.shared.poison.get() {
             Some(e) => Err(e.clone()),
-            None => Ok(()),
+            None => ended,
         }
     }
 
@@ -1897,7 +1937,12 @@ impl Handle {
             shared.storage.close();
         }
         if !first {
-            return Err(Error::Closed);
+            // A close begun on segwal's own thread answered before its
+            // writer's last fsync: a failure of it is told here.
+            return match joined {
+                Some(Err(e)) => Err(e),
+                _ => Err(Error::Closed),
+            };
         }
         joined.unwrap_or(Ok(()))
     }

@@ -445,3 +445,77 @@ fn a_waker_that_drops_the_last_handle_closes_the_outbox_without_hanging() {
         reopened.close().expect("close");
     }
 }
+
+/// A waker that, run by segwal's notifier thread, acknowledges records one
+/// chunk after another under `ack_durability(Sync)`.
+struct AcksWhenWoken {
+    outbox: std::sync::Mutex<Option<Outbox>>,
+    seqs: Vec<Seq>,
+    started: std::sync::atomic::AtomicBool,
+}
+
+impl std::task::Wake for AcksWhenWoken {
+    fn wake(self: Arc<Self>) {
+        let Some(outbox) = self.outbox.lock().expect("waker's handle").take() else {
+            return;
+        };
+        self.started
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        for chunk in self.seqs.chunks(500) {
+            if outbox.ack_many(chunk).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// A change made on segwal's own thread while a close runs on another must
+/// not wait for that close: the close's writer joins the notifier thread as
+/// it stops, so such a wait would hold all three for ever.
+#[test]
+fn a_change_made_by_a_waker_while_close_runs_does_not_wait_for_the_close() {
+    let options = Options::default()
+        .ack_durability(segwal::Durability::Sync)
+        .caller_writes(false)
+        .linger(Duration::from_millis(50));
+    for round in 0..10u64 {
+        let (_d, path) = tmp();
+        let outbox = Outbox::open(&path, options.clone()).expect("open");
+        let payloads: Vec<[u8; 4]> = (0..20_000u32).map(|i| i.to_le_bytes()).collect();
+        outbox.append_batch(&payloads).expect("append");
+        let seqs: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+        let acker = Arc::new(AcksWhenWoken {
+            outbox: std::sync::Mutex::new(Some(outbox.clone())),
+            seqs,
+            started: std::sync::atomic::AtomicBool::new(false),
+        });
+        let waker = Waker::from(acker.clone());
+        // A batch of more answers than the writer wakes itself: the
+        // notifier thread wakes them, the last with the acknowledging waker.
+        let mut futures: Vec<_> = (0..100)
+            .map(|_| Box::pin(outbox.append_async(b"x")))
+            .collect();
+        let last = futures.len() - 1;
+        for (k, future) in futures.iter_mut().enumerate() {
+            let w = if k == last { &waker } else { Waker::noop() };
+            assert!(
+                future
+                    .as_mut()
+                    .poll(&mut Context::from_waker(w))
+                    .is_pending()
+            );
+        }
+        while !acker.started.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_micros(300 + round * 400));
+        let (done, closed) = std::sync::mpsc::channel();
+        let closer = outbox.clone();
+        std::thread::spawn(move || done.send(closer.close()));
+        let answer = closed
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("round {round}: close still waits after 60 s"));
+        answer.expect("close");
+        drop(futures);
+    }
+}
