@@ -1716,10 +1716,12 @@ impl Outbox {
     /// Called (or the last handle dropped) on a thread of segwal's own, as a
     /// waker of an async call or a `tracing` subscriber runs on, `close` cannot
     /// wait for the writer, which may be that very thread: it begins the
-    /// close and returns `Ok` at once; the writer still writes and fsyncs
-    /// everything answered before it stops, and the directory lock goes with
-    /// it. In a child made by `fork`, it fails with [`Error::Forked`] and
-    /// changes nothing.
+    /// close and returns at once (`Ok`, or the poison of an outbox poisoned
+    /// already); the writer still writes and fsyncs everything answered
+    /// before it stops, and the directory lock goes with it, or with a later
+    /// `close` on another thread, which waits for the writer and answers its
+    /// failure if its last fsync failed. In a child made by `fork`, it fails
+    /// with [`Error::Forked`] and changes nothing.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
