@@ -387,7 +387,11 @@ impl Options {
     /// Ok while `close` runs is among those; one made after is refused with
     /// `Error::Closed`). A crash in that
     /// window can lose it: the record is then delivered again after the
-    /// restart (at least once). [`Durability::Sync`]: an acknowledgement
+    /// restart (at least once). Changes outrunning the disk wait for it:
+    /// once more than 8 MiB of acknowledgements, releases, dead letters,
+    /// requeues and discards (their entries in the log) wait for the
+    /// writer, the calls making more return only once those are fsynced, as
+    /// under `Sync`. [`Durability::Sync`]: an acknowledgement
     /// returns once it is fsynced, group-committed with everything else. Once
     /// durable, a record is never handed out again, after any restart.
     pub fn ack_durability(mut self, durability: Durability) -> Options {

@@ -22,7 +22,7 @@ use crate::io::segment_file::first_allocation;
 use crate::io::{LockError, StdStorage, Storage};
 use crate::log::clock::Clock;
 use crate::log::recovery::{self, RecoveryReport};
-use crate::log::shared::{Budget, Completion, Counters, Shared, Ticket};
+use crate::log::shared::{Budget, Completion, Counters, Noted, Shared, Ticket};
 use crate::log::shared::{Verdict, Verdicts};
 use crate::log::writer::{self, MessageFields, OwnedMessage, Payloads, Request, Writer};
 use crate::message::{Appended, Message};
@@ -1201,9 +1201,9 @@ impl Outbox {
                     .filter(|&(s, _)| s != failure.seq);
                 table.put_back_unread(others, self.records_attempts());
                 let reclaim = failure.corrupt && table.set_aside(failure.seq);
-                let wake = shared.state_noted(&mut table);
+                let noted = shared.state_noted(&mut table);
                 drop(table);
-                if wake {
+                if noted.wake {
                     self.nudge_writer();
                 }
                 // The released records are claimable again.
@@ -1272,7 +1272,7 @@ impl Outbox {
     pub fn ack_many(&self, seqs: &[Seq]) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (reclaim, wake, passed) = {
+        let (reclaim, noted, passed) = {
             let mut table = shared.table.lock();
             // Again under the lock, as every change of delivery state does:
             // `close` marks the outbox closed before its writer takes the
@@ -1290,7 +1290,7 @@ impl Outbox {
         if passed {
             shared.notify_arrived(false);
         }
-        self.acknowledged(reclaim, wake)
+        self.acknowledged(reclaim, noted)
     }
 
     /// Acknowledges every claimed record numbered at or below `seq`, and
@@ -1314,7 +1314,7 @@ impl Outbox {
     pub fn ack_through(&self, seq: Seq) -> Result<u64> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (count, reclaim, wake, passed) = {
+        let (count, reclaim, noted, passed) = {
             let mut table = shared.table.lock();
             shared.check_open()?;
             let (count, reclaim) = table.ack_through(seq);
@@ -1325,7 +1325,7 @@ impl Outbox {
             shared.notify_arrived(false);
         }
         if count > 0 {
-            self.acknowledged(reclaim, wake)?;
+            self.acknowledged(reclaim, noted)?;
         }
         Ok(count)
     }
@@ -1334,18 +1334,26 @@ impl Outbox {
     /// `ack_durability(Sync)`; otherwise wakes the writer thread to delete
     /// what they freed, or when it would not come to them within the sync
     /// interval (`wake`, from [`Shared::state_noted`](crate::log::shared::Shared::state_noted)).
-    fn acknowledged(&self, reclaim: bool, wake: bool) -> Result<()> {
+    fn acknowledged(&self, reclaim: bool, noted: Noted) -> Result<()> {
         let shared = &self.handle.shared;
         if shared.poison.get().is_some() {
             // No writer will write them: a poisoned outbox keeps serving claims
-            // and acks from memory, and its acknowledgements are not durable
-            // (they must not pile up either).
-            shared.table.lock().take_acks();
+            // and acks from memory, and its changes of delivery state are not
+            // durable (they must not pile up either).
+            let _ = shared.table.lock().take_unwritten();
+            if shared.options.ack_durability == crate::Durability::Buffered {
+                return Ok(());
+            }
         }
-        if shared.options.ack_durability == crate::Durability::Sync {
+        // Changes piling up faster than the disk takes them: this caller waits
+        // for the writer, as under `Sync`. Not on segwal's own threads (a
+        // waker), which the writer may be waiting for.
+        if shared.options.ack_durability == crate::Durability::Sync
+            || (noted.wait && !crate::log::shared::on_own_thread())
+        {
             return self.synced_by_the_close(self.sync());
         }
-        if reclaim || wake {
+        if reclaim || noted.wake {
             self.nudge_writer();
         }
         Ok(())
@@ -1414,7 +1422,7 @@ impl Outbox {
         let due = Clock::lease_deadline(now, delay);
         let not_before = crate::io::segment_file::now_us()
             .saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX));
-        let wake = {
+        let noted = {
             let mut table = shared.table.lock();
             shared.check_open()?;
             table.release_after(seq, due, now, not_before, reason)?;
@@ -1422,7 +1430,7 @@ impl Outbox {
         };
         // Claimable at once: wake a waiting relay.
         shared.notify_arrived(true);
-        self.acknowledged(false, wake)
+        self.acknowledged(false, noted)
     }
 
     /// Parks the claimed record `seq` as a dead letter: the far side refused
@@ -1455,7 +1463,7 @@ impl Outbox {
     pub fn dead_letter(&self, seq: Seq, reason: &str) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (wake, passed) = {
+        let (noted, passed) = {
             let mut table = shared.table.lock();
             shared.check_open()?;
             table.dead_letter(seq, reason, crate::io::segment_file::now_us())?;
@@ -1465,7 +1473,7 @@ impl Outbox {
             shared.notify_arrived(false);
         }
         crate::event!(warn, seq = seq.get(), reason, "dead letter");
-        self.acknowledged(false, wake)
+        self.acknowledged(false, noted)
     }
 
     /// The dead letters, oldest first, at most `max`, with their payloads
@@ -1559,14 +1567,14 @@ impl Outbox {
     pub fn requeue(&self, seq: Seq) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let wake = {
+        let noted = {
             let mut table = shared.table.lock();
             shared.check_open()?;
             table.requeue(seq)?;
             shared.state_noted(&mut table)
         };
         shared.notify_arrived(true);
-        self.acknowledged(false, wake)
+        self.acknowledged(false, noted)
     }
 
     /// Acknowledges the dead letter `seq`: done for good, as if delivered.
@@ -1589,13 +1597,13 @@ impl Outbox {
     pub fn discard(&self, seq: Seq) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (reclaim, wake) = {
+        let (reclaim, noted) = {
             let mut table = shared.table.lock();
             shared.check_open()?;
             let reclaim = table.discard(seq)?;
             (reclaim, shared.state_noted(&mut table))
         };
-        self.acknowledged(reclaim, wake)
+        self.acknowledged(reclaim, noted)
     }
 
     /// Asks the writer to delete fully acknowledged segments. A full queue means

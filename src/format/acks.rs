@@ -9,7 +9,7 @@ use crate::error::Corruption;
 use crate::format::seq::Seq;
 
 /// Bytes of one range.
-const RANGE_LEN: usize = 16;
+pub(crate) const RANGE_LEN: usize = 16;
 
 /// The payload for `ranges`.
 pub(crate) fn encode(ranges: &[(Seq, Seq)]) -> Vec<u8> {
@@ -19,6 +19,15 @@ pub(crate) fn encode(ranges: &[(Seq, Seq)]) -> Vec<u8> {
         out.extend_from_slice(&last.get().to_le_bytes());
     }
     out
+}
+
+/// The payloads of the acks frames for `ranges`, in order: a frame carries
+/// at most [`FRAME_ENTRIES_BYTES_MAX`](crate::format::delivery::FRAME_ENTRIES_BYTES_MAX)
+/// bytes of ranges.
+pub(crate) fn encode_frames(ranges: &[(Seq, Seq)]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    ranges
+        .chunks(crate::format::delivery::FRAME_ENTRIES_BYTES_MAX / RANGE_LEN)
+        .map(encode)
 }
 
 /// The ranges of an acks payload. Never panics; a payload whose checksum held

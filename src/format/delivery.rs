@@ -12,6 +12,8 @@
 //! The frames are skippable: a reader that does not know them delivers the
 //! record again at once (at least once), never loses it.
 
+use std::sync::Arc;
+
 use crate::error::Corruption;
 use crate::format::frame::FrameKind;
 use crate::format::seq::{SEQ_MAX, Seq};
@@ -29,6 +31,12 @@ pub(crate) const REQUEUE_OR_DISCARD: FrameKind = FrameKind::Skippable(0x84);
 /// boundary).
 pub const REASON_BYTES_MAX: usize = 1024;
 
+/// The most entry bytes one delivery-state or acks frame carries: a longer
+/// run of changes is split over several frames of its kind, so that no
+/// frame comes near the format's record limit however many changes pile up
+/// between two batches.
+pub(crate) const FRAME_ENTRIES_BYTES_MAX: usize = 1 << 20;
+
 /// One change of a record's delivery state, as the log records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Change {
@@ -39,13 +47,13 @@ pub(crate) enum Change {
     Release {
         seq: Seq,
         not_before_us: u64,
-        reason: String,
+        reason: Arc<str>,
     },
     /// Parked as a dead letter after `attempts` deliveries.
     DeadLetter {
         seq: Seq,
         attempts: u32,
-        reason: String,
+        reason: Arc<str>,
     },
     /// A dead letter made pending again.
     Requeue(Seq),
@@ -63,25 +71,45 @@ impl Change {
             Change::Requeue(seq) | Change::Discard(seq) => *seq,
         }
     }
+
+    /// The bytes of its entry in a frame.
+    pub(crate) fn entry_len(&self) -> usize {
+        match self {
+            Change::Attempts { .. } => 12,
+            Change::Release { reason, .. } => 18 + reason.len().min(REASON_BYTES_MAX),
+            Change::DeadLetter { reason, .. } => 14 + reason.len().min(REASON_BYTES_MAX),
+            Change::Requeue(_) | Change::Discard(_) => 9,
+        }
+    }
 }
 
 /// `reason` cut to [`REASON_BYTES_MAX`] bytes, on a character boundary.
 pub(crate) fn clip(reason: &str) -> String {
+    clipped(reason).to_owned()
+}
+
+/// The part of `reason` [`clip`] keeps.
+pub(crate) fn clipped(reason: &str) -> &str {
     let mut end = reason.len().min(REASON_BYTES_MAX);
     while !reason.is_char_boundary(end) {
         end -= 1;
     }
-    reason.get(..end).unwrap_or_default().to_owned()
+    reason.get(..end).unwrap_or_default()
 }
 
 fn put_reason(out: &mut Vec<u8>, reason: &str) {
-    let reason = clip(reason);
+    let reason = clipped(reason);
     out.extend_from_slice(&(reason.len() as u16).to_le_bytes());
     out.extend_from_slice(reason.as_bytes());
 }
 
-/// The frames for `changes`, in order: runs of one kind share a frame.
+/// The frames for `changes`, in order: runs of one kind share a frame, of
+/// at most [`FRAME_ENTRIES_BYTES_MAX`] bytes.
 pub(crate) fn encode(changes: &[Change]) -> Vec<(FrameKind, Vec<u8>)> {
+    encode_at_most(changes, FRAME_ENTRIES_BYTES_MAX)
+}
+
+fn encode_at_most(changes: &[Change], frame_max: usize) -> Vec<(FrameKind, Vec<u8>)> {
     let mut frames: Vec<(FrameKind, Vec<u8>)> = Vec::new();
     for change in changes {
         let kind = match change {
@@ -90,7 +118,10 @@ pub(crate) fn encode(changes: &[Change]) -> Vec<(FrameKind, Vec<u8>)> {
             Change::DeadLetter { .. } => DEAD_LETTER,
             Change::Requeue(_) | Change::Discard(_) => REQUEUE_OR_DISCARD,
         };
-        if frames.last().is_none_or(|(k, _)| *k != kind) {
+        if frames
+            .last()
+            .is_none_or(|(k, out)| *k != kind || out.len() + change.entry_len() > frame_max)
+        {
             frames.push((kind, Vec::new()));
         }
         let Some((_, out)) = frames.last_mut() else {
@@ -162,11 +193,11 @@ fn seq_of(rest: &mut &[u8]) -> Result<Seq, Corruption> {
     Ok(Seq::from(s))
 }
 
-fn reason_of(rest: &mut &[u8]) -> Result<String, Corruption> {
+fn reason_of(rest: &mut &[u8]) -> Result<Arc<str>, Corruption> {
     let len = u16::from_le_bytes(take(rest, 2)?.try_into().unwrap_or_default()) as usize;
     // The writer never writes more than the limit; a frame that says
     // otherwise holds no more than it in memory either.
-    Ok(clip(&String::from_utf8_lossy(take(rest, len)?)))
+    Ok(clip(&String::from_utf8_lossy(take(rest, len)?)).into())
 }
 
 /// The changes a frame of `kind` (release, dead letter, requeue or discard)
@@ -233,7 +264,7 @@ mod tests {
             Change::Release {
                 seq: Seq::from(4),
                 not_before_us: 78,
-                reason: long.clone(),
+                reason: long.as_str().into(),
             },
             Change::DeadLetter {
                 seq: Seq::from(5),
@@ -252,7 +283,7 @@ mod tests {
             .collect();
         let mut want = changes.clone();
         if let Change::Release { reason, .. } = &mut want[2] {
-            *reason = clip(&long);
+            *reason = clip(&long).into();
             assert!(reason.len() <= REASON_BYTES_MAX && reason.len() > REASON_BYTES_MAX - 2);
         }
         assert_eq!(back, want);
@@ -260,5 +291,33 @@ mod tests {
         let (k, p) = &frames[1];
         assert!(decode(*k, &p[..p.len() - 1]).is_err());
         assert!(decode(REQUEUE_OR_DISCARD, &[1, 0, 0, 0, 0, 0, 0, 0, 9]).is_err());
+    }
+
+    #[test]
+    fn a_long_run_of_one_kind_is_split_over_frames_of_bounded_size() {
+        let reason: Arc<str> = "x".repeat(100).into();
+        let changes: Vec<Change> = (1..=50)
+            .map(|s| Change::Release {
+                seq: Seq::from(s),
+                not_before_us: s,
+                reason: reason.clone(),
+            })
+            .chain((51..=60).map(|s| Change::Discard(Seq::from(s))))
+            .collect();
+        // 118 bytes an entry: eight releases a frame of 1,000 bytes.
+        let frames = encode_at_most(&changes, 1000);
+        let kinds: Vec<FrameKind> = frames.iter().map(|f| f.0).collect();
+        let mut want = vec![RELEASE; 7];
+        want.push(REQUEUE_OR_DISCARD);
+        assert_eq!(kinds, want);
+        assert!(frames.iter().all(|(_, p)| p.len() <= 1000));
+        let back: Vec<Change> = frames
+            .iter()
+            .flat_map(|(k, p)| decode(*k, p).expect("decode"))
+            .collect();
+        assert_eq!(back, changes);
+        let entries: usize = changes.iter().map(Change::entry_len).sum();
+        let written: usize = frames.iter().map(|(_, p)| p.len()).sum();
+        assert_eq!(entries, written, "entry_len is what encode writes");
     }
 }

@@ -198,16 +198,23 @@ impl Shared {
     /// lone producer appends wakes the thread about every 5 ms, not once an
     /// acknowledgement; otherwise a change reaches the file at once, as it
     /// always did, and is fsynced within the sync interval.
-    pub(crate) fn state_noted(&self, table: &mut crate::state::table::Table) -> bool {
+    ///
+    /// Also says whether the changes not yet written passed
+    /// [`UNWRITTEN_CHANGES_MAX`]: the caller then waits for the writer
+    /// ([`Noted::wait`]).
+    pub(crate) fn state_noted(&self, table: &mut crate::state::table::Table) -> Noted {
+        let wait = table.unwritten_bytes() > UNWRITTEN_CHANGES_MAX;
         let now = self.clock.now_us();
         if !table.note_unwritten(now) {
-            return false;
+            return Noted { wake: false, wait };
         }
         let until = self.writer_sleeps_until_us.load(Ordering::Acquire);
         if until == WRITER_AWAKE {
-            return false;
+            return Noted { wake: false, wait };
         }
-        !(self.producer_writing(now) && until <= now.saturating_add(PRODUCER_WRITING_WITHIN_US))
+        let wake = !(self.producer_writing(now)
+            && until <= now.saturating_add(PRODUCER_WRITING_WITHIN_US));
+        Noted { wake, wait }
     }
 
     /// Whether a producer appending alone finished a batch of its own within
@@ -309,6 +316,26 @@ pub(crate) fn on_own_thread() -> bool {
 /// is 0.1 to 1 ms), and short enough that a producer that stopped leaves
 /// them to the writer thread soon. 5 ms.
 pub(crate) const PRODUCER_WRITING_WITHIN_US: u64 = 5_000;
+
+/// The most bytes of acknowledgements and other changes of delivery state
+/// (their entries in the log) that wait for the writer before the callers
+/// making more wait for it too, as under `ack_durability(Sync)`: a relay
+/// that releases or parks records faster than the disk takes their reasons
+/// is held to the disk's pace instead of piling them up in memory. A relay
+/// within the disk's pace never comes near it: the writer takes what waits
+/// with each batch.
+pub(crate) const UNWRITTEN_CHANGES_MAX: usize = 8 << 20;
+
+/// What a change of delivery state asks of its caller
+/// ([`Shared::state_noted`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Noted {
+    /// The writer thread sleeps past when the change is due: wake it.
+    pub(crate) wake: bool,
+    /// More than [`UNWRITTEN_CHANGES_MAX`] waits to be written: wait for the
+    /// writer.
+    pub(crate) wait: bool,
+}
 
 /// [`Shared::writer_sleeps_until_us`] while the writer thread works.
 pub(crate) const WRITER_AWAKE: u64 = 0;

@@ -297,6 +297,13 @@ impl Keys {
             .flat_map(|q| q.seqs.iter().filter(move |&s| s != q.turn))
     }
 
+    /// Gives back the room of a burst of keys, once delivered
+    /// ([`shrink_sparse`](crate::state::shrink_sparse)).
+    pub(crate) fn give_back_room(&mut self) {
+        crate::state::shrink_sparse(&mut self.queues);
+        crate::state::shrink_sparse(&mut self.key_of);
+    }
+
     /// Heap bytes, roughly (for `Stats::state_bytes`).
     pub(crate) fn heap_bytes(&self) -> u64 {
         let queued: usize = self.queues.values().map(|q| q.seqs.heap_bytes()).sum();

@@ -320,6 +320,15 @@ impl Leases {
         self.deadlines.keys().next().map(|k| k.0)
     }
 
+    /// Gives back the room of a huge claim, once settled
+    /// ([`shrink_sparse`](crate::state::shrink_sparse)).
+    pub(crate) fn give_back_room(&mut self) {
+        crate::state::shrink_sparse(&mut self.held);
+        crate::state::shrink_sparse(&mut self.live);
+        crate::state::shrink_sparse(&mut self.delivered);
+        crate::state::shrink_sparse(&mut self.lapsed);
+    }
+
     /// Memory held, roughly.
     pub(crate) fn heap_bytes(&self) -> u64 {
         let held =

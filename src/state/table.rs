@@ -296,6 +296,12 @@ pub(crate) struct Table {
     /// Changes of delivery state other than acknowledgements, in the order
     /// made, for the writer to record in the log.
     unwritten: Vec<Change>,
+    /// The bytes the entries of `unwritten` take in the log
+    /// ([`Change::entry_len`]).
+    unwritten_bytes: usize,
+    /// The reason last kept (a release's or a dead letter's): the next one,
+    /// if it says the same, shares its text ([`Table::reason_kept`]).
+    last_reason: Option<Arc<str>>,
     /// When the oldest change not yet written was noted
     /// ([`Table::note_unwritten`]), on the outbox's monotonic clock: the
     /// writer has it written and fsynced within the buffered sync interval
@@ -436,6 +442,8 @@ impl Table {
             finished: 0,
             leases: Leases::default(),
             unwritten: Vec::new(),
+            unwritten_bytes: 0,
+            last_reason: None,
             unwritten_since_us: None,
             last_noted_us: None,
             delayed: BTreeSet::new(),
@@ -458,7 +466,11 @@ impl Table {
     /// not yet written to the log, for the writer's next batch.
     /// Also returns when the oldest of them was noted, if it was: their
     /// fsync is due a sync interval after that, not after this batch.
+    /// Each call also gives back the room of maps that a burst left
+    /// mostly empty ([`Table::give_back_room`]).
     pub(crate) fn take_unwritten(&mut self) -> (Vec<(Seq, Seq)>, Vec<Change>, Option<u64>) {
+        self.unwritten_bytes = 0;
+        self.give_back_room();
         (
             std::mem::take(&mut self.unwritten_acks),
             std::mem::take(&mut self.unwritten),
@@ -492,6 +504,48 @@ impl Table {
         self.last_noted_us
     }
 
+    /// The bytes the acknowledgements and changes not yet written take in
+    /// the log: what a storm of them made the writer carry at once.
+    pub(crate) fn unwritten_bytes(&self) -> usize {
+        self.unwritten_acks.len() * crate::format::acks::RANGE_LEN + self.unwritten_bytes
+    }
+
+    /// Queues `change` for the writer.
+    fn push_change(&mut self, change: Change) {
+        self.unwritten_bytes += change.entry_len();
+        self.unwritten.push(change);
+    }
+
+    /// `reason` cut as the log cuts it, sharing the text of the last reason
+    /// kept when it says the same: a relay that releases or parks thousands
+    /// of records with its broker's one error keeps that text once, not once
+    /// a record.
+    fn reason_kept(&mut self, reason: &str) -> Arc<str> {
+        let reason = crate::format::delivery::clipped(reason);
+        match &self.last_reason {
+            Some(last) if **last == *reason => last.clone(),
+            _ => {
+                let kept: Arc<str> = reason.into();
+                self.last_reason = Some(kept.clone());
+                kept
+            }
+        }
+    }
+
+    /// Gives back the room of the maps a burst left three-quarters empty
+    /// (a million keys delivered, one huge claim settled, a storm of
+    /// releases over): each map must lose most of its entries between two
+    /// shrinks, so the cost is amortised over those removals.
+    fn give_back_room(&mut self) {
+        crate::state::shrink_sparse(&mut self.due);
+        crate::state::shrink_sparse(&mut self.reasons);
+        crate::state::shrink_sparse(&mut self.released);
+        crate::state::shrink_sparse(&mut self.origin);
+        crate::state::shrink_sparse(&mut self.copy_extra);
+        self.leases.give_back_room();
+        self.keys.give_back_room();
+    }
+
     /// Whether anything waits to be written to the log.
     pub(crate) fn has_unwritten(&self) -> bool {
         !self.unwritten_acks.is_empty() || !self.unwritten.is_empty()
@@ -523,9 +577,9 @@ impl Table {
         reason: &str,
     ) -> Result<()> {
         self.held_slot(seq)?;
-        let reason = crate::format::delivery::clip(reason);
+        let reason = self.reason_kept(reason);
         self.leases.returned(seq.get());
-        self.reasons.insert(seq.get(), reason.as_str().into());
+        self.reasons.insert(seq.get(), reason.clone());
         if due > now {
             self.delayed.insert((due, seq.get()));
             self.due.insert(seq.get(), due);
@@ -534,7 +588,7 @@ impl Table {
             self.unclaim(seq)?;
             self.key_repass(seq.get());
         }
-        self.unwritten.push(Change::Release {
+        self.push_change(Change::Release {
             seq,
             not_before_us,
             reason,
@@ -550,16 +604,16 @@ impl Table {
         self.leases.done(seq.get());
         // A dead letter no longer blocks its key.
         self.key_left(seq.get(), false);
-        let reason = crate::format::delivery::clip(reason);
+        let reason = self.reason_kept(reason);
         self.dead.insert(
             seq.get(),
             DeadEntry {
                 attempts,
-                reason: reason.as_str().into(),
+                reason: reason.clone(),
                 since_us,
             },
         );
-        self.unwritten.push(Change::DeadLetter {
+        self.push_change(Change::DeadLetter {
             seq,
             attempts,
             reason,
@@ -576,7 +630,7 @@ impl Table {
         }
         self.reasons.remove(&seq.get());
         self.rejoin(seq)?;
-        self.unwritten.push(Change::Requeue(seq));
+        self.push_change(Change::Requeue(seq));
         Ok(())
     }
 
@@ -680,7 +734,8 @@ impl Table {
                 reason,
                 ..
             } => {
-                self.reasons.insert(seq.get(), reason.as_str().into());
+                let reason = self.reason_kept(reason);
+                self.reasons.insert(seq.get(), reason);
                 let wait = not_before_us.saturating_sub(now_wall_us);
                 if wait > 0 && !claimed {
                     self.claim_slot(si, i);
@@ -702,11 +757,12 @@ impl Table {
                 // Its attempts are the dead letter's: a requeue starts them
                 // again from zero.
                 self.leases.done(seq.get());
+                let reason = self.reason_kept(reason);
                 self.dead.insert(
                     seq.get(),
                     DeadEntry {
                         attempts: *attempts,
-                        reason: reason.as_str().into(),
+                        reason,
                         since_us: stamped_us,
                     },
                 );
@@ -793,27 +849,28 @@ impl Table {
             // The broker's last word (a release's reason), so that an
             // operator sees why the deliveries failed.
             // Clipped as the log clips it, so that memory and a reopen agree.
-            let reason = crate::format::delivery::clip(&match self.reasons.get(&seq.get()) {
+            let text = match self.reasons.get(&seq.get()) {
                 Some(last) if !last.is_empty() => format!(
                     "delivered {times} without an acknowledgement (max_attempts); \
                      last error: {last}"
                 ),
                 _ => format!("delivered {times} without an acknowledgement (max_attempts)"),
-            });
+            };
+            let reason = self.reason_kept(&text);
             self.notices.push(Notice::MaxAttempts {
                 seq: seq.get(),
                 attempts,
-                reason: reason.clone(),
+                reason: reason.to_string(),
             });
             self.dead.insert(
                 seq.get(),
                 DeadEntry {
                     attempts,
-                    reason: reason.as_str().into(),
+                    reason: reason.clone(),
                     since_us: now_wall_us,
                 },
             );
-            self.unwritten.push(Change::DeadLetter {
+            self.push_change(Change::DeadLetter {
                 seq,
                 attempts,
                 reason,
@@ -826,7 +883,7 @@ impl Table {
             .flat_map(|r| r.frames.iter())
             .filter(|_| record_attempts)
         {
-            self.unwritten.push(Change::Attempts {
+            self.push_change(Change::Attempts {
                 seq: f.seq,
                 attempts: f.attempt,
             });
@@ -891,11 +948,6 @@ impl Table {
     /// Records Pending.
     pub(crate) fn pending(&self) -> u64 {
         self.pending
-    }
-
-    /// Takes the acknowledgements not yet written to the log, for the writer.
-    pub(crate) fn take_acks(&mut self) -> Vec<(Seq, Seq)> {
-        std::mem::take(&mut self.unwritten_acks)
     }
 
     /// Acknowledges every claimed record numbered at or below `seq`; records not
@@ -1706,7 +1758,7 @@ impl Table {
             let attempts = self.leases.returned_unread(seq.get());
             self.key_repass(seq.get());
             if record_attempts {
-                self.unwritten.push(Change::Attempts { seq, attempts });
+                self.push_change(Change::Attempts { seq, attempts });
             }
         }
     }
@@ -1830,7 +1882,9 @@ impl Table {
             expired_leases: self.leases.expired,
             delayed: self.delayed.len() as u64,
             dead_letters: self.dead.len() as u64,
-            state_bytes: self.leases.heap_bytes(),
+            state_bytes: self.leases.heap_bytes()
+                + self.side_bytes()
+                + self.unwritten_bytes() as u64,
             ..TableStats::default()
         };
         for seg in &self.segments {
@@ -1877,9 +1931,29 @@ impl Table {
                 .held()
                 .filter(|s| !self.due.contains_key(s))
                 .count() as u64;
-            stats.keys_bytes = self.keys.heap_bytes();
         }
+        // Counted whether or not a key is left: the maps keep their room
+        // until the writer gives it back.
+        stats.keys_bytes = self.keys.heap_bytes();
         stats
+    }
+
+    /// The heap bytes of the maps beside the slots, roughly: delayed
+    /// records, dead letters, reasons, relocated records (a B-tree's entry
+    /// counted half again for its nodes' slack). Not the reasons' text, which
+    /// consecutive equal reasons share.
+    fn side_bytes(&self) -> u64 {
+        use crate::state::map_bytes;
+        let btree = |len: usize, entry: usize| (len * entry * 3 / 2) as u64;
+        btree(self.delayed.len(), 16)
+            + btree(self.dead.len(), 8 + size_of::<DeadEntry>())
+            + btree(self.moved.len(), 16)
+            + btree(self.moved_pending.len(), 8)
+            + map_bytes(self.due.capacity(), 16)
+            + map_bytes(self.reasons.capacity(), 8 + size_of::<Arc<str>>())
+            + map_bytes(self.released.capacity(), 8)
+            + map_bytes(self.origin.capacity(), 16)
+            + map_bytes(self.copy_extra.capacity(), 12)
     }
 
     /// Each segment's first seq and its live records (not Done: pending,

@@ -768,3 +768,116 @@ fn a_writer_panic_tells_its_batch_in_doubt() {
         outbox.close().expect("close");
     }
 }
+
+/// A reason of the longest kept length, different for each `i`.
+fn long_reason(i: usize) -> String {
+    let mut r = format!("HTTP 503 from the broker, delivery {i}: ");
+    r.extend(std::iter::repeat_n('x', segwal::REASON_BYTES_MAX - r.len()));
+    r
+}
+
+#[test]
+fn releases_faster_than_the_disk_wait_for_it_instead_of_piling_up() {
+    // Changes of delivery state under `ack_durability(Buffered)` are answered
+    // at once and written with the writer's next batch. A relay releasing
+    // records with long reasons faster than the disk takes them piled them
+    // up without bound (gigabytes), until the writer's one frame for them
+    // passed the format's record limit and the writer thread panicked. Past a
+    // bound (8 MiB of entries) the caller now waits for the writer.
+    const RECORDS: usize = 12_000; // 12.5 MB of release entries
+    let (_t, dir) = tmp();
+    let (outbox, faults) = faulty(&dir, Options::default());
+    let payloads: Vec<Vec<u8>> = (0..RECORDS).map(|i| payload(0, i)).collect();
+    outbox.append_batch(&payloads).expect("append");
+    let seqs: Vec<Seq> = outbox
+        .claim(RECORDS)
+        .expect("claim")
+        .iter()
+        .map(|r| r.seq())
+        .collect();
+    assert_eq!(seqs.len(), RECORDS);
+    // The disk stalls: the writer's next fsync (an append's) waits until it
+    // is let go, before any release is made.
+    faults.set_hold(true);
+    let appender = {
+        let outbox = outbox.clone();
+        thread::spawn(move || outbox.append(b"stalled"))
+    };
+    crate::eventually("the writer waits for its fsync", || {
+        faults.syncs_waiting.load(Ordering::SeqCst) > 0
+    });
+    let done = Arc::new(AtomicUsize::new(0));
+    let releaser = {
+        let (outbox, done) = (outbox.clone(), done.clone());
+        let seqs = seqs.clone();
+        thread::spawn(move || {
+            for (i, &seq) in seqs.iter().enumerate() {
+                outbox
+                    .release_after(seq, Duration::from_secs(3600), &long_reason(i))
+                    .expect("release");
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    // 8 MiB is 8,050 entries of 1,042 bytes.
+    crate::eventually("the releases reach the bound", || {
+        done.load(Ordering::SeqCst) >= 8_000
+    });
+    // With the disk stalled, the caller past the bound cannot return: the
+    // pause only gives a caller that does not wait the time to finish.
+    thread::sleep(Duration::from_millis(300));
+    let made = done.load(Ordering::SeqCst);
+    assert!(
+        made < RECORDS,
+        "all {RECORDS} releases answered while the disk was stalled"
+    );
+    // What waits stays near the bound (the entries, and the maps of the
+    // delayed records).
+    let held = outbox.stats().state_bytes;
+    assert!(held < 10 << 20, "{} MiB held in memory", held >> 20);
+    faults.set_hold(false);
+    releaser.join().expect("releaser");
+    appender.join().expect("appender").expect("append");
+    assert_eq!(outbox.stats().delayed, RECORDS as u64);
+    outbox.close().expect("close");
+    // Every release is in the log, split over frames of bounded size.
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    assert_eq!(outbox.stats().delayed, RECORDS as u64);
+    let pending = outbox.claim(10).expect("claim");
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].payload(), b"stalled");
+    outbox.close().expect("close");
+}
+
+#[test]
+fn a_poisoned_outbox_keeps_no_changes_it_can_never_write() {
+    // A poisoned outbox goes on serving claims and changes from memory so
+    // that a relay can drain it; no writer writes them, and they must not
+    // pile up either (before, every release and dead letter was kept).
+    let (_t, dir) = tmp();
+    let (outbox, faults) = faulty(&dir, Options::default());
+    let payloads: Vec<Vec<u8>> = (0..2_000).map(|i| payload(0, i)).collect();
+    outbox.append_batch(&payloads).expect("append");
+    faults.fail_sync.store(true, Ordering::SeqCst);
+    assert!(matches!(outbox.append(b"x"), Err(Error::Poisoned { .. })));
+    assert!(outbox.stats().poisoned);
+    let records = outbox.claim(2_000).expect("claim");
+    let before = outbox.stats().state_bytes;
+    for (i, r) in records.iter().enumerate() {
+        if i % 2 == 0 {
+            outbox
+                .release_after(r.seq(), Duration::ZERO, &long_reason(i))
+                .expect("release");
+        } else {
+            outbox.dead_letter(r.seq(), &long_reason(i)).expect("dead");
+        }
+    }
+    let after = outbox.stats().state_bytes;
+    // 2 MB of entries before the mend; the maps of 1,000 dead letters and
+    // 1,000 reasons now.
+    assert!(
+        after < before + (256 << 10),
+        "state grew from {before} to {after} bytes"
+    );
+    assert!(matches!(outbox.close(), Err(Error::Poisoned { .. })));
+}

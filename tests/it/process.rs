@@ -60,6 +60,15 @@ fn status_bytes(field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
 }
 
+/// The resident size once the allocator gave back the free memory it
+/// holds: what is alive, not what the heap's fragments keep.
+fn trimmed_rss() -> u64 {
+    // SAFETY: malloc_trim only returns free memory to the system; it takes
+    // the allocator's own locks and touches no live allocation.
+    unsafe { libc::malloc_trim(0) };
+    status_bytes("VmRSS")
+}
+
 /// Descriptors open in this process.
 fn open_descriptors() -> u64 {
     std::fs::read_dir("/proc/self/fd").expect("fd").count() as u64
@@ -314,4 +323,70 @@ fn child_racing_first_timed_waits() {
         "segwal-child: timer_threads_left={}",
         threads_named("segwal-timer")
     );
+}
+
+#[test]
+fn a_burst_of_keys_and_a_huge_claim_give_their_memory_back_once_delivered() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let out = child("child_burst_of_keys_and_a_huge_claim", &t.path().join("o"));
+    let loaded = figure(&out, "loaded_growth");
+    let drained = figure(&out, "drained_growth");
+    // 100,000 keys of one record each, all claimed at once: the maps of the
+    // keys and of the claim take tens of MiB. Before, they kept that room
+    // until close (and `Stats::state_bytes` stopped counting the keys' once
+    // the last was delivered).
+    assert!(loaded > 8 * MIB, "{out}");
+    assert!(
+        drained < loaded / 4,
+        "{} MiB of {} MiB kept once every record was delivered",
+        drained / MIB,
+        loaded / MIB
+    );
+    let state_loaded = figure(&out, "state_loaded");
+    let state_drained = figure(&out, "state_drained");
+    assert!(state_drained < state_loaded / 4, "{out}");
+}
+
+#[test]
+fn child_burst_of_keys_and_a_huge_claim() {
+    let Some(dir) = child_dir() else { return };
+    const RECORDS: usize = 100_000;
+    let options = Options::default().durability(segwal::Durability::Buffered);
+    let outbox = Outbox::open(&dir, options).expect("open");
+    let baseline = trimmed_rss();
+    let keys: Vec<String> = (0..RECORDS).map(|i| format!("account-{i}")).collect();
+    for chunk in keys.chunks(10_000) {
+        let messages: Vec<segwal::Message<'_>> = chunk
+            .iter()
+            .map(|k| segwal::Message::new(b"event").key(k.as_bytes()))
+            .collect();
+        outbox.append_messages(&messages).expect("append");
+    }
+    drop(keys);
+    outbox.sync().expect("sync");
+    let records = outbox.claim(RECORDS).expect("claim");
+    assert_eq!(records.len(), RECORDS);
+    let seqs: Vec<segwal::Seq> = records.iter().map(|r| r.seq()).collect();
+    drop(records);
+    let loaded = trimmed_rss();
+    let state_loaded = outbox.stats().state_bytes;
+    outbox.ack_many(&seqs).expect("ack");
+    drop(seqs);
+    // The writer's next batch takes the acknowledgements, and gives back
+    // the room the burst left.
+    outbox.sync().expect("sync");
+    let drained = trimmed_rss();
+    let stats = outbox.stats();
+    assert_eq!((stats.pending, stats.claimed), (0, 0));
+    println!(
+        "segwal-child: loaded_growth={}",
+        loaded.saturating_sub(baseline)
+    );
+    println!(
+        "segwal-child: drained_growth={}",
+        drained.saturating_sub(baseline)
+    );
+    println!("segwal-child: state_loaded={state_loaded}");
+    println!("segwal-child: state_drained={}", stats.state_bytes);
+    outbox.close().expect("close");
 }

@@ -402,7 +402,7 @@ mod tests {
                 Change::Release {
                     seq: s(seq),
                     not_before_us: 5,
-                    reason: String::new(),
+                    reason: "".into(),
                 },
                 0,
             )
