@@ -12,12 +12,14 @@
 //! removes it.
 //!
 //! `Stats` serialises (feature `json`), so the exporter walks its fields
-//! instead of naming each: a field added to `Stats` is exported without a
-//! change here. Durations arrive as microseconds and are exported in
+//! instead of naming each: a numeric or boolean field added to `Stats` is
+//! exported without a change here, as a gauge unless it is named in
+//! `COUNTERS`. Durations arrive as microseconds and are exported in
 //! seconds, as Prometheus names them; `null` (no value yet) is left out.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::time::Duration;
 
 use segwal::{Options, Outbox, Stats};
 
@@ -96,11 +98,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 dir.display()
             );
             for stream in listener.incoming() {
-                // One client that goes away mid-request ends its own
-                // connection, not the exporter.
-                if let Err(e) = stream.and_then(|stream| answer(&stream, &outbox)) {
-                    eprintln!("a scrape failed: {e}");
-                }
+                // Each client on a thread of its own, within its timeout: one
+                // that stalls or goes away mid-request ends its own
+                // connection, not the exporter or the next scrape.
+                let stream = match stream {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        eprintln!("a connection failed: {e}");
+                        continue;
+                    }
+                };
+                let outbox = outbox.clone();
+                std::thread::spawn(move || {
+                    if let Err(e) = answer(&stream, &outbox) {
+                        eprintln!("a scrape failed: {e}");
+                    }
+                });
             }
         }
     }
@@ -109,18 +122,46 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Answers one HTTP request on `stream`: the metrics at `/metrics`.
-fn answer(mut stream: &std::net::TcpStream, outbox: &Outbox) -> std::io::Result<()> {
+/// How long a client may take to send its request or read the answer: one
+/// that stalls gives up its connection, not the exporter's.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most bytes of request head read (request line and headers).
+const HEAD_MAX: u64 = 16 << 10;
+
+/// Answers one HTTP request on `stream`: the metrics at `/metrics` (`GET`,
+/// or `HEAD` for the head alone; a query string is ignored).
+fn answer(mut stream: &TcpStream, outbox: &Outbox) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+    let mut head = BufReader::new(Read::take(stream, HEAD_MAX));
     let mut request_line = String::new();
-    BufReader::new(stream).read_line(&mut request_line)?;
-    let (status, body) = if request_line.starts_with("GET /metrics ") {
-        ("200 OK", prometheus(&outbox.stats()))
-    } else {
-        ("404 Not Found", String::from("try /metrics\n"))
+    head.read_line(&mut request_line)?;
+    // The headers, up to the blank line: read, so that the answer does not
+    // meet unread bytes (closing a socket with unread input resets it, and
+    // the client may lose the answer).
+    let mut line = String::new();
+    while head.read_line(&mut line)? > 0 && !line.trim_end().is_empty() {
+        line.clear();
+    }
+    let mut words = request_line.split_whitespace();
+    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let (status, body) = match (method, path) {
+        ("GET" | "HEAD", "/metrics") => ("200 OK", prometheus(&outbox.stats())),
+        ("GET" | "HEAD", _) => ("404 Not Found", String::from("try /metrics\n")),
+        _ => ("405 Method Not Allowed", String::from("GET /metrics\n")),
     };
     write!(
         stream,
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    )
+    )?;
+    if method != "HEAD" {
+        stream.write_all(body.as_bytes())?;
+    }
+    // The answer is sent; whatever the client still sends (a body) is read
+    // and dropped until it closes, or the timeout ends it.
+    stream.shutdown(Shutdown::Write)?;
+    let _ = std::io::copy(&mut Read::take(stream, 1 << 20), &mut std::io::sink());
+    Ok(())
 }

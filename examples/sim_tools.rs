@@ -12,7 +12,11 @@
 //!   crash and what recovery made of them. STEPS is the workload length the
 //!   crash test ran with (`SEGWAL_CRASH_STEPS`, 40 by default).
 //! - `write-recovery-seeds` rewrites the engine-made seeds of the `recovery`
-//!   fuzz target (`fuzz/corpus/recovery/seed-engine-*`), after a format change.
+//!   fuzz target (`fuzz/corpus/recovery/seed-engine-N-close` and `-crash`),
+//!   after a format change. The bytes differ from run to run (segment
+//!   identities and timestamps are fresh), so every run changes them all;
+//!   `seed-engine-delivery-relocated`, made by hand from a golden log, is
+//!   left alone.
 //! - `write-frame-seeds` rewrites the seeds of the `frame_decode` fuzz target
 //!   (`fuzz/corpus/frame_decode/seed-frames-*` and `seed-segment-*`): frames,
 //!   and a segment's header block then frames, in the current format.
@@ -62,7 +66,17 @@ fn write_recovery_seeds() -> Result<(), Box<dyn std::error::Error>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/recovery");
     for entry in std::fs::read_dir(&dir)? {
         let path = entry?.path();
-        if path.to_string_lossy().contains("seed-engine-") {
+        // Only the seeds this tool writes (`seed-engine-N-close`,
+        // `seed-engine-N-crash`): others named alike were made by hand.
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let made_here = name.as_deref().is_some_and(|n| {
+            n.strip_prefix("seed-engine-")
+                .and_then(|rest| rest.split_once('-'))
+                .is_some_and(|(seed, kind)| {
+                    seed.parse::<u64>().is_ok() && matches!(kind, "close" | "crash")
+                })
+        });
+        if made_here {
             std::fs::remove_file(path)?;
         }
     }

@@ -559,18 +559,52 @@ impl fmt::Display for Corruption {
 /// The longest [`Error::Json`] reason kept, in bytes.
 pub const JSON_REASON_MAX: usize = 256;
 
-/// What serde_json said, cut to [`JSON_REASON_MAX`] bytes on a character
-/// boundary, with an ellipsis where it was cut.
+/// What serde_json said, at most [`JSON_REASON_MAX`] bytes: a longer one is
+/// cut in the middle on a character boundary, with an ellipsis, keeping its
+/// end, where serde_json says the line and column.
 #[cfg(feature = "json")]
 pub(crate) fn json_reason(e: &serde_json::Error) -> String {
-    let mut reason = e.to_string();
-    if reason.len() > JSON_REASON_MAX {
-        let mut end = JSON_REASON_MAX;
-        while !reason.is_char_boundary(end) {
-            end -= 1;
-        }
-        reason.truncate(end);
-        reason.push('…');
+    clip_reason(e.to_string())
+}
+
+#[cfg(feature = "json")]
+fn clip_reason(reason: String) -> String {
+    const CUT: &str = "…";
+    if reason.len() <= JSON_REASON_MAX {
+        return reason;
     }
-    reason
+    let tail = reason.rfind(" at line ").map_or("", |at| &reason[at..]);
+    let tail = if tail.len() <= JSON_REASON_MAX / 2 {
+        tail
+    } else {
+        ""
+    };
+    let mut end = JSON_REASON_MAX - CUT.len() - tail.len();
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{CUT}{tail}", &reason[..end])
+}
+
+#[cfg(all(test, feature = "json"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_json_reason_is_cut_within_the_limit_and_keeps_where() {
+        let long = format!(
+            "invalid type: string \"{}\", expected u64 at line 1 column 812",
+            "é".repeat(400)
+        );
+        let cut = clip_reason(long);
+        assert!(cut.len() <= JSON_REASON_MAX, "{} bytes", cut.len());
+        assert!(cut.starts_with("invalid type: string"));
+        assert!(cut.ends_with("… at line 1 column 812"), "{cut}");
+        let short = String::from("expected value at line 1 column 1");
+        assert_eq!(clip_reason(short.clone()), short);
+        // No location: the head alone, within the limit.
+        let cut = clip_reason("x".repeat(1000));
+        assert_eq!(cut.len(), JSON_REASON_MAX);
+        assert!(cut.ends_with('…'));
+    }
 }

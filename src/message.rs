@@ -91,7 +91,16 @@ impl<'a> Message<'a> {
 
     /// A message whose payload is `value` serialised as JSON (feature
     /// `json`, on by default); [`Record::json`](crate::Record::json) reads it
-    /// back. Fails with [`Error::Json`] if `value` cannot be serialised.
+    /// back. Fails with [`Error::Json`] if `value` cannot be serialised, or
+    /// is nested deeper than a JSON reader takes (128 levels).
+    ///
+    /// Deduplication compares bytes: with a [`dedup_id`](Message::dedup_id)
+    /// or [`unique`](Message::unique), two equal values must serialise to
+    /// the same bytes, or the second is a [`Error::Conflict`] (or, unique,
+    /// a second record). A `HashMap` does not: serde_json writes its entries
+    /// in the map's own order, which differs from one map to the next. Use a
+    /// `BTreeMap` or a struct. And serde_json writes a float that is NaN or
+    /// infinite as `null`, which reads back as `null`, not as the float.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
@@ -105,10 +114,7 @@ impl<'a> Message<'a> {
     /// ```
     #[cfg(feature = "json")]
     pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Result<Message<'static>> {
-        let bytes = serde_json::to_vec(value).map_err(|e| Error::Json {
-            seq: None,
-            reason: crate::error::json_reason(&e),
-        })?;
+        let bytes = json_bytes(value)?;
         Ok(Message {
             payload: Cow::Owned(bytes),
             key: None,
@@ -153,4 +159,72 @@ pub struct Appended {
     /// Nothing was written: a record with the same deduplication id and the
     /// same payload was appended within the window.
     pub duplicate: bool,
+}
+
+/// The deepest nesting of arrays and objects serde_json reads back (its
+/// reader stops at 128 levels).
+#[cfg(feature = "json")]
+const JSON_DEPTH_MAX: usize = 127;
+
+/// `value` serialised as JSON, checked readable: serde_json writes values
+/// nested deeper than its reader takes, which would make a record no relay
+/// can read back. Refused with [`Error::Json`] instead.
+#[cfg(feature = "json")]
+pub(crate) fn json_bytes<T: serde::Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
+    let bytes = serde_json::to_vec(value).map_err(|e| Error::Json {
+        seq: None,
+        reason: crate::error::json_reason(&e),
+    })?;
+    let depth = json_depth(&bytes);
+    if depth > JSON_DEPTH_MAX {
+        return Err(Error::Json {
+            seq: None,
+            reason: format!(
+                "nested {depth} levels deep, past the {JSON_DEPTH_MAX} a JSON reader takes"
+            ),
+        });
+    }
+    Ok(bytes)
+}
+
+/// The deepest nesting of arrays and objects in `json` (valid JSON, as
+/// serde_json wrote it): one pass over the bytes, strings skipped.
+#[cfg(feature = "json")]
+fn json_depth(json: &[u8]) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+#[cfg(all(test, feature = "json"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_depth_of_json_skips_brackets_inside_strings() {
+        assert_eq!(json_depth(b"1"), 0);
+        assert_eq!(json_depth(br#"{"a":[1,{"b":[]}]}"#), 4);
+        assert_eq!(json_depth(br#"["[[[[", "\"[[", {"k]}": "\\"}]"#), 2);
+        assert_eq!(json_depth(br#"[[],[[]],[]]"#), 3);
+    }
 }

@@ -613,7 +613,11 @@ impl Outbox {
 
     /// Appends `value` serialised as JSON (feature `json`, on by default),
     /// like [`append`](Outbox::append); [`Record::json`] reads it back. Fails
-    /// with [`Error::Json`], writing nothing, if `value` cannot be serialised.
+    /// with [`Error::Json`], writing nothing, if `value` cannot be serialised
+    /// or is nested deeper than a JSON reader takes (128 levels). A float
+    /// that is NaN or infinite is written as `null` (serde_json's rule), and
+    /// reads back as `null`: see [`Message::json`] for JSON with
+    /// deduplication.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
@@ -632,10 +636,7 @@ impl Outbox {
     /// ```
     #[cfg(feature = "json")]
     pub fn append_json<T: serde::Serialize + ?Sized>(&self, value: &T) -> Result<Seq> {
-        let bytes = serde_json::to_vec(value).map_err(|e| Error::Json {
-            seq: None,
-            reason: crate::error::json_reason(&e),
-        })?;
+        let bytes = crate::message::json_bytes(value)?;
         self.append(&bytes)
     }
 

@@ -1975,14 +1975,12 @@ pub fn replay(
             .skip(from)
             .take(point as usize + 1 - from)
             .map(|(i, op)| {
-                format!(
-                    "op {i}{}: {op}",
-                    if i == point as usize {
-                        " (not done)"
-                    } else {
-                        ""
-                    }
-                )
+                // The disk's trace names each operation `op N: ...` already.
+                if i == point as usize {
+                    format!("{op} (not done)")
+                } else {
+                    op
+                }
             }),
     );
     let (d, crashed) = crash_snapshot(&snapshot, seed, point, draw, &options);
