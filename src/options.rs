@@ -389,9 +389,12 @@ impl Options {
     /// window can lose it: the record is then delivered again after the
     /// restart (at least once). Changes outrunning the disk wait for it:
     /// once more than 8 MiB of acknowledgements, releases, dead letters,
-    /// requeues and discards (their entries in the log) wait for the
-    /// writer, the calls making more return only once those are fsynced, as
-    /// under `Sync`. [`Durability::Sync`]: an acknowledgement
+    /// requeues and discards (their entries in the log, or in memory where
+    /// that is more) wait for the writer, the calls making more return only
+    /// once those are fsynced, as under `Sync`, and answer the fsync's
+    /// failure (`Error::Poisoned`) if it fails, their change made in memory
+    /// but in doubt in the log. Calls from segwal's own threads (a waker,
+    /// a tracing subscriber) never wait. [`Durability::Sync`]: an acknowledgement
     /// returns once it is fsynced, group-committed with everything else. Once
     /// durable, a record is never handed out again, after any restart.
     pub fn ack_durability(mut self, durability: Durability) -> Options {

@@ -193,11 +193,21 @@ fn seq_of(rest: &mut &[u8]) -> Result<Seq, Corruption> {
     Ok(Seq::from(s))
 }
 
-fn reason_of(rest: &mut &[u8]) -> Result<Arc<str>, Corruption> {
+/// The next reason, sharing the text of `last` (the frame's previous one)
+/// when it says the same: a frame of a thousand releases with the broker's
+/// one error holds it once in memory at open.
+fn reason_of(rest: &mut &[u8], last: &mut Option<Arc<str>>) -> Result<Arc<str>, Corruption> {
     let len = u16::from_le_bytes(take(rest, 2)?.try_into().unwrap_or_default()) as usize;
     // The writer never writes more than the limit; a frame that says
     // otherwise holds no more than it in memory either.
-    Ok(clip(&String::from_utf8_lossy(take(rest, len)?)).into())
+    let text = String::from_utf8_lossy(take(rest, len)?);
+    let text = clipped(&text);
+    if let Some(last) = last.as_ref().filter(|l| ***l == *text) {
+        return Ok(last.clone());
+    }
+    let reason: Arc<str> = text.into();
+    *last = Some(reason.clone());
+    Ok(reason)
 }
 
 /// The changes a frame of `kind` (release, dead letter, requeue or discard)
@@ -205,6 +215,7 @@ fn reason_of(rest: &mut &[u8]) -> Result<Arc<str>, Corruption> {
 pub(crate) fn decode(kind: FrameKind, payload: &[u8]) -> Result<Vec<Change>, Corruption> {
     let mut rest = payload;
     let mut out = Vec::new();
+    let mut last = None;
     while !rest.is_empty() {
         let change = if kind == ATTEMPTS {
             let seq = seq_of(&mut rest)?;
@@ -214,7 +225,7 @@ pub(crate) fn decode(kind: FrameKind, payload: &[u8]) -> Result<Vec<Change>, Cor
             Change::Release {
                 seq: seq_of(&mut rest)?,
                 not_before_us: u64_of(&mut rest)?,
-                reason: reason_of(&mut rest)?,
+                reason: reason_of(&mut rest, &mut last)?,
             }
         } else if kind == DEAD_LETTER {
             let seq = seq_of(&mut rest)?;
@@ -222,7 +233,7 @@ pub(crate) fn decode(kind: FrameKind, payload: &[u8]) -> Result<Vec<Change>, Cor
             Change::DeadLetter {
                 seq,
                 attempts,
-                reason: reason_of(&mut rest)?,
+                reason: reason_of(&mut rest, &mut last)?,
             }
         } else if kind == REQUEUE_OR_DISCARD {
             let seq = seq_of(&mut rest)?;
@@ -316,6 +327,17 @@ mod tests {
             .flat_map(|(k, p)| decode(*k, p).expect("decode"))
             .collect();
         assert_eq!(back, changes);
+        // Equal reasons of one frame share their text once decoded.
+        let first = decode(frames[0].0, &frames[0].1).expect("decode");
+        let reasons: Vec<&Arc<str>> = first
+            .iter()
+            .filter_map(|c| match c {
+                Change::Release { reason, .. } => Some(reason),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reasons.len(), 8);
+        assert!(reasons.iter().all(|r| Arc::ptr_eq(r, reasons[0])));
         let entries: usize = changes.iter().map(Change::entry_len).sum();
         let written: usize = frames.iter().map(|(_, p)| p.len()).sum();
         assert_eq!(entries, written, "entry_len is what encode writes");

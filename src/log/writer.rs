@@ -937,9 +937,9 @@ impl Writer {
         }
         let timestamp_us = now_us();
         // Changes of delivery state made since the last batch ride with this
-        // one, after its records: what producers said of the records, an acks
-        // frame, then the other changes in the order made (docs/FORMAT.md,
-        // "Frame kinds").
+        // one, after its records: what producers said of the records, the
+        // acks frames, then the other changes in the order made, each run in
+        // frames of at most 1 MiB of entries (docs/FORMAT.md, "Frame kinds").
         let state_since;
         let (acks, changes, backlog) = {
             let mut table = self.shared.table.lock();

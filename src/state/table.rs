@@ -297,7 +297,7 @@ pub(crate) struct Table {
     /// made, for the writer to record in the log.
     unwritten: Vec<Change>,
     /// The bytes the entries of `unwritten` take in the log
-    /// ([`Change::entry_len`]).
+    /// ([`Change::entry_len`]), or in memory where that is more.
     unwritten_bytes: usize,
     /// The reason last kept (a release's or a dead letter's): the next one,
     /// if it says the same, shares its text ([`Table::reason_kept`]).
@@ -504,15 +504,18 @@ impl Table {
         self.last_noted_us
     }
 
-    /// The bytes the acknowledgements and changes not yet written take in
-    /// the log: what a storm of them made the writer carry at once.
+    /// The bytes the acknowledgements and changes not yet written take, in
+    /// the log or in memory, whichever is larger: what a storm of them made
+    /// the writer carry at once.
     pub(crate) fn unwritten_bytes(&self) -> usize {
         self.unwritten_acks.len() * crate::format::acks::RANGE_LEN + self.unwritten_bytes
     }
 
     /// Queues `change` for the writer.
+    /// Each counts its entry in the log or its place in memory, whichever
+    /// is larger (a discard's entry is 9 bytes, its `Change` about 40).
     fn push_change(&mut self, change: Change) {
-        self.unwritten_bytes += change.entry_len();
+        self.unwritten_bytes += change.entry_len().max(size_of::<Change>());
         self.unwritten.push(change);
     }
 
