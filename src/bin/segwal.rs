@@ -63,7 +63,12 @@ fn out_line(args: std::fmt::Arguments<'_>) {
 
 /// An operator's view of a segwal outbox directory.
 #[derive(Parser)]
-#[command(name = "segwal", version, about)]
+#[command(
+    name = "segwal",
+    version,
+    about = "An operator's view of a segwal outbox directory: inspect, verify, dump, dead letters, repair",
+    after_help = "Exit codes: 0 done (clean); 1 damage found, or a dead letter not changed; 2 the directory cannot be read, holds no outbox, or is held by its running owner. docs/OPERATIONS.md in segwal's source has the details and the JSON schemas."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -71,9 +76,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Segments (first and last seq, bytes, sealed or active), records, disk
-    /// use, format version, outbox identity, the owner's pid. Read-only:
-    /// never writes, never takes the lock, works while the owner runs.
+    /// Segments (first and last seq, bytes, sealed or active), records by
+    /// state, the oldest pending, the sealed segments live records hold,
+    /// disk use, format version, outbox identity, the owner's pid and
+    /// whether it runs, and any damage found. Read-only: never writes, never
+    /// takes the lock, works while the owner runs. Exit 0 (damage is shown,
+    /// not an exit code: `verify` gives one), 2 when the directory cannot be
+    /// read or holds no outbox.
     Inspect {
         /// The outbox directory.
         dir: PathBuf,
@@ -84,8 +93,9 @@ enum Command {
     /// Checks every frame's checksum and every rule an open applies, changing
     /// nothing. Exit 0 when clean (a torn tail, which the next open
     /// truncates, is clean), 1 when damage is found (each problem with file,
-    /// offset, seq and kind), 2 when the directory cannot be read. Read-only:
-    /// never writes, never takes the lock, works while the owner runs.
+    /// offset, seq and kind), 2 when the directory cannot be read or holds
+    /// no outbox. Read-only: never writes, never takes the lock, works while
+    /// the owner runs.
     Verify {
         /// The outbox directory.
         dir: PathBuf,
@@ -127,7 +137,10 @@ enum Command {
     },
     /// The dead letters: list them, put some back to be delivered
     /// (requeue), or drop them for good (discard). Opens the outbox, taking
-    /// its lock: refused with the owner's pid while the owner runs.
+    /// its lock: refused with the owner's pid while the owner runs; like any
+    /// open, it seals the newest segment and writes its own pid in `OWNER`.
+    /// Exit 0, 1 when a seq given could not be changed (each named, the
+    /// others done), 2 when the outbox cannot be opened.
     DeadLetters {
         /// The outbox directory.
         dir: PathBuf,
@@ -391,13 +404,13 @@ fn inspect(v: &Verification) {
     match &v.states {
         Some(c) => {
             outln!(
-                "states      {} pending, {} held back by a key, {} delayed, {} dead, {} acknowledged (still on disk), of {} records",
+                "states      {} pending, {} held back by a key, {} delayed, {} dead, {} acknowledged (still on disk), of {}",
                 c.pending,
                 c.held_by_key,
                 c.delayed,
                 c.dead,
                 c.acknowledged,
-                c.records
+                count(c.records, "record", "records")
             );
             outln!(
                 "claimed     known only to the running owner (Outbox::stats): a record it claimed shows as pending"
@@ -411,17 +424,17 @@ fn inspect(v: &Verification) {
                 None => outln!("oldest      - (nothing pending)"),
             }
             outln!(
-                "held        {} sealed segments kept by {} live records",
-                c.held_segments,
-                c.held_by_records
+                "held        {} kept by {}",
+                count(c.held_segments as u64, "sealed segment", "sealed segments"),
+                count(c.held_by_records, "live record", "live records")
             );
         }
         None => outln!("states      - (the log is too damaged to plan an open)"),
     }
     outln!(
-        "disk        {} bytes in {} segments",
+        "disk        {} bytes in {}",
         v.bytes,
-        v.segments.len()
+        count(v.segments.len() as u64, "segment", "segments")
     );
     outln!();
     outln!(
@@ -539,11 +552,24 @@ fn held_by_owner(dir: &std::path::Path) -> Option<Option<u32>> {
     }
 }
 
-/// A payload's first 80 bytes as text for a listing, escaped as `dump`
-/// escapes it (UTF-8 as Rust escapes a string, other bytes as `\xNN`),
-/// without the quotes.
+/// `n` and what it counts, singular for one: "1 segment", "2 segments".
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// A payload's first 80 bytes as text for a listing, as `dump` prints it:
+/// JSON as JSON on one line, other text escaped (UTF-8 as Rust escapes a
+/// string, other bytes as `\xNN`), without the quotes.
 fn preview(payload: &[u8]) -> String {
     let mut end = payload.len().min(80);
+    if is_json(payload) {
+        let line = String::from_utf8_lossy(&one_line(payload)).into_owned();
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        let more = if line.len() > end { "..." } else { "" };
+        return format!("{}{more}", &line[..end]);
+    }
     if let Ok(text) = std::str::from_utf8(payload) {
         while !text.is_char_boundary(end) {
             end -= 1;
@@ -579,12 +605,9 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
                 }
                 Ok(letter)
             };
-            let plural = |n: u64, one: &'static str, many: &'static str| {
-                if n == 1 { one } else { many }
-            };
             if !*json {
                 let n = outbox.stats().dead_letters;
-                outln!("{n} {}", plural(n, "dead letter", "dead letters"));
+                outln!("{}", count(n, "dead letter", "dead letters"));
             }
             let mut first = true;
             loop {
@@ -609,9 +632,9 @@ fn dead_letters(dir: &std::path::Path, action: &DeadLetterAction) -> ExitCode {
                 } else {
                     let attempts = u64::from(d.attempts());
                     outln!(
-                        "  seq {} after {attempts} {}: {}\n    {}",
+                        "  seq {} after {}: {}\n    {}",
                         d.seq(),
-                        plural(attempts, "attempt", "attempts"),
+                        count(attempts, "attempt", "attempts"),
                         d.reason().escape_debug(),
                         preview(d.payload())
                     );
@@ -983,7 +1006,11 @@ fn run(cli: Cli) -> ExitCode {
     if let Err(code) = an_outbox(dir) {
         return code;
     }
-    let verification = match verify_showing_progress(dir) {
+    let label = match &cli.command {
+        Command::Inspect { .. } => "inspect",
+        _ => "verify",
+    };
+    let verification = match verify_showing_progress(dir, label) {
         Ok(v) => v,
         Err(e) => {
             errln!("segwal: {e}");
@@ -996,11 +1023,11 @@ fn run(cli: Cli) -> ExitCode {
         inspect(&verification);
     } else {
         outln!(
-            "{}: {} segments, {} bytes, {} records checked",
+            "{}: {}, {} bytes, {} checked",
             verification.dir.display(),
-            verification.segments.len(),
+            count(verification.segments.len() as u64, "segment", "segments"),
             verification.bytes,
-            verification.records
+            count(verification.records, "record", "records")
         );
         if let Some(torn) = &verification.torn_tail {
             outln!("torn tail (not damage: the next open truncates it):");
@@ -1047,9 +1074,10 @@ const PROGRESS_BYTES_MIN: u64 = 256 << 20;
 /// A log of more segments than this gets a progress bar (on a terminal).
 const PROGRESS_SEGMENTS_MIN: usize = 8;
 
-/// [`segwal::verify`], with a progress bar on stderr when stderr is a
-/// terminal and the log is large.
-fn verify_showing_progress(dir: &std::path::Path) -> segwal::Result<Verification> {
+/// [`segwal::verify`], with a progress bar labelled `label` (the command) on
+/// stderr when stderr is a terminal and the log is large. The line fits 80
+/// columns.
+fn verify_showing_progress(dir: &std::path::Path, label: &str) -> segwal::Result<Verification> {
     let (segments, bytes) = segment_files(dir);
     if !std::io::stderr().is_terminal()
         || (bytes <= PROGRESS_BYTES_MIN && segments <= PROGRESS_SEGMENTS_MIN)
@@ -1061,9 +1089,9 @@ fn verify_showing_progress(dir: &std::path::Path) -> segwal::Result<Verification
         indicatif::ProgressDrawTarget::stderr(),
     );
     bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "verify [{bar:40}] {bytes}/{total_bytes} bytes ({percent}%), {elapsed}",
-        )
+        indicatif::ProgressStyle::with_template(&format!(
+            "{label} [{{bar:30}}] {{bytes}}/{{total_bytes}} ({{percent}}%), {{elapsed}}"
+        ))
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
@@ -1484,6 +1512,17 @@ mod tests {
         let waiting = "3: -> FLOCK  ADVISORY  WRITE 12 fe:00:77 0 EOF\n";
         assert_eq!(flock_holder(waiting, 77), None);
         assert_eq!(flock_holder("", 77), None);
+    }
+
+    #[test]
+    fn a_dead_letters_preview_shows_json_as_dump_does() {
+        assert_eq!(preview(br#"{"n": 1}"#), r#"{"n": 1}"#);
+        assert_eq!(preview(b"{\"a\":\n2}"), r#"{"a": 2}"#);
+        let long = format!(r#"{{"body":"{}"}}"#, "é".repeat(60));
+        let shown = preview(long.as_bytes());
+        assert!(shown.ends_with("...") && shown.len() <= 83, "{shown}");
+        // Not JSON: escaped.
+        assert_eq!(preview(b"say \"hi\"\n"), r#"say \"hi\"\n"#);
     }
 
     #[test]
