@@ -9,7 +9,9 @@
 //!
 //! Serving, it runs until it is stopped (Ctrl-C), which leaves its outbox in
 //! the temporary directory it names when it starts; printing once, it
-//! removes it.
+//! removes it. It answers up to 32 connections at once, each on a thread of
+//! its own and within 5 s of its accept; more are closed unanswered, so a
+//! flood of idle connections costs a scrape, not the exporter.
 //!
 //! `Stats` serialises (feature `json`), so the exporter walks its fields
 //! instead of naming each: a numeric or boolean field added to `Stats` is
@@ -19,7 +21,9 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use segwal::{Options, Outbox, Stats};
 
@@ -97,24 +101,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "serving http://{addr}/metrics (Ctrl-C stops, and leaves its outbox in {}: remove it then)",
                 dir.display()
             );
-            for stream in listener.incoming() {
-                // Each client on a thread of its own, within its timeout: one
-                // that stalls or goes away mid-request ends its own
-                // connection, not the exporter or the next scrape.
-                let stream = match stream {
-                    Ok(stream) => stream,
-                    Err(e) => {
-                        eprintln!("a connection failed: {e}");
-                        continue;
-                    }
-                };
-                let outbox = outbox.clone();
-                std::thread::spawn(move || {
-                    if let Err(e) = answer(&stream, &outbox) {
-                        eprintln!("a scrape failed: {e}");
-                    }
-                });
-            }
+            serve(&listener, &outbox);
         }
     }
     outbox.close()?;
@@ -122,27 +109,97 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// How long a client may take to send its request or read the answer: one
-/// that stalls gives up its connection, not the exporter's.
+/// How long a connection may last, from its accept to its end: a client
+/// that stalls, or sends a byte now and then, gives up its connection, not
+/// the exporter's.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most bytes of request head read (request line and headers).
 const HEAD_MAX: u64 = 16 << 10;
+/// The most connections answered at once; more are closed unanswered.
+const CONNECTIONS_MAX: usize = 32;
+
+/// Accepts connections for ever, each answered on a thread of its own.
+fn serve(listener: &TcpListener, outbox: &Outbox) {
+    let live = Arc::new(AtomicUsize::new(0));
+    let mut failing = false;
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                // Out of descriptors, say: said once, then a pause before
+                // the next accept rather than a busy loop.
+                if !failing {
+                    eprintln!("accepting a connection failed: {e} (said once until one succeeds)");
+                }
+                failing = true;
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        failing = false;
+        if live.fetch_add(1, Ordering::SeqCst) >= CONNECTIONS_MAX {
+            live.fetch_sub(1, Ordering::SeqCst);
+            continue; // dropped: closed unanswered
+        }
+        let (outbox, done) = (outbox.clone(), live.clone());
+        let spawned = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                if let Err(e) = answer(&stream, &outbox) {
+                    eprintln!("a scrape failed: {e}");
+                }
+                done.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            // The system refused a thread: this connection goes unanswered
+            // (closed as the closure drops), the exporter goes on.
+            live.fetch_sub(1, Ordering::SeqCst);
+            eprintln!("no thread for a connection: {e}");
+        }
+    }
+}
+
+/// Reads into `buf` with the time left until `deadline`; `TimedOut` past it.
+fn read_until_deadline(
+    stream: &TcpStream,
+    deadline: Instant,
+    read: impl FnOnce() -> std::io::Result<usize>,
+) -> std::io::Result<usize> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    stream.set_read_timeout(Some(left))?;
+    read()
+}
 
 /// Answers one HTTP request on `stream`: the metrics at `/metrics` (`GET`,
-/// or `HEAD` for the head alone; a query string is ignored).
+/// or `HEAD` for the head alone; a query string is ignored), all within
+/// [`CLIENT_TIMEOUT`] of the accept.
 fn answer(mut stream: &TcpStream, outbox: &Outbox) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
     let mut head = BufReader::new(Read::take(stream, HEAD_MAX));
-    let mut request_line = String::new();
-    head.read_line(&mut request_line)?;
-    // The headers, up to the blank line: read, so that the answer does not
-    // meet unread bytes (closing a socket with unread input resets it, and
-    // the client may lose the answer).
-    let mut line = String::new();
-    while head.read_line(&mut line)? > 0 && !line.trim_end().is_empty() {
-        line.clear();
+    let mut request_line = Vec::new();
+    read_until_deadline(stream, deadline, || {
+        head.read_until(b'\n', &mut request_line)
+    })?;
+    if request_line.is_empty() {
+        return Ok(()); // connected and closed (a health check): nothing to answer
     }
+    // The headers, up to the blank line, as bytes (HTTP lets them hold any
+    // byte): read, so that the answer does not meet unread bytes (closing a
+    // socket with unread input resets it, and the client may lose the
+    // answer).
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = read_until_deadline(stream, deadline, || head.read_until(b'\n', &mut line))?;
+        if n == 0 || line.trim_ascii().is_empty() {
+            break;
+        }
+    }
+    let request_line = String::from_utf8_lossy(&request_line);
     let mut words = request_line.split_whitespace();
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
@@ -153,15 +210,16 @@ fn answer(mut stream: &TcpStream, outbox: &Outbox) -> std::io::Result<()> {
     };
     write!(
         stream,
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nAllow: GET, HEAD\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     )?;
     if method != "HEAD" {
         stream.write_all(body.as_bytes())?;
     }
     // The answer is sent; whatever the client still sends (a body) is read
-    // and dropped until it closes, or the timeout ends it.
+    // and dropped until it closes, or the deadline ends it.
     stream.shutdown(Shutdown::Write)?;
-    let _ = std::io::copy(&mut Read::take(stream, 1 << 20), &mut std::io::sink());
+    let mut sink = [0u8; 8192];
+    while read_until_deadline(stream, deadline, || stream.read(&mut sink)).is_ok_and(|n| n > 0) {}
     Ok(())
 }

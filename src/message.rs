@@ -92,7 +92,9 @@ impl<'a> Message<'a> {
     /// A message whose payload is `value` serialised as JSON (feature
     /// `json`, on by default); [`Record::json`](crate::Record::json) reads it
     /// back. Fails with [`Error::Json`] if `value` cannot be serialised, or
-    /// is nested deeper than a JSON reader takes (128 levels).
+    /// is nested more than 127 levels deep, which serde_json's reader refuses
+    /// (also where the type read back would skip that part, as a
+    /// `RawValue` or a skipped field does).
     ///
     /// Deduplication compares bytes: with a [`dedup_id`](Message::dedup_id)
     /// or [`unique`](Message::unique), two equal values must serialise to

@@ -614,7 +614,8 @@ impl Outbox {
     /// Appends `value` serialised as JSON (feature `json`, on by default),
     /// like [`append`](Outbox::append); [`Record::json`] reads it back. Fails
     /// with [`Error::Json`], writing nothing, if `value` cannot be serialised
-    /// or is nested deeper than a JSON reader takes (128 levels). A float
+    /// or is nested more than 127 levels deep, which serde_json's reader
+    /// refuses. A float
     /// that is NaN or infinite is written as `null` (serde_json's rule), and
     /// reads back as `null`: see [`Message::json`] for JSON with
     /// deduplication.

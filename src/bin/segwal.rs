@@ -563,7 +563,7 @@ fn count(n: u64, one: &str, many: &str) -> String {
 fn preview(payload: &[u8]) -> String {
     let mut end = payload.len().min(80);
     if is_json(payload) {
-        let line = String::from_utf8_lossy(&one_line(payload)).into_owned();
+        let line = one_line_shown(payload);
         while !line.is_char_boundary(end) {
             end -= 1;
         }
@@ -938,8 +938,13 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
     match segwal::verify(&found.dir).map(|v| v.states) {
         Ok(Some(c)) => {
             out.say(format_args!(
-                "{} records kept: {} pending, {} held back by a key, {} delayed, {} dead, {} acknowledged (still on disk)",
-                c.records, c.pending, c.held_by_key, c.delayed, c.dead, c.acknowledged
+                "{} kept: {} pending, {} held back by a key, {} delayed, {} dead, {} acknowledged (still on disk)",
+                count(c.records, "record", "records"),
+                c.pending,
+                c.held_by_key,
+                c.delayed,
+                c.dead,
+                c.acknowledged
             ));
             out.set("records_kept", c.records.into());
             out.set(
@@ -955,8 +960,8 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         }
         Ok(None) | Err(_) => {
             out.say(format_args!(
-                "{} records pending (the log could not be read again to count the others: run verify)",
-                report.records_recovered
+                "{} pending (the log could not be read again to count the others: run verify)",
+                count(report.records_recovered, "record", "records")
             ));
         }
     }
@@ -971,8 +976,15 @@ fn state_dropped(d: &segwal::Dropped) -> Option<String> {
         return None;
     }
     Some(format!(
-        "and the delivery state of records kept written in what is dropped: {} acknowledged records are unacknowledged again (delivered again; a dead letter discarded there is a dead letter again), {} records go back to the state the kept frames record (a dead letter made there is pending again, one requeued there is a dead letter again, a release's delay and reason given there are gone)",
-        d.acks_dropped, d.changes_dropped
+        "and the delivery state of records kept written in what is dropped: {} {} unacknowledged again (delivered again; a dead letter discarded there is a dead letter again), {} {} back to the state the kept frames record (a dead letter made there is pending again, one requeued there is a dead letter again, a release's delay and reason given there are gone)",
+        count(
+            d.acks_dropped,
+            "acknowledged record",
+            "acknowledged records"
+        ),
+        if d.acks_dropped == 1 { "is" } else { "are" },
+        count(d.changes_dropped, "record", "records"),
+        if d.changes_dropped == 1 { "goes" } else { "go" }
     ))
 }
 
@@ -1060,7 +1072,13 @@ fn run(cli: Cli) -> ExitCode {
 fn dropped_range(first: segwal::Seq, last: Option<segwal::Seq>) -> String {
     last.map_or_else(
         || format!("from seq {first} on (no record past it could be read and checked)"),
-        |l| format!("seqs {first} to {l} at most"),
+        |l| {
+            if l == first {
+                format!("seq {first} at most")
+            } else {
+                format!("seqs {first} to {l} at most")
+            }
+        },
     )
 }
 
@@ -1225,6 +1243,38 @@ fn one_line(json: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     }
 }
 
+/// [`one_line`] for people at a terminal: the characters JSON lets a string
+/// hold raw that a terminal acts on or that mislead a reader (DEL, the C1
+/// controls, line and paragraph separators, bidirectional controls) are
+/// written as `\uXXXX`, which means the same inside a string, the only place
+/// they can be. `json` is valid JSON (UTF-8).
+fn one_line_shown(json: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let text = String::from_utf8_lossy(json);
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            // Whitespace between tokens: strings escape theirs.
+            '\n' | '\r' | '\t' => out.push(' '),
+            c if c.is_control()
+                || matches!(
+                    c,
+                    '\u{2028}'
+                        | '\u{2029}'
+                        | '\u{200e}'
+                        | '\u{200f}'
+                        | '\u{202a}'..='\u{202e}'
+                        | '\u{2066}'..='\u{2069}'
+                ) =>
+            {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Bytes for a line of text: UTF-8 escaped as Rust escapes a string
 /// (`\n`, `\"`, `\u{7f}`), other bytes as `\xNN`, in quotes.
 fn quoted(bytes: &[u8]) -> String {
@@ -1309,7 +1359,7 @@ fn text_line(r: &DumpedRecord, out: &mut Vec<u8>) {
     out.extend_from_slice(line.as_bytes());
     out.extend_from_slice(b" payload=");
     if is_json(&r.payload) {
-        out.extend_from_slice(&one_line(&r.payload));
+        out.extend_from_slice(one_line_shown(&r.payload).as_bytes());
     } else {
         quote_into(&r.payload, out);
     }
@@ -1512,6 +1562,22 @@ mod tests {
         let waiting = "3: -> FLOCK  ADVISORY  WRITE 12 fe:00:77 0 EOF\n";
         assert_eq!(flock_holder(waiting, 77), None);
         assert_eq!(flock_holder("", 77), None);
+    }
+
+    #[test]
+    fn json_shown_at_a_terminal_escapes_what_a_terminal_would_act_on() {
+        let raw = "{\"csi\":\"\u{9b}2J\",\"del\":\"a\u{7f}b\",\"bidi\":\"\u{202e}gnp.exe\",\n\"ls\":\"p\u{2028}q\",\"ok\":\"é\"}";
+        assert!(is_json(raw.as_bytes()));
+        let shown = one_line_shown(raw.as_bytes());
+        assert_eq!(
+            shown,
+            r#"{"csi":"\u009b2J","del":"a\u007fb","bidi":"\u202egnp.exe", "ls":"p\u2028q","ok":"é"}"#
+        );
+        // Still the same JSON value.
+        let a: serde_json::Value = serde_json::from_str(raw).expect("json");
+        let b: serde_json::Value = serde_json::from_str(&shown).expect("json");
+        assert_eq!(a, b);
+        assert!(preview(raw.as_bytes()).contains("\\u009b2J"));
     }
 
     #[test]
