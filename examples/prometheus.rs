@@ -97,10 +97,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     return Err(format!("listen on {addr}: {e}").into());
                 }
             };
-            eprintln!(
+            log(format_args!(
                 "serving http://{addr}/metrics (Ctrl-C stops, and leaves its outbox in {}: remove it then)",
                 dir.display()
-            );
+            ));
             serve(&listener, &outbox);
         }
     }
@@ -129,7 +129,9 @@ fn serve(listener: &TcpListener, outbox: &Outbox) {
                 // Out of descriptors, say: said once, then a pause before
                 // the next accept rather than a busy loop.
                 if !failing {
-                    eprintln!("accepting a connection failed: {e} (said once until one succeeds)");
+                    log(format_args!(
+                        "accepting a connection failed: {e} (said once until one succeeds)"
+                    ));
                 }
                 failing = true;
                 std::thread::sleep(Duration::from_millis(100));
@@ -137,53 +139,85 @@ fn serve(listener: &TcpListener, outbox: &Outbox) {
             }
         };
         failing = false;
-        if live.fetch_add(1, Ordering::SeqCst) >= CONNECTIONS_MAX {
-            live.fetch_sub(1, Ordering::SeqCst);
+        let Some(slot) = Slot::take(&live) else {
             continue; // dropped: closed unanswered
-        }
-        let (outbox, done) = (outbox.clone(), live.clone());
+        };
+        let outbox = outbox.clone();
         let spawned = std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
+                // Given back however the thread ends, a panic included.
+                let _slot = slot;
                 if let Err(e) = answer(&stream, &outbox) {
-                    eprintln!("a scrape failed: {e}");
+                    log(format_args!("a scrape failed: {e}"));
                 }
-                done.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
             // The system refused a thread: this connection goes unanswered
-            // (closed as the closure drops), the exporter goes on.
-            live.fetch_sub(1, Ordering::SeqCst);
-            eprintln!("no thread for a connection: {e}");
+            // (closed, and its slot given back, as the closure drops), the
+            // exporter goes on.
+            log(format_args!("no thread for a connection: {e}"));
         }
     }
 }
 
-/// Reads into `buf` with the time left until `deadline`; `TimedOut` past it.
-fn read_until_deadline(
-    stream: &TcpStream,
-    deadline: Instant,
-    read: impl FnOnce() -> std::io::Result<usize>,
-) -> std::io::Result<usize> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(std::io::ErrorKind::TimedOut.into());
+/// A line on stderr, or nothing if stderr is gone (where `eprintln!` would
+/// panic).
+fn log(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// One of the [`CONNECTIONS_MAX`] connections answered at once.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(live: &Arc<AtomicUsize>) -> Option<Slot> {
+        if live.fetch_add(1, Ordering::SeqCst) >= CONNECTIONS_MAX {
+            live.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Slot(live.clone()))
     }
-    stream.set_read_timeout(Some(left))?;
-    read()
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The client's side of a connection, every read of which ends by the
+/// connection's deadline: a client sending a byte now and then cannot
+/// stretch it.
+struct Deadlined<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut stream = self.stream;
+        stream.read(buf)
+    }
 }
 
 /// Answers one HTTP request on `stream`: the metrics at `/metrics` (`GET`,
 /// or `HEAD` for the head alone; a query string is ignored), all within
 /// [`CLIENT_TIMEOUT`] of the accept.
 fn answer(mut stream: &TcpStream, outbox: &Outbox) -> std::io::Result<()> {
-    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    let mut client = Deadlined {
+        stream,
+        deadline: Instant::now() + CLIENT_TIMEOUT,
+    };
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
-    let mut head = BufReader::new(Read::take(stream, HEAD_MAX));
+    let mut head = BufReader::new(Read::take(&mut client, HEAD_MAX));
     let mut request_line = Vec::new();
-    read_until_deadline(stream, deadline, || {
-        head.read_until(b'\n', &mut request_line)
-    })?;
+    head.read_until(b'\n', &mut request_line)?;
     if request_line.is_empty() {
         return Ok(()); // connected and closed (a health check): nothing to answer
     }
@@ -194,11 +228,12 @@ fn answer(mut stream: &TcpStream, outbox: &Outbox) -> std::io::Result<()> {
     let mut line = Vec::new();
     loop {
         line.clear();
-        let n = read_until_deadline(stream, deadline, || head.read_until(b'\n', &mut line))?;
+        let n = head.read_until(b'\n', &mut line)?;
         if n == 0 || line.trim_ascii().is_empty() {
             break;
         }
     }
+    drop(head);
     let request_line = String::from_utf8_lossy(&request_line);
     let mut words = request_line.split_whitespace();
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
@@ -219,7 +254,6 @@ fn answer(mut stream: &TcpStream, outbox: &Outbox) -> std::io::Result<()> {
     // The answer is sent; whatever the client still sends (a body) is read
     // and dropped until it closes, or the deadline ends it.
     stream.shutdown(Shutdown::Write)?;
-    let mut sink = [0u8; 8192];
-    while read_until_deadline(stream, deadline, || stream.read(&mut sink)).is_ok_and(|n| n > 0) {}
+    let _ = std::io::copy(&mut client, &mut std::io::sink());
     Ok(())
 }

@@ -564,8 +564,16 @@ fn preview(payload: &[u8]) -> String {
     let mut end = payload.len().min(80);
     if is_json(payload) {
         let line = one_line_shown(payload);
+        end = line.len().min(80);
         while !line.is_char_boundary(end) {
             end -= 1;
+        }
+        // Not through a `\uXXXX` the line wrote.
+        if let Some(at) = line[..end].rfind("\\u")
+            && at + 6 > end
+            && line.len() > end
+        {
+            end = at;
         }
         let more = if line.len() > end { "..." } else { "" };
         return format!("{}{more}", &line[..end]);
@@ -1244,10 +1252,12 @@ fn one_line(json: &[u8]) -> std::borrow::Cow<'_, [u8]> {
 }
 
 /// [`one_line`] for people at a terminal: the characters JSON lets a string
-/// hold raw that a terminal acts on or that mislead a reader (DEL, the C1
-/// controls, line and paragraph separators, bidirectional controls) are
-/// written as `\uXXXX`, which means the same inside a string, the only place
-/// they can be. `json` is valid JSON (UTF-8).
+/// hold raw that a terminal acts on, or that hide or reorder text (DEL and
+/// the other controls, the format characters: bidirectional marks and
+/// overrides, zero-width characters, tags; line and paragraph separators),
+/// are written as `\uXXXX` (a surrogate pair above U+FFFF), which means the
+/// same inside a string, the only place they can be. `json` is valid JSON
+/// (UTF-8).
 fn one_line_shown(json: &[u8]) -> String {
     use std::fmt::Write as _;
     let text = String::from_utf8_lossy(json);
@@ -1256,23 +1266,44 @@ fn one_line_shown(json: &[u8]) -> String {
         match c {
             // Whitespace between tokens: strings escape theirs.
             '\n' | '\r' | '\t' => out.push(' '),
-            c if c.is_control()
-                || matches!(
-                    c,
-                    '\u{2028}'
-                        | '\u{2029}'
-                        | '\u{200e}'
-                        | '\u{200f}'
-                        | '\u{202a}'..='\u{202e}'
-                        | '\u{2066}'..='\u{2069}'
-                ) =>
-            {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            c if c.is_control() || is_format_or_separator(c) => {
+                for unit in c.encode_utf16(&mut [0u16; 2]) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
             }
             c => out.push(c),
         }
     }
     out
+}
+
+/// Whether `c` is a format character (Unicode category Cf) or a line or
+/// paragraph separator (Zl, Zp): invisible, or changing how the text
+/// around it shows.
+fn is_format_or_separator(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0xAD | 0x600..=0x605
+            | 0x61C
+            | 0x6DD
+            | 0x70F
+            | 0x890..=0x891
+            | 0x8E2
+            | 0x180E
+            | 0x200B..=0x200F
+            | 0x2028..=0x202E
+            | 0x2060..=0x2064
+            | 0x2066..=0x206F
+            | 0xFEFF
+            | 0xFFF9..=0xFFFB
+            | 0x110BD
+            | 0x110CD
+            | 0x13430..=0x1343F
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0001
+            | 0xE0020..=0xE007F
+    )
 }
 
 /// Bytes for a line of text: UTF-8 escaped as Rust escapes a string
@@ -1578,6 +1609,19 @@ mod tests {
         let b: serde_json::Value = serde_json::from_str(&shown).expect("json");
         assert_eq!(a, b);
         assert!(preview(raw.as_bytes()).contains("\\u009b2J"));
+        // Invisible and hiding characters too; above U+FFFF as a pair.
+        let hidden = "[\"a\u{61c}b\u{feff}c\u{200b}d\u{e0041}e\"]";
+        let shown = one_line_shown(hidden.as_bytes());
+        assert_eq!(shown, r#"["a\u061cb\ufeffc\u200bd\udb40\udc41e"]"#);
+        let a: serde_json::Value = serde_json::from_str(hidden).expect("json");
+        let b: serde_json::Value = serde_json::from_str(&shown).expect("json");
+        assert_eq!(a, b);
+        // A preview is cut on the line shown, never through an escape.
+        let dels = format!("{{\"a\":\"{}\"}}", "\u{7f}".repeat(3));
+        assert_eq!(preview(dels.as_bytes()), r#"{"a":"\u007f\u007f\u007f"}"#);
+        let many = format!("{{\"a\":\"{}\"}}", "\u{202e}".repeat(40));
+        let cut = preview(many.as_bytes());
+        assert!(cut.ends_with("\\u202e..."), "{cut}");
     }
 
     #[test]

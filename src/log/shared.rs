@@ -318,7 +318,8 @@ pub(crate) fn on_own_thread() -> bool {
 pub(crate) const PRODUCER_WRITING_WITHIN_US: u64 = 5_000;
 
 /// The most bytes of acknowledgements and other changes of delivery state
-/// (their entries in the log) that wait for the writer before the callers
+/// (their entries in the log, or their memory where that is more:
+/// `Table::unwritten_bytes`) that wait for the writer before the callers
 /// making more wait for it too, as under `ack_durability(Sync)`: a relay
 /// that releases or parks records faster than the disk takes their reasons
 /// is held to the disk's pace instead of piling them up in memory. A relay

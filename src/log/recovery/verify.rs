@@ -622,13 +622,18 @@ fn count_states(
     let mut t = table.stats();
     // A segment with no frame yet (the owner's newest, just rotated) is not
     // in a rebuilt table; the owner's `Stats::disk_bytes` counts its header.
-    // Not a file shorter than a header (a creation a crash cut short), which
-    // the next open deletes.
+    // Not a file without a whole header that reads (a creation a crash cut
+    // short, or blank), which the next open deletes.
     let header = crate::format::segment::FRAMES_AT as u64;
     let frameless = out
         .segments
         .iter()
-        .filter(|s| s.frames == 0 && s.live_records.is_none() && s.bytes >= header)
+        .filter(|s| {
+            s.frames == 0
+                && s.live_records.is_none()
+                && s.bytes >= header
+                && s.created_unix_ms.is_some()
+        })
         .count() as u64;
     t.disk_bytes += frameless * header;
     // Sealed by the writer: the newest segment, sealed in a table an open
