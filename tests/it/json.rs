@@ -101,6 +101,20 @@ fn a_json_error_quotes_at_most_the_start_of_the_payload() {
     outbox.close().expect("close");
 }
 
+/// `value` is refused by `append_json` and `Message::json` alike, with a
+/// serialising error (no seq), and the outbox has written nothing.
+fn refused_writing_nothing<T: Serialize + ?Sized>(outbox: &Outbox, value: &T) {
+    assert!(matches!(
+        outbox.append_json(value),
+        Err(Error::Json { seq: None, .. })
+    ));
+    assert!(matches!(
+        Message::json(value),
+        Err(Error::Json { seq: None, .. })
+    ));
+    assert_eq!(outbox.stats().records_appended, 0);
+}
+
 #[test]
 fn a_value_that_cannot_be_json_writes_nothing() {
     let (_t, dir) = tmp();
@@ -108,36 +122,20 @@ fn a_value_that_cannot_be_json_writes_nothing() {
     // JSON objects have string keys only.
     let mut bad: BTreeMap<(u8, u8), u8> = BTreeMap::new();
     bad.insert((1, 2), 3);
-    assert!(matches!(
-        outbox.append_json(&bad),
-        Err(Error::Json { seq: None, .. })
-    ));
-    assert!(matches!(
-        Message::json(&bad),
-        Err(Error::Json { seq: None, .. })
-    ));
-    assert_eq!(outbox.stats().records_appended, 0);
+    refused_writing_nothing(&outbox, &bad);
     outbox.close().expect("close");
 }
 
 #[test]
 fn a_value_too_deep_to_read_back_writes_nothing() {
-    // serde_json writes values nested deeper than its reader takes (128
-    // levels): such a record could never be read back by a relay.
+    // serde_json writes values nested more than 127 levels deep, which its
+    // reader refuses: such a record could never be read back by a relay.
     let (_t, dir) = tmp();
     let outbox = Outbox::open(&dir, Options::default()).expect("open");
     let nested =
         |depth: usize| (0..depth).fold(serde_json::json!(1), |v, _| serde_json::json!([v]));
     let deep = nested(200);
-    assert!(matches!(
-        outbox.append_json(&deep),
-        Err(Error::Json { seq: None, .. })
-    ));
-    assert!(matches!(
-        Message::json(&deep),
-        Err(Error::Json { seq: None, .. })
-    ));
-    assert_eq!(outbox.stats().records_appended, 0);
+    refused_writing_nothing(&outbox, &deep);
     // 127 levels read back; 128 do not.
     assert!(outbox.append_json(&nested(128)).is_err());
     let fine = nested(127);
