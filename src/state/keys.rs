@@ -166,6 +166,13 @@ impl Keys {
         self.key_of.is_empty()
     }
 
+    /// Makes room for `records` more keyed records at once (at open, where
+    /// growing a map of a million entries step by step holds the old map
+    /// and the new one together).
+    pub(crate) fn reserve(&mut self, records: usize) {
+        self.key_of.reserve(records);
+    }
+
     /// The key of the record `seq`, if it has one.
     pub(crate) fn key_of(&self, seq: u64) -> Option<u64> {
         self.key_of.get(&seq).copied()

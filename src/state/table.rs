@@ -1608,7 +1608,12 @@ impl Table {
     /// deliver. `now` and `now_wall_us` place a not-before time on the
     /// monotonic clock. Records done, or dead letters (which do not block
     /// their key), only have their key noted.
-    pub(crate) fn apply_fields(&mut self, described: &[Described], now: u64, now_wall_us: u64) {
+    pub(crate) fn apply_fields<'a>(
+        &mut self,
+        described: impl IntoIterator<Item = &'a Described>,
+        now: u64,
+        now_wall_us: u64,
+    ) {
         for d in described {
             let own = d.seq.get();
             let Ok(Some((si, i))) = self.slot(d.seq) else {
@@ -1639,6 +1644,21 @@ impl Table {
                 }
             }
         }
+    }
+
+    /// Makes room at open for the keys of `described` that
+    /// [`apply_fields`](Self::apply_fields) will keep: those of records not
+    /// done.
+    pub(crate) fn reserve_keys(&mut self, described: &[&Described]) {
+        let kept = described
+            .iter()
+            .filter(|d| d.key.is_some())
+            .filter(|d| {
+                matches!(self.slot(d.seq), Ok(Some((si, i)))
+                    if !SegmentSlots::bit(&self.segments[si].done, i))
+            })
+            .count();
+        self.keys.reserve(kept);
     }
 
     /// At open, once every key's queue is built in sequence order: each

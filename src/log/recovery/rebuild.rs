@@ -226,7 +226,7 @@ pub(crate) fn rebuild(
             } => {
                 table.relocated_recovered(*seq, *at, carried, now, now_wall_us);
                 if let Some(d) = d {
-                    described.push(*d);
+                    described.push(d);
                     if let Some(id) = d.dedup {
                         ids.push((*seq, *at, id, *stamped_us));
                     }
@@ -238,7 +238,7 @@ pub(crate) fn rebuild(
                 stamped_us,
             } => {
                 for d in ds {
-                    described.push(*d);
+                    described.push(d);
                     if let Some(id) = d.dedup {
                         ids.push((d.seq, *at, id, *stamped_us));
                     }
@@ -252,11 +252,17 @@ pub(crate) fn rebuild(
         }
     }
     // A record described twice (its batch's fields frame, then a relocated
-    // copy) keeps the later word.
-    described.reverse();
-    described.sort_by_key(|d| d.seq);
-    described.dedup_by_key(|d| d.seq);
-    table.apply_fields(&described, now, now_wall_us);
+    // copy) keeps the later word. The fields frames come in sequence order
+    // but for relocated copies: only then is the list sorted (it holds
+    // references, a tenth of the descriptions' size, as a log of a million
+    // keyed records holds a million of them).
+    if !described.is_sorted_by(|a, b| a.seq < b.seq) {
+        described.reverse();
+        described.sort_by_key(|d| d.seq);
+        described.dedup_by_key(|d| d.seq);
+    }
+    table.reserve_keys(&described);
+    table.apply_fields(described, now, now_wall_us);
     table.keep_released_turns();
     (table, ids)
 }
