@@ -67,7 +67,7 @@ fn out_line(args: std::fmt::Arguments<'_>) {
     name = "segwal",
     version,
     about = "An operator's view of a segwal outbox directory: inspect, verify, dump, dead letters, repair",
-    after_help = "Exit codes: 0 done (clean); 1 damage found, or a dead letter not changed; 2 the directory cannot be read, holds no outbox, or is held by its running owner. docs/OPERATIONS.md in segwal's source has the details and the JSON schemas."
+    after_help = "Exit codes: 0 done (clean); 1 damage found, or a dead letter not changed; 2 the directory cannot be read, holds no outbox, holds what this build does not read (a newer build's frame, another format version), or is held by its running owner. docs/OPERATIONS.md in segwal's source has the details and the JSON schemas."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -93,9 +93,10 @@ enum Command {
     /// Checks every frame's checksum and every rule an open applies, changing
     /// nothing. Exit 0 when clean (a torn tail, which the next open
     /// truncates, is clean), 1 when damage is found (each problem with file,
-    /// offset, seq and kind), 2 when the directory cannot be read or holds
-    /// no outbox. Read-only: never writes, never takes the lock, works while
-    /// the owner runs.
+    /// offset, seq and kind), 2 when the directory cannot be read, holds no
+    /// outbox, or holds what this build does not read (a frame of a newer
+    /// build, a segment of another format version). Read-only: never
+    /// writes, never takes the lock, works while the owner runs.
     Verify {
         /// The outbox directory.
         dir: PathBuf,
@@ -153,6 +154,10 @@ enum Command {
     /// Without --yes, only says what it would drop. Copies every damaged
     /// file into the outbox's `quarantine/` folder before repairing, so no
     /// damaged byte is lost. Takes the lock: refused while the owner runs.
+    /// Exit 0 clean or repaired, 1 when a lossy recovery cannot repair the
+    /// damage, 2 when the directory cannot be read or holds what this build
+    /// does not read (a newer build's frame, another format version: not
+    /// damage, and never dropped).
     Repair {
         /// The outbox directory.
         dir: PathBuf,
@@ -386,13 +391,33 @@ fn print_problem(p: &Problem) {
     );
 }
 
+/// The first problem that is no damage but a frame or a segment header
+/// this build does not read, whose checksum holds: written by a newer build
+/// of segwal, or in another format version.
+fn not_read_here(problems: &[segwal::Problem]) -> Option<&segwal::Problem> {
+    problems.iter().find(|p| {
+        matches!(
+            p.kind,
+            segwal::Corruption::Unsupported { .. } | segwal::Corruption::UnsupportedVersion { .. }
+        )
+    })
+}
+
+/// What to do with a log this build does not read.
+const NOT_READ_HERE: &str = "segwal: this is not damage: the log holds a frame or a segment written by another build of segwal (a newer one, or another format version), which this build does not read. Open it with the build that wrote it (drain it there before going back to this one); a repair would drop the records from there on, so this build does not offer one.";
+
 fn inspect(v: &Verification) {
     outln!("outbox      {}", v.dir.display());
     match v.outbox_id {
         Some(id) => outln!("identity    {id:032x}"),
-        None => outln!("identity    - (no segment yet)"),
+        None if v.segments.is_empty() => outln!("identity    - (no segment yet)"),
+        None => outln!("identity    - (no segment header this build reads)"),
     }
+    let unread = not_read_here(&v.problems).is_some();
     match v.format_version {
+        Some(version) if unread => {
+            outln!("format      version {version} (this build does not read all of it)")
+        }
         Some(version) => outln!("format      version {version}"),
         None => outln!("format      -"),
     }
@@ -428,6 +453,9 @@ fn inspect(v: &Verification) {
                 count(c.held_segments as u64, "sealed segment", "sealed segments"),
                 count(c.held_by_records, "live record", "live records")
             );
+        }
+        None if unread => {
+            outln!("states      - (the log holds what this build does not read: see below)")
         }
         None => outln!("states      - (the log is too damaged to plan an open)"),
     }
@@ -777,6 +805,16 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         ));
         return out.finish(0);
     }
+    if not_read_here(&found.problems).is_some() {
+        out.say("not read by this build:");
+        if !json {
+            for p in &found.problems {
+                print_problem(p);
+            }
+        }
+        errln!("{NOT_READ_HERE}");
+        return out.finish(2);
+    }
     out.say("damage found:");
     if !json {
         for p in &found.problems {
@@ -1065,10 +1103,15 @@ fn run(cli: Cli) -> ExitCode {
             }
         }
     }
+    let unread = not_read_here(&verification.problems).is_some();
+    if unread && !*json {
+        errln!("{NOT_READ_HERE}");
+    }
     match (
         matches!(cli.command, Command::Verify { .. }),
         verification.is_clean(),
     ) {
+        (true, false) if unread => ExitCode::from(2),
         (true, false) => ExitCode::from(1),
         _ => ExitCode::SUCCESS,
     }

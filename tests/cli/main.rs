@@ -314,11 +314,13 @@ fn verify_refuses_a_foreign_file_and_leaves_it_alone() {
 }
 
 /// A directory of format version 1 (the golden one) is not damage: `dump
-/// --state`, which rebuilds the state table as an open would, and `dump`
-/// refuse it with exit 2 and the version named, and change nothing. (Without
-/// `--state`, `dump` called it damage, exit 1, until 2026-12-06.)
+/// --state`, which rebuilds the state table as an open would, `dump`,
+/// `verify` and `repair --yes` refuse it with exit 2 and the version named,
+/// and change nothing; `inspect` names the version. (Without `--state`,
+/// `dump` called it damage, exit 1, until 2026-12-06; `verify` and `repair`
+/// until 2026-12-07, and `inspect` showed no format, "no segment yet".)
 #[test]
-fn dump_refuses_a_format_version_1_directory_with_exit_2() {
+fn a_format_version_1_directory_is_refused_with_exit_2_not_called_damage() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("v1");
     std::fs::create_dir(&dir).expect("dir");
@@ -335,6 +337,24 @@ fn dump_refuses_a_format_version_1_directory_with_exit_2() {
         assert!(stderr.contains("version 1"), "{stderr}");
         assert!(out.stdout.is_empty(), "no record printed");
     }
+    for args in [&["verify"][..], &["repair", "--yes"][..]] {
+        let out = segwal(&[args, &[dir.to_str().expect("utf-8")][..]].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("format version 1"), "{args:?}: {stdout}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("this is not damage"), "{args:?}: {stderr}");
+    }
+    let out = segwal(&["inspect", dir.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("format      version 1 (this build does not read all of it)"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("no segment yet"), "{stdout}");
+    let out = segwal(&["inspect", "--json", dir.to_str().expect("utf-8")]);
+    assert_eq!(json(&out)["format_version"], 1);
     assert_eq!(snapshot(&dir), before);
 }
 

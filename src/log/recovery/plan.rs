@@ -221,7 +221,11 @@ pub(crate) fn plan(scans: &[SegmentScan], mode: RecoveryMode) -> Result<Plan> {
             d.live.get(k).or(d.reuse.as_ref()).unwrap_or_else(|| {
                 unreachable!("damage found in a segment that is not in the log")
             });
-        if mode != RecoveryMode::Lossy {
+        // A frame whose checksum holds and whose content this build does
+        // not know was written by a newer build (or another format): not
+        // damage, and not a lossy repair's to drop with every record after
+        // it. The build that wrote it reads it.
+        if mode != RecoveryMode::Lossy || is_unsupported(&damage.cause) {
             return Err(damaged.corrupt(&damage));
         }
         drop_from(&mut d, k, damage, max_seen);
@@ -360,7 +364,12 @@ fn settle_newest(d: &mut Deciding<'_>) {
             break;
         };
         if let Some(e) = damage.evidence {
-            // Not torn: say why, here where a torn tail was possible.
+            // Not torn: say why, here where a torn tail was possible; but a
+            // frame whose checksum holds says what it is (a frame of a newer
+            // build is unsupported, not damaged).
+            if crate::format::frame::is_checksummed(&damage.cause) {
+                break;
+            }
             damage.cause = Corruption::DamageBeforeValidFrame {
                 valid_offset: e.offset,
                 valid_seq: e.seq,
@@ -463,6 +472,16 @@ fn first_damage(d: &mut Deciding<'_>) -> Option<(usize, Damage)> {
         }
     }
     None
+}
+
+/// Whether `cause` is a frame or header this build does not read, whose
+/// checksum holds: written by a newer build or in another format version,
+/// never torn nor damaged.
+pub(crate) fn is_unsupported(cause: &Corruption) -> bool {
+    matches!(
+        cause,
+        Corruption::Unsupported { .. } | Corruption::UnsupportedVersion { .. }
+    )
 }
 
 /// A lossy repair: cuts at the start of the damaged write batch of segment `k`,

@@ -196,8 +196,10 @@ pub struct Verification {
     /// The outbox's identity ([`Outbox::id`](crate::Outbox::id)), from its
     /// segments' headers.
     pub outbox_id: Option<u128>,
-    /// The format version of the segments (the one this build writes, when
-    /// any segment checks).
+    /// The format version of the segments: the one this build writes, when
+    /// any segment's header checks; else the version a whole header names
+    /// that this build does not read (a problem
+    /// [`Corruption::UnsupportedVersion`] names it too).
     pub format_version: Option<u16>,
     /// Records the log holds (acknowledged or not): those an open would
     /// keep (a record only a relocated copy still holds included), or, when
@@ -499,6 +501,12 @@ fn pass(
             });
         }
         scans.push(scan);
+    }
+    if out.format_version.is_none() {
+        out.format_version = damaged.iter().find_map(|p| match p.kind {
+            Corruption::UnsupportedVersion { found } => Some(found),
+            _ => None,
+        });
     }
     match plan::plan(&scans, RecoveryMode::Strict) {
         Ok(plan) => {

@@ -1193,3 +1193,65 @@ fn numbers_at_or_above_half_the_format_bound_are_refused() {
     let plan = decide(&[below]).expect("opens");
     assert!(create(&plan).0 < Seq::from(1 << 61));
 }
+
+/// The frame `seq` of `seg` made a frame of kind `kind`, checksums and
+/// all: a frame of a kind a newer build writes, as this build reads it.
+fn rekind(mut seg: Seg, seq: u64, kind: u8) -> Seg {
+    let at = seg.offset_of(seq);
+    let salt = frame::salt(seg.id, seg.nonce);
+    let len = frame::decode(&seg.bytes[at..], salt).expect("a frame").len;
+    let checksum = |bytes: &[u8]| {
+        let mut h = crc32fast::Hasher::new_with_initial(salt);
+        h.update(bytes);
+        h.finalize().to_le_bytes()
+    };
+    // The layout of docs/FORMAT.md, "Frames": magic, checksum of the rest,
+    // checksum of the header's rest, length, kind.
+    seg.bytes[at + 16] = kind;
+    let header = checksum(&seg.bytes[at + 12..at + PAYLOAD]);
+    seg.bytes[at + 8..at + 12].copy_from_slice(&header);
+    let whole = checksum(&seg.bytes[at + 8..at + len]);
+    seg.bytes[at + 4..at + 8].copy_from_slice(&whole);
+    seg
+}
+
+/// A frame a newer build wrote, of a kind this one does not know, is
+/// refused as unsupported wherever it lies in the newest segment: not as
+/// damage when a later batch follows, and not dropped by a lossy repair
+/// (with every intact record after it).
+#[test]
+fn a_frame_of_a_newer_build_is_unsupported_and_no_repair_drops_it() {
+    let unknown = |then_more: bool| {
+        let seg = Seg::new(1, 0, 1).batch(2).batch(1);
+        let seg = rekind(seg, 3, 6);
+        let seg = if then_more { seg.batch(2) } else { seg };
+        vec![seg.file()]
+    };
+    for then_more in [false, true] {
+        let files = unknown(then_more);
+        for mode in [RecoveryMode::Strict, RecoveryMode::Lossy] {
+            let refused = plan(&scans(&files), mode);
+            assert!(
+                matches!(
+                    corruption(refused),
+                    Corruption::Unsupported {
+                        what: "frame kind",
+                        value: 6
+                    }
+                ),
+                "then_more {then_more}, {mode:?}"
+            );
+        }
+    }
+    // The same frame damaged (its checksum fails) before a later batch is
+    // damage, which a lossy repair cuts.
+    let damaged = Seg::new(1, 0, 1).batch(2).batch(1);
+    let at = damaged.offset_of(3);
+    let files = vec![damaged.flip(at + PAYLOAD + 1, 0).batch(2).file()];
+    assert!(matches!(
+        corruption(decide(&files)),
+        Corruption::DamageBeforeValidFrame { .. }
+    ));
+    let lossy = plan(&scans(&files), RecoveryMode::Lossy).expect("repair");
+    assert_eq!(lossy.dropped.map(|d| d.first), Some(Seq::from(3)));
+}
