@@ -1215,6 +1215,14 @@ impl Outbox {
                 shared.notify_arrived(true);
                 if failure.corrupt {
                     Counters::add(&shared.counters.corrupt_records, 1);
+                    // Never handed out again: said where the service's logs
+                    // show it, beside the error this one caller gets.
+                    crate::event!(
+                        warn,
+                        seq = failure.seq.get(),
+                        error = %failure.error,
+                        "corrupt record set aside: it is never handed out again"
+                    );
                 }
                 if reclaim {
                     self.nudge_writer();
@@ -1477,8 +1485,12 @@ impl Outbox {
         if passed {
             shared.notify_arrived(false);
         }
-        crate::event!(warn, seq = seq.get(), reason, "dead letter");
-        self.acknowledged(false, noted)
+        let outcome = self.acknowledged(false, noted);
+        // Said once it holds (under `ack_durability(Sync)`, once durable).
+        if outcome.is_ok() {
+            crate::event!(warn, seq = seq.get(), reason, "dead letter");
+        }
+        outcome
     }
 
     /// The dead letters, oldest first, at most `max`, with their payloads

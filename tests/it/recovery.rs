@@ -159,6 +159,9 @@ fn an_open_write_batch_before_a_zero_tail_is_torn() {
         .clone()
         .expect("the open batch is a torn tail");
     assert_eq!(torn.offset, single_at(2));
+    // What the batch left, not the zeros after it (a crashed segment keeps
+    // its preallocated space: megabytes of them).
+    assert_eq!(torn.bytes, 2 * RECORD);
     assert!(matches!(torn.cause, Corruption::IncompleteBatch));
     assert_eq!(recovered_seqs(&outbox), singles);
     outbox.close().expect("close");

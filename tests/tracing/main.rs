@@ -148,6 +148,7 @@ fn main() {
     relocation(&events);
     quarantine(&events);
     lossy_drop(&events);
+    corrupt_record(&events);
     leftover(&events);
     reentrant_reads(&events);
     println!("tracing: every event seen");
@@ -395,6 +396,43 @@ fn lossy_drop(events: &Events) {
         "{dropped:?}"
     );
     assert!(outbox.recovery_report().dropped.is_some());
+    outbox.close().expect("close");
+}
+
+/// A record whose bytes fail their checksum when a claim reads it is set
+/// aside for good: its claim's caller gets the error, and the service's log
+/// a warning naming it.
+fn corrupt_record(events: &Events) {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let options = Options::default()
+        .segment_bytes(64 << 10)
+        .checkpoint_bytes(0);
+    let outbox = Outbox::open(tmp.path(), options.clone()).expect("open");
+    for i in 0..40u8 {
+        outbox.append(&[i; 200]).expect("append");
+    }
+    outbox.close().expect("close");
+    let mut segs: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segs.sort();
+    // A bit of the first record's payload, in the oldest, sealed segment,
+    // which the default open reads through its seal index only.
+    let mut bytes = std::fs::read(&segs[0]).expect("read");
+    bytes[4096 + 100] ^= 0x10;
+    std::fs::write(&segs[0], &bytes).expect("write");
+    let outbox = Outbox::open(tmp.path(), options).expect("open");
+    events.take("");
+    let failed = outbox.claim(1).expect_err("the first record is corrupt");
+    assert!(matches!(failed, segwal::Error::Corrupt { .. }), "{failed}");
+    let seen = events.take("corrupt record set aside");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].level, tracing::Level::WARN);
+    assert!(seen[0].fields.iter().any(|f| f == "seq=1"), "{seen:?}");
+    assert!(has(&seen[0], "error"), "{seen:?}");
+    assert_eq!(outbox.claim(1).expect("the next record")[0].seq().get(), 2);
     outbox.close().expect("close");
 }
 

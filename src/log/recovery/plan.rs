@@ -380,10 +380,13 @@ fn settle_newest(d: &mut Deciding<'_>) {
             break;
         }
         let cut = damage.batch_start;
-        let torn = |offset| TornTail {
+        // The bytes the crash left past the cut: to the last byte that is
+        // not zero, not the zeros of the space preallocated after them.
+        let written_end = damage.data_end.map_or(scan.len, |end| end.min(scan.len));
+        let torn = |offset: u64| TornTail {
             path: scan.path.clone(),
             offset,
-            bytes: scan.len.saturating_sub(offset),
+            bytes: written_end.saturating_sub(offset),
             cause: damage.cause.clone(),
         };
         // The newest names a predecessor after the other's last frame, as a

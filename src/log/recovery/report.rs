@@ -60,7 +60,9 @@ pub struct TornTail {
     pub path: PathBuf,
     /// The offset it was truncated to.
     pub offset: u64,
-    /// The bytes removed.
+    /// The bytes cut that a write left: from `offset` to the last byte that
+    /// is not zero (the zeros of the space the segment preallocated after
+    /// them are cut too, and not counted).
     pub bytes: u64,
     /// What the damage was.
     pub cause: Corruption,

@@ -69,6 +69,9 @@ pub(crate) struct Damage {
     /// The highest number the bytes after the damage could hold, whether or
     /// not their frames can be found: none up to it is assigned again.
     pub could_hold: Option<Seq>,
+    /// The end of the last byte that is not zero after the damage (the
+    /// space a segment preallocates is zeros), once looked for.
+    pub data_end: Option<u64>,
     /// The own numbers of the relocated records in the valid frames found
     /// after the damage (each sync group's frames from its first on): copies
     /// that a lossy repair drops with the damage, and names.
@@ -101,6 +104,7 @@ impl Damage {
             evidence: None,
             max_seen: None,
             could_hold: None,
+            data_end: None,
             relocated: Vec::new(),
             acked: Vec::new(),
             changed: Vec::new(),
@@ -944,6 +948,7 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
         }
     }
     let data_end = data_end(regions, buf, d.offset as usize);
+    d.data_end = Some(data_end as u64);
     let room = data_end.saturating_sub(d.offset as usize) / FRAME_HEADER_LEN;
     if room > 0 {
         let bound = Seq::from(
