@@ -468,6 +468,50 @@ pub enum Corruption {
     },
 }
 
+/// The names [`Corruption::Unsupported`] gives the places where a newer
+/// build may write what this one does not know (docs/FORMAT.md, "Growing
+/// the format"): a frame kind, flag or reserved field, an optional field's
+/// tag, a segment flag, a code of a delivery-state entry, a relocated
+/// record's state or a fields entry's flags.
+pub(crate) mod newer {
+    pub(crate) const FRAME_KIND: &str = "frame kind";
+    pub(crate) const FRAME_FLAGS: &str = "frame flags";
+    pub(crate) const FRAME_RESERVED: &str = "frame reserved field";
+    pub(crate) const FIELD_TAG: &str = "optional field tag";
+    pub(crate) const SEGMENT_FLAGS: &str = "segment flags";
+    pub(crate) const REQUEUE_CODE: &str = "requeue-or-discard code";
+    pub(crate) const CARRIED_STATE: &str = "relocated record's state code";
+    pub(crate) const FIELDS_FLAGS: &str = "flags of a fields entry";
+    pub(crate) const ALL: [&str; 8] = [
+        FRAME_KIND,
+        FRAME_FLAGS,
+        FRAME_RESERVED,
+        FIELD_TAG,
+        SEGMENT_FLAGS,
+        REQUEUE_CODE,
+        CARRIED_STATE,
+        FIELDS_FLAGS,
+    ];
+}
+
+impl Corruption {
+    /// Whether this is no damage but what this build does not read, under
+    /// checksums that hold: a segment of another format version, or a
+    /// frame with a kind, flag, optional field or code that a newer build
+    /// of segwal writes. A lossy recovery
+    /// ([`RecoveryMode::Lossy`](crate::RecoveryMode::Lossy), `segwal
+    /// repair`) refuses it rather than drop it with every record after it,
+    /// and `segwal verify` exits 2 on it: the build that wrote the log
+    /// reads it.
+    pub fn is_unknown_format(&self) -> bool {
+        match self {
+            Corruption::UnsupportedVersion { .. } => true,
+            Corruption::Unsupported { what, .. } => newer::ALL.contains(what),
+            _ => false,
+        }
+    }
+}
+
 impl fmt::Display for Corruption {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -75,6 +75,10 @@ pub enum RecoveryMode {
     /// damage, delete every later segment, and open. Records after the damage are
     /// lost; [`RecoveryReport::dropped`](crate::RecoveryReport::dropped) says
     /// exactly which sequence numbers. Those numbers are never reused.
+    /// What this build does not read is no damage and is not dropped
+    /// ([`Corruption::is_unknown_format`](crate::Corruption::is_unknown_format):
+    /// a newer build's frame, a segment of another format version): the
+    /// open fails with the `Error` a `Strict` open gives.
     Lossy,
 }
 

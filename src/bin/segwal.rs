@@ -395,12 +395,7 @@ fn print_problem(p: &Problem) {
 /// this build does not read, whose checksum holds: written by a newer build
 /// of segwal, or in another format version.
 fn not_read_here(problems: &[segwal::Problem]) -> Option<&segwal::Problem> {
-    problems.iter().find(|p| {
-        matches!(
-            p.kind,
-            segwal::Corruption::Unsupported { .. } | segwal::Corruption::UnsupportedVersion { .. }
-        )
-    })
+    problems.iter().find(|p| p.kind.is_unknown_format())
 }
 
 /// What to do with a log this build does not read.
@@ -1531,6 +1526,20 @@ fn hex_dump(r: &DumpedRecord, out: &mut Vec<u8>) {
     }
 }
 
+/// Says why `dump` stopped: exit 1 for damage, 2 for anything else, a
+/// frame this build does not read included (not damage).
+fn dump_failed(e: &segwal::Error) -> ExitCode {
+    errln!("segwal: {e}");
+    match e {
+        segwal::Error::Corrupt { kind, .. } if kind.is_unknown_format() => {
+            errln!("{NOT_READ_HERE}");
+            ExitCode::from(2)
+        }
+        segwal::Error::Corrupt { .. } => ExitCode::from(1),
+        _ => ExitCode::from(2),
+    }
+}
+
 /// `segwal dump`: every record from `from`, at most `limit`, in `format`.
 fn dump(
     dir: &std::path::Path,
@@ -1548,11 +1557,7 @@ fn dump(
     }
     let records = match segwal::dump(dir, options) {
         Ok(records) => records,
-        Err(e) => {
-            errln!("segwal: {e}");
-            let damaged = matches!(e, segwal::Error::Corrupt { .. });
-            return ExitCode::from(if damaged { 1 } else { 2 });
-        }
+        Err(e) => return dump_failed(&e),
     };
     let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     let mut line = Vec::new();
@@ -1562,9 +1567,7 @@ fn dump(
             Ok(record) => record,
             Err(e) => {
                 let _ = stdout.flush();
-                errln!("segwal: {e}");
-                let damaged = matches!(e, segwal::Error::Corrupt { .. });
-                return ExitCode::from(if damaged { 1 } else { 2 });
+                return dump_failed(&e);
             }
         };
         line.clear();

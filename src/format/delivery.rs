@@ -242,7 +242,7 @@ pub(crate) fn decode(kind: FrameKind, payload: &[u8]) -> Result<Vec<Change>, Cor
                 [2] => Change::Discard(seq),
                 other => {
                     return Err(Corruption::Unsupported {
-                        what: "requeue-or-discard code",
+                        what: crate::error::newer::REQUEUE_CODE,
                         value: u64::from(other.first().copied().unwrap_or(0)),
                     });
                 }

@@ -83,7 +83,7 @@ pub(crate) fn decode(mut ext: &[u8]) -> Result<RecordFields<'_>, Corruption> {
             0x80..=0xFF => {}
             _ => {
                 return Err(Corruption::Unsupported {
-                    what: "optional field tag",
+                    what: crate::error::newer::FIELD_TAG,
                     value: u64::from(tag),
                 });
             }
@@ -152,7 +152,7 @@ mod tests {
         assert!(matches!(
             decode(&[0x7A, 0, 0]),
             Err(Corruption::Unsupported {
-                what: "optional field tag",
+                what: crate::error::newer::FIELD_TAG,
                 value: 0x7A
             })
         ));

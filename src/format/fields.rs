@@ -145,7 +145,7 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Vec<Described>, Corruption> {
         let flags = c.u8()?;
         if flags & !(HAS_KEY | HAS_NOT_BEFORE | HAS_DEDUP) != 0 || flags == 0 {
             return Err(Corruption::Unsupported {
-                what: "flags of a fields entry",
+                what: crate::error::newer::FIELDS_FLAGS,
                 value: u64::from(flags),
             });
         }

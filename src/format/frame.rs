@@ -409,21 +409,21 @@ fn checked_header(header: &[u8; FRAME_HEADER_LEN]) -> Result<FrameHeader, Corrup
     let [kind_byte] = field(header, KIND_AT);
     let Some(kind) = FrameKind::from_byte(kind_byte) else {
         return Err(Corruption::Unsupported {
-            what: "frame kind",
+            what: crate::error::newer::FRAME_KIND,
             value: u64::from(kind_byte),
         });
     };
     let [flags] = field(header, FLAGS_AT);
     if flags & !KNOWN_FLAGS != 0 {
         return Err(Corruption::Unsupported {
-            what: "frame flags",
+            what: crate::error::newer::FRAME_FLAGS,
             value: u64::from(flags),
         });
     }
     let reserved = u32::from_le_bytes(field(header, RESERVED_AT));
     if reserved != 0 {
         return Err(Corruption::Unsupported {
-            what: "frame reserved field",
+            what: crate::error::newer::FRAME_RESERVED,
             value: u64::from(reserved),
         });
     }

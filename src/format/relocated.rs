@@ -128,7 +128,7 @@ pub(crate) fn decode_ext(area: &[u8]) -> Result<(Seq, Carried), Corruption> {
         0 => CarriedState::Pending,
         1 => CarriedState::Delayed { not_before_us: at },
         2 => CarriedState::Dead { since_us: at },
-        other => return Err(bad("relocated record's state code", u64::from(other))),
+        other => return Err(bad(crate::error::newer::CARRIED_STATE, u64::from(other))),
     };
     let reason = (!reason.is_empty()).then(|| String::from_utf8_lossy(reason).into_owned());
     Ok((

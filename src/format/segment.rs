@@ -146,7 +146,7 @@ impl SegmentHeader {
         let flags = u32::from_le_bytes(field(h, FLAGS_AT));
         if flags != 0 {
             return Err(Corruption::Unsupported {
-                what: "segment flags",
+                what: crate::error::newer::SEGMENT_FLAGS,
                 value: u64::from(flags),
             });
         }

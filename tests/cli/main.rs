@@ -1527,3 +1527,68 @@ fn a_stale_owner_pid_is_not_taken_for_a_running_owner() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("owner       pid 1 (not running)"), "{text}");
 }
+
+/// A frame of kind 6 (must be understood; none this build knows), with the
+/// checksums of the segment `first_seq` under `nonce`, numbered `seq`: what
+/// a newer build may write (docs/FORMAT.md, "Frames", "Frame kinds").
+fn newer_builds_frame(first_seq: u64, nonce: u64, seq: u64) -> Vec<u8> {
+    let payload = b"from a newer build";
+    let mut frame = vec![0xC5, b'W', b'F', b'R', 0, 0, 0, 0, 0, 0, 0, 0];
+    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&[6, 1, 0, 0]); // kind 6, batch end, no ext
+    frame.extend_from_slice(&0u32.to_le_bytes()); // reserved
+    frame.extend_from_slice(&seq.to_le_bytes());
+    frame.extend_from_slice(&seq.to_le_bytes()); // group
+    frame.extend_from_slice(&1u64.to_le_bytes()); // timestamp
+    let mut salt = crc32fast::Hasher::new();
+    salt.update(&nonce.to_le_bytes());
+    salt.update(&first_seq.to_le_bytes());
+    let salt = salt.finalize();
+    let mut header_crc = crc32fast::Hasher::new_with_initial(salt);
+    header_crc.update(&frame[12..48]);
+    frame[8..12].copy_from_slice(&header_crc.finalize().to_le_bytes());
+    frame.extend_from_slice(payload);
+    let mut crc = crc32fast::Hasher::new_with_initial(salt);
+    crc.update(&frame[8..]);
+    frame[4..8].copy_from_slice(&crc.finalize().to_le_bytes());
+    frame
+}
+
+/// A log whose newest segment ends with a frame a newer build wrote is no
+/// damage: `verify`, `dump` and `repair --yes` exit 2 saying so, and change
+/// nothing (a repair dropped it, and the records of its batch, until
+/// 2026-12-07).
+#[test]
+fn a_newer_builds_frame_is_not_damage_and_no_repair_drops_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let mut last = segwal::Seq::from(0);
+    for i in 0..3 {
+        last = outbox.append(format!("r{i}").as_bytes()).expect("append");
+    }
+    outbox.close().expect("close");
+    let newest = segments(&dir).pop().expect("a segment");
+    let mut bytes = std::fs::read(&newest).expect("read");
+    let first_seq = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
+    let nonce = u64::from_le_bytes(bytes[48..56].try_into().expect("8 bytes"));
+    // A new write batch starts on a fresh block (docs/FORMAT.md, "Blocks").
+    bytes.resize(bytes.len().next_multiple_of(4096), 0);
+    bytes.extend(newer_builds_frame(first_seq, nonce, last.get() + 1));
+    std::fs::write(&newest, &bytes).expect("write");
+    let before = snapshot(&dir);
+    let path = dir.to_str().expect("utf-8");
+    for args in [&["verify"][..], &["dump"][..], &["repair", "--yes"][..]] {
+        let out = segwal(&[args, &[path][..]].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let said = [out.stdout.as_slice(), &out.stderr].concat();
+        let said = String::from_utf8_lossy(&said);
+        assert!(
+            said.contains("unsupported frame kind 0x6"),
+            "{args:?}: {said}"
+        );
+        assert!(said.contains("this is not damage"), "{args:?}: {said}");
+    }
+    assert_eq!(snapshot(&dir), before);
+    assert!(!dir.join("quarantine").exists());
+}

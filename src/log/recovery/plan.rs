@@ -225,7 +225,7 @@ pub(crate) fn plan(scans: &[SegmentScan], mode: RecoveryMode) -> Result<Plan> {
         // not know was written by a newer build (or another format): not
         // damage, and not a lossy repair's to drop with every record after
         // it. The build that wrote it reads it.
-        if mode != RecoveryMode::Lossy || is_unsupported(&damage.cause) {
+        if mode != RecoveryMode::Lossy || damage.cause.is_unknown_format() {
             return Err(damaged.corrupt(&damage));
         }
         drop_from(&mut d, k, damage, max_seen);
@@ -475,16 +475,6 @@ fn first_damage(d: &mut Deciding<'_>) -> Option<(usize, Damage)> {
         }
     }
     None
-}
-
-/// Whether `cause` is a frame or header this build does not read, whose
-/// checksum holds: written by a newer build or in another format version,
-/// never torn nor damaged.
-pub(crate) fn is_unsupported(cause: &Corruption) -> bool {
-    matches!(
-        cause,
-        Corruption::Unsupported { .. } | Corruption::UnsupportedVersion { .. }
-    )
 }
 
 /// A lossy repair: cuts at the start of the damaged write batch of segment `k`,

@@ -239,7 +239,8 @@ pub(crate) fn recorded_state<'a>(
             });
             match decoded {
                 Ok(found) => out.extend(found),
-                Err(_) if lossy => {}
+                // What a newer build wrote is not damage: not skipped.
+                Err(kind) if lossy && !kind.is_unknown_format() => {}
                 Err(kind) => return Err(corrupt(kind)),
             }
         }
@@ -274,6 +275,18 @@ mod tests {
     /// As [`read`], the second frame written as `kind` (a record: its
     /// payload alone).
     fn read_as(at: u64, own: u64, kind: FrameKind) -> crate::error::Result<Vec<Recorded>> {
+        read_frame(at, own, kind, b"payload", false)
+    }
+
+    /// As [`read_as`], with the second frame's payload `payload`, read as a
+    /// lossy repair reads when `lossy`.
+    fn read_frame(
+        at: u64,
+        own: u64,
+        kind: FrameKind,
+        payload: &[u8],
+        lossy: bool,
+    ) -> crate::error::Result<Vec<Recorded>> {
         let disk = SimDisk::new(1);
         let dir = Path::new("/outbox");
         disk.create_dir(dir).expect("dir");
@@ -303,7 +316,7 @@ mod tests {
         if kind == FrameKind::Relocated {
             relocated::encode_ext(&RecordFields::default(), Seq::from(own), &carried, &mut ext);
         }
-        frame::encode_with(&mut bytes, &header(at, kind), &ext, b"payload", salt);
+        frame::encode_with(&mut bytes, &header(at, kind), &ext, payload, salt);
         let file = disk.create(&path).expect("create");
         crate::io::write_all_at(&*file, &bytes, 0).expect("write");
         let span = |from: usize, to: usize| FrameSpan::new(from as u32, (to - from) as u32, false);
@@ -318,7 +331,39 @@ mod tests {
             from: 0,
             kept: frames.len(),
         };
-        recorded_state(&disk, [kept], false, &Hasher::new(1))
+        recorded_state(&disk, [kept], lossy, &Hasher::new(1))
+    }
+
+    /// A lossy repair skips a delivery-state frame that does not read (its
+    /// records are delivered once more), but not one a newer build wrote
+    /// (a code this build does not know): that is refused, as by a strict
+    /// open, rather than lose what it says without a word.
+    #[test]
+    fn a_lossy_read_skips_a_bad_change_but_refuses_a_newer_builds() {
+        use crate::format::delivery::REQUEUE_OR_DISCARD;
+        // Requeue-or-discard code 3: none this build knows.
+        let newer = [3u64.to_le_bytes().as_slice(), &[3]].concat();
+        // Acknowledged from 5 to 4: no range any build writes.
+        let backwards = [5u64.to_le_bytes(), 4u64.to_le_bytes()].concat();
+        for lossy in [false, true] {
+            match read_frame(FIRST + 1, 0, REQUEUE_OR_DISCARD, &newer, lossy) {
+                Err(Error::Corrupt { kind, .. }) => {
+                    assert!(kind.is_unknown_format(), "{kind}");
+                }
+                other => panic!(
+                    "lossy {lossy}: expected Corrupt, got {:?}",
+                    other.map(|v| v.len())
+                ),
+            }
+            let read = read_frame(FIRST + 1, 0, frame::ACKS, &backwards, lossy);
+            match read {
+                Err(Error::Corrupt { kind, .. }) if !lossy => {
+                    assert!(!kind.is_unknown_format(), "{kind}");
+                }
+                Ok(found) if lossy => assert!(found.is_empty()),
+                other => panic!("lossy {lossy}: {:?}", other.map(|v| v.len())),
+            }
+        }
     }
 
     #[test]
