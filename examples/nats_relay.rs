@@ -5,8 +5,15 @@
 //!
 //! ```text
 //! nats-server -js &        # or any JetStream server or cluster
-//! cargo run --release --features nats --example nats_relay -- nats://127.0.0.1:4222 [PRODUCERS] [RECORDS_PER_PRODUCER]
+//! cargo run --release --features nats --example nats_relay -- nats://127.0.0.1:4222 [PRODUCERS] [RECORDS_PER_PRODUCER] [DIR]
 //! ```
+//!
+//! Without DIR the outbox lives in a temporary directory, removed when the
+//! run ends; a run that is killed (Ctrl-C included: the example installs no
+//! handler) leaves that directory and its records behind, which no later run
+//! finds. Give DIR to keep the outbox: a run killed half way is taken up by
+//! the next run with the same DIR, whose relay publishes what the killed one
+//! left (the broker's duplicate window drops what was published twice).
 //!
 //! Prints the throughput from append to `PubAck`, the latency from append to
 //! `PubAck` (p50, p99), and the relay's duplicates, retries and dead letters.
@@ -67,7 +74,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let total = producers * per_producer;
 
     let temp = tempfile::tempdir()?;
-    let outbox = Outbox::open(temp.path().join("outbox"), Options::default())?;
+    let dir = args
+        .next()
+        .map_or_else(|| temp.path().join("outbox"), std::path::PathBuf::from);
+    let outbox = Outbox::open(&dir, Options::default())?;
+    let left = outbox.recovery_report().records_recovered;
+    if left > 0 {
+        say(format_args!(
+            "{left} records an earlier run left in {} are relayed too",
+            dir.display()
+        ));
+    }
     let options =
         JetStreamOptions::new(&url, "SEGWAL_EXAMPLE", "segwal.example.{key}").create_stream(1);
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(total)));

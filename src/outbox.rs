@@ -1223,6 +1223,14 @@ impl Outbox {
                         error = %failure.error,
                         "corrupt record set aside: it is never handed out again"
                     );
+                } else if matches!(&failure.error, Error::Corrupt { kind, .. } if kind.is_unknown_format())
+                {
+                    crate::event!(
+                        error,
+                        seq = failure.seq.get(),
+                        error = %failure.error,
+                        "a record this build does not read (a newer build wrote it) is held back: open the log with that build"
+                    );
                 }
                 if reclaim {
                     self.nudge_writer();

@@ -1070,6 +1070,7 @@ fn run(cli: Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let unread = not_read_here(&verification.problems).is_some();
     if *json {
         outln!("{}", report_json(&verification));
     } else if matches!(cli.command, Command::Inspect { .. }) {
@@ -1089,16 +1090,21 @@ fn run(cli: Cli) -> ExitCode {
         if verification.is_clean() {
             outln!("clean");
         } else {
-            outln!("damage found:");
+            if unread {
+                outln!("not read by this build:");
+            } else {
+                outln!("damage found:");
+            }
             for p in &verification.problems {
                 print_problem(p);
             }
-            if verification.default_open_accepts == Some(true) {
-                outln!("{DEFAULT_OPEN_ACCEPTS}");
+            match verification.default_open_accepts {
+                Some(true) if unread => outln!("{DEFAULT_OPEN_HOLDS_BACK}"),
+                Some(true) => outln!("{DEFAULT_OPEN_ACCEPTS}"),
+                _ => {}
             }
         }
     }
-    let unread = not_read_here(&verification.problems).is_some();
     if unread && !*json {
         errln!("{NOT_READ_HERE}");
     }
@@ -1132,6 +1138,11 @@ fn dropped_range(first: segwal::Seq, last: Option<segwal::Seq>) -> String {
 const DEFAULT_OPEN_ACCEPTS: &str = "the default open (through seal indexes) opens this log all the same: \
 the damage lies in records it does not read at open; a claim of a damaged record fails naming it \
 and sets it aside, and every other record is delivered. No repair is needed to open it.";
+
+/// [`DEFAULT_OPEN_ACCEPTS`] for a log holding what this build does not read.
+const DEFAULT_OPEN_HOLDS_BACK: &str = "the default open (through seal indexes) opens this log all the same: \
+what this build does not read lies in records it does not read at open; a claim of one fails naming it \
+and holds it back (never set aside: the build that wrote it delivers it), and every other record is delivered.";
 
 /// A log at least this large gets a progress bar (on a terminal).
 const PROGRESS_BYTES_MIN: u64 = 256 << 20;

@@ -144,9 +144,10 @@ pub(crate) struct ReadFailure {
     pub error: Error,
     /// The frame failed its check, or its bytes are gone (the file is shorter
     /// than its frames): set it aside rather than hand it out again. Otherwise
-    /// the read failed: the record is held back (still claimed) until the next
-    /// open, so that a failing range of the disk cannot wedge the queue and a
-    /// passing failure loses nothing.
+    /// the read failed, or the frame holds what a newer build wrote: the
+    /// record is held back (still claimed) until its lease runs out, so that
+    /// a failing range of the disk cannot wedge the queue and a passing
+    /// failure loses nothing.
     pub corrupt: bool,
     /// The segment file was not found: its records may have been carried
     /// forward (relocated) and the file deleted since they were claimed; the
@@ -266,15 +267,18 @@ fn check(
         reason,
     } = frame;
     let all: &[u8] = bytes;
-    let fail = |kind| ReadFailure {
+    let fail = |kind: Corruption| ReadFailure {
         seq,
+        // What a newer build wrote (its checksums hold) is no damage: the
+        // record is held back as after a failed read, never set aside, so
+        // that the build that wrote it can still deliver it.
+        corrupt: !kind.is_unknown_format(),
         error: Error::Corrupt {
             path: run.path.to_path_buf(),
             offset: u64::from(offset),
             seq: Some(seq),
             kind,
         },
-        corrupt: true,
         gone: false,
     };
     let window = all.get(at..at + len as usize).ok_or_else(|| {

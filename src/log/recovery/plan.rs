@@ -380,9 +380,11 @@ fn settle_newest(d: &mut Deciding<'_>) {
             break;
         }
         let cut = damage.batch_start;
-        // The bytes the crash left past the cut: to the last byte that is
-        // not zero, not the zeros of the space preallocated after them.
-        let written_end = damage.data_end.map_or(scan.len, |end| end.min(scan.len));
+        // The bytes of the cut batch that this segment's checksums name (not
+        // the zeros preallocated after them, nor a recycled file's older
+        // bytes); a file removed whole counts its length, none if blank.
+        let whole = if scan.blank { 0 } else { scan.len };
+        let written_end = damage.written_end.map_or(whole, |end| end.min(scan.len));
         let torn = |offset: u64| TornTail {
             path: scan.path.clone(),
             offset,

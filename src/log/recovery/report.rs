@@ -60,9 +60,12 @@ pub struct TornTail {
     pub path: PathBuf,
     /// The offset it was truncated to.
     pub offset: u64,
-    /// The bytes cut that a write left: from `offset` to the last byte that
-    /// is not zero (the zeros of the space the segment preallocated after
-    /// them are cut too, and not counted).
+    /// The bytes of the write batch cut, as far as the segment's own
+    /// checksums name them: its frames before the damage, and the damaged
+    /// frame as long as its header says when that header checks. The zeros
+    /// of the space the segment preallocated, and the older bytes of a
+    /// recycled file, are cut too and not counted; a file removed whole (a
+    /// creation a crash cut short) counts its length, or 0 when blank.
     pub bytes: u64,
     /// What the damage was.
     pub cause: Corruption,

@@ -69,9 +69,12 @@ pub(crate) struct Damage {
     /// The highest number the bytes after the damage could hold, whether or
     /// not their frames can be found: none up to it is assigned again.
     pub could_hold: Option<Seq>,
-    /// The end of the last byte that is not zero after the damage (the
-    /// space a segment preallocates is zeros), once looked for.
-    pub data_end: Option<u64>,
+    /// The end of what the segment's own checksums name from the damage on,
+    /// once looked for: the damaged frame as long as its header says when
+    /// that header checks, and the frames that follow it one after another.
+    /// Not the zeros of the space a segment preallocates, nor the older
+    /// bytes of a recycled file (their checksums are another segment's).
+    pub written_end: Option<u64>,
     /// The own numbers of the relocated records in the valid frames found
     /// after the damage (each sync group's frames from its first on): copies
     /// that a lossy repair drops with the damage, and names.
@@ -104,7 +107,7 @@ impl Damage {
             evidence: None,
             max_seen: None,
             could_hold: None,
-            data_end: None,
+            written_end: None,
             relocated: Vec::new(),
             acked: Vec::new(),
             changed: Vec::new(),
@@ -921,6 +924,7 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
     {
         walked = read_chain(buf, salt, f, after + f.len.max(1), d);
     }
+    d.written_end = Some(after.max(walked) as u64);
     while let Some((found_at, f)) = frame::find_frame_on_block(buf, at, salt) {
         let h = f.header;
         at = found_at + f.len.max(1);
@@ -948,7 +952,6 @@ fn look_past(buf: &[u8], salt: u32, regions: DataRegions<'_>, d: &mut Damage) {
         }
     }
     let data_end = data_end(regions, buf, d.offset as usize);
-    d.data_end = Some(data_end as u64);
     let room = data_end.saturating_sub(d.offset as usize) / FRAME_HEADER_LEN;
     if room > 0 {
         let bound = Seq::from(

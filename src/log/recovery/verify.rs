@@ -224,7 +224,9 @@ pub struct Verification {
     /// read: it opens, every other record is delivered, and the claim of a
     /// damaged record fails with [`Error::Corrupt`](crate::Error::Corrupt)
     /// naming it, and sets it aside (an acknowledged one is never read
-    /// again). No repair is needed to open such a log, and a repair would
+    /// again; a record holding what this build does not read,
+    /// [`Corruption::is_unknown_format`], is held back instead, for the
+    /// build that wrote it). No repair is needed to open such a log, and a repair would
     /// drop every record after the damage. `None` when the log is clean.
     pub default_open_accepts: Option<bool>,
 }
