@@ -135,24 +135,48 @@ fn append_batch(c: &mut Criterion) {
 
 /// The relay's drain: claim 256, acknowledge them (one `ack_many` of the 256,
 /// or one `ack_through` of the last), until empty. Acknowledgements are
-/// durable (written to the log by the writer, buffered by default).
+/// written to the log by the writer: under the default
+/// `ack_durability(Buffered)` each call returns at once and they are made
+/// durable with the writer's next batch (few fsyncs fall inside the timed
+/// window); under `ack_durability(Sync)` each call waits for its fsync, as
+/// a database's commit of a delete does.
 fn drain(c: &mut Criterion) {
     let mut group = c.benchmark_group("drain");
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(3));
     group.throughput(Throughput::Elements(1));
-    for (name, through, max_attempts, keys) in [
-        ("claim256+ack", false, None, None),
-        ("claim256+ack_through", true, None, None),
+    for (name, through, max_attempts, keys, ack_sync) in [
+        ("claim256+ack", false, None, None, false),
+        ("claim256+ack_through", true, None, None, false),
+        // Every acknowledgement waits for its fsync.
+        (
+            "claim256+ack_through ack_durability(Sync)",
+            true,
+            None,
+            None,
+            true,
+        ),
         // Every claim waits for its attempts to be fsynced.
-        ("claim256+ack_through max_attempts", true, Some(5), None),
+        (
+            "claim256+ack_through max_attempts",
+            true,
+            Some(5),
+            None,
+            false,
+        ),
         // Records of 10,000 ordering keys, appended round robin: each claim
         // takes one record of each of 256 keys, and each acknowledgement
         // passes its key's turn to the key's next record.
-        ("claim256+ack_through 10000 keys", true, None, Some(10_000)),
+        (
+            "claim256+ack_through 10000 keys",
+            true,
+            None,
+            Some(10_000),
+            false,
+        ),
     ] {
-        drain_with(&mut group, name, through, max_attempts, keys);
+        drain_with(&mut group, name, through, max_attempts, keys, ack_sync);
     }
     group.finish();
 }
@@ -163,10 +187,14 @@ fn drain_with(
     through: bool,
     max_attempts: Option<u32>,
     keys: Option<u64>,
+    ack_sync: bool,
 ) {
     group.bench_function(name, |b| {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut options = Options::default().durability(Durability::Buffered);
+        if ack_sync {
+            options = options.ack_durability(Durability::Sync);
+        }
         if let Some(max) = max_attempts {
             options = options.max_attempts(max);
         }
