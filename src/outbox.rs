@@ -852,7 +852,10 @@ impl Outbox {
     /// If a record's frame fails its checksum, the claim fails with
     /// [`Error::Corrupt`] naming the file, offset and seq; that record is set aside
     /// (counted in [`Stats::corrupt_records`], never handed out) and the others
-    /// are released, so the next claim moves on.
+    /// are released, so the next claim moves on. A record a newer build wrote
+    /// ([`Corruption::is_unknown_format`](crate::Corruption::is_unknown_format))
+    /// fails its claim the same way but is held back until its lease runs
+    /// out, not set aside (docs/GUARANTEES.md, section 3).
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
@@ -1205,6 +1208,10 @@ impl Outbox {
                     .flat_map(|r| r.frames.iter().map(|f| (f.seq, r.claim)))
                     .filter(|&(s, _)| s != failure.seq);
                 table.put_back_unread(others, self.records_attempts());
+                let unread = matches!(&failure.error, Error::Corrupt { kind, .. } if kind.is_unknown_format());
+                if unread {
+                    table.uncount_unread(failure.seq, self.records_attempts());
+                }
                 let reclaim = failure.corrupt && table.set_aside(failure.seq);
                 let noted = shared.state_noted(&mut table);
                 drop(table);
@@ -1223,13 +1230,12 @@ impl Outbox {
                         error = %failure.error,
                         "corrupt record set aside: it is never handed out again"
                     );
-                } else if matches!(&failure.error, Error::Corrupt { kind, .. } if kind.is_unknown_format())
-                {
+                } else if unread {
                     crate::event!(
                         error,
                         seq = failure.seq.get(),
                         error = %failure.error,
-                        "a record this build does not read (a newer build wrote it) is held back: open the log with that build"
+                        "a record this build does not read (a newer build wrote it) is held back, and no segment from its own on can be deleted: open the log with that build"
                     );
                 }
                 if reclaim {

@@ -1142,7 +1142,8 @@ and sets it aside, and every other record is delivered. No repair is needed to o
 /// [`DEFAULT_OPEN_ACCEPTS`] for a log holding what this build does not read.
 const DEFAULT_OPEN_HOLDS_BACK: &str = "the default open (through seal indexes) opens this log all the same: \
 what this build does not read lies in records it does not read at open; a claim of one fails naming it \
-and holds it back (never set aside: the build that wrote it delivers it), and every other record is delivered.";
+and holds it back (never set aside: the build that wrote it delivers it), and every other record is delivered \
+but the later ones of its ordering key; its segment and every later one stay until then.";
 
 /// A log at least this large gets a progress bar (on a terminal).
 const PROGRESS_BYTES_MIN: u64 = 256 << 20;

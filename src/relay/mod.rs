@@ -167,8 +167,9 @@ pub struct RelayStats {
     /// on past (unless the outbox's reads fail: see [`Relay::run`]):
     /// [`Error::Corrupt`] (the record is set aside, counted in
     /// [`Stats::corrupt_records`](crate::Stats::corrupt_records), never
-    /// handed out) or [`Error::Io`] reading it (held back until its lease
-    /// runs out, then delivered again). The other records of the claim went
+    /// handed out; one a newer build wrote is held back instead and met
+    /// again at each lease's end) or [`Error::Io`] reading it (held back
+    /// until its lease runs out, then delivered again). The other records of the claim went
     /// back to pending and are published by the next rounds.
     pub unreadable: u64,
     /// Records pending in the outbox when the stats were taken.

@@ -210,6 +210,15 @@ impl Leases {
         }
     }
 
+    /// The claimed record `seq`, still held, was not handed out (this build
+    /// could not read it): its delivery does not count. Returns the
+    /// deliveries counted before it, if it is held.
+    pub(crate) fn uncount(&mut self, seq: u64) -> Option<u32> {
+        let held = self.held.get_mut(&seq)?;
+        held.attempt = held.attempt.saturating_sub(1);
+        Some(held.attempt)
+    }
+
     /// The claimed record `seq` went back to pending without being handed
     /// out (the claim's read failed first): this delivery does not count.
     /// Returns the deliveries counted before it.

@@ -1786,6 +1786,19 @@ impl Table {
         }
     }
 
+    /// The claimed record `seq` holds what this build does not read (a newer
+    /// build wrote it): it stays held until its lease runs out, as after a
+    /// failed read, but this delivery does not count (`record_attempts`:
+    /// the count set back is written to the log), so that `max_attempts`
+    /// never makes it a dead letter this build cannot show.
+    pub(crate) fn uncount_unread(&mut self, seq: Seq, record_attempts: bool) {
+        if let Some(attempts) = self.leases.uncount(seq.get())
+            && record_attempts
+        {
+            self.push_change(Change::Attempts { seq, attempts });
+        }
+    }
+
     /// Sets aside a record whose frame failed its check on the read path, so that
     /// one bad record cannot wedge the queue.
     pub(crate) fn set_aside(&mut self, seq: Seq) -> bool {

@@ -947,3 +947,52 @@ fn a_newer_builds_record_in_a_sealed_segment_is_held_back_never_set_aside() {
     }
     outbox.close().expect("close");
 }
+
+/// Under `max_attempts`, a record a newer build wrote is claimed again at
+/// each lease's end and fails each time, but its deliveries do not count:
+/// it never becomes a dead letter this build could neither show nor
+/// deliver (it did after `max_attempts` leases until 2026-12-07).
+#[test]
+fn a_newer_builds_record_never_becomes_a_dead_letter_under_max_attempts() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    for i in 0..40u8 {
+        outbox.append(&[i; 200]).expect("append");
+    }
+    outbox.close().expect("close");
+    mark_with_a_newer_flag(&segment_files(&dir).remove(0), 4096);
+    let options = small_segments()
+        .max_attempts(2)
+        .lease(std::time::Duration::from_millis(100));
+    let outbox = Outbox::open(&dir, options.clone()).expect("open");
+    let mut failed = 0;
+    while failed < 4 {
+        match outbox.claim_wait(1, std::time::Duration::from_secs(10)) {
+            Err(Error::Corrupt { kind, seq, .. }) => {
+                assert!(kind.is_unknown_format(), "{kind}");
+                assert_eq!(seq, Some(Seq::from(1)));
+                failed += 1;
+            }
+            // Ten seconds with nothing to claim: the record left (parked as a
+            // dead letter, before).
+            Ok(records) if records.is_empty() => break,
+            Ok(records) => {
+                let seqs: Vec<Seq> = records.iter().map(|r| r.seq()).collect();
+                assert!(!seqs.contains(&Seq::from(1)));
+                outbox.ack_many(&seqs).expect("ack");
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(failed, 4, "{:?}", outbox.stats());
+    assert_eq!(
+        outbox.stats().dead_letters,
+        0,
+        "four leases, max_attempts 2"
+    );
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options).expect("reopen");
+    assert_eq!(outbox.stats().dead_letters, 0);
+    assert_eq!(outbox.stats().pending, 1);
+    outbox.close().expect("close");
+}

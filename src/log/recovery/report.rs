@@ -64,8 +64,9 @@ pub struct TornTail {
     /// checksums name them: its frames before the damage, and the damaged
     /// frame as long as its header says when that header checks. The zeros
     /// of the space the segment preallocated, and the older bytes of a
-    /// recycled file, are cut too and not counted; a file removed whole (a
-    /// creation a crash cut short) counts its length, or 0 when blank.
+    /// recycled file, are cut too and not counted; a newest file removed
+    /// whole (it provably held no frame) counts its header's block, or 0
+    /// when every byte is zero.
     pub bytes: u64,
     /// What the damage was.
     pub cause: Corruption,
