@@ -27,11 +27,15 @@ pub enum Error {
         /// The operating system's error.
         source: Arc<io::Error>,
     },
-    /// A segment file holds bytes that are not what segwal wrote there.
+    /// A segment file holds bytes that are not what segwal wrote there, or
+    /// (checksums holding) what a newer build of segwal wrote, which this
+    /// build does not read: [`Corruption::is_unknown_format`] tells the two
+    /// apart ([`Error::is_unknown_format`] covers a directory of another
+    /// format version too).
     ///
     /// Recovery reports it for damage that cannot be a torn tail (see
     /// `docs/FORMAT.md`); the read path reports it for a record whose checksum no
-    /// longer matches.
+    /// longer matches (set aside) or that a newer build wrote (held back).
     Corrupt {
         /// The segment file.
         path: PathBuf,
@@ -181,6 +185,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether this is no damage but what this build does not read: a
+    /// directory of another format version ([`Error::UnsupportedFormat`]),
+    /// or a frame or segment a newer build wrote
+    /// ([`Error::Corrupt`] whose [`Corruption::is_unknown_format`]). The
+    /// build that wrote the log reads it; nothing was dropped.
+    pub fn is_unknown_format(&self) -> bool {
+        match self {
+            Error::UnsupportedFormat { .. } => true,
+            Error::Corrupt { kind, .. } => kind.is_unknown_format(),
+            _ => false,
+        }
+    }
+
     /// Whether the error is a full disk (or a full quota).
     pub(crate) fn is_no_space(&self) -> bool {
         match self {
@@ -317,7 +334,9 @@ impl std::error::Error for Error {
     }
 }
 
-/// What a corrupt segment holds, and what was expected.
+/// What a corrupt segment holds, and what was expected; or, where
+/// [`Corruption::is_unknown_format`] says so, what a newer build wrote that
+/// this one does not read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Corruption {
@@ -393,7 +412,11 @@ pub enum Corruption {
         /// Bytes left in the file.
         available: u64,
     },
-    /// A frame of an unknown kind, or with unknown flags or fields.
+    /// A frame whose checksums hold but whose content this build does not
+    /// take: an unknown kind, flag, field or code (what a newer build
+    /// writes: [`Corruption::is_unknown_format`] is true), or a value no
+    /// segwal writes (a length or number out of its bounds: damage, or
+    /// not segwal's).
     Unsupported {
         /// What was not understood.
         what: &'static str,
@@ -496,9 +519,11 @@ pub(crate) mod newer {
 
 impl Corruption {
     /// Whether this is no damage but what this build does not read, under
-    /// checksums that hold: a segment of another format version, or a
-    /// frame with a kind, flag, optional field or code that a newer build
-    /// of segwal writes. A lossy recovery
+    /// checksums that hold: a segment of another format version (as
+    /// [`verify`](crate::verify) lists it; an open of such a directory
+    /// answers [`Error::UnsupportedFormat`]: see
+    /// [`Error::is_unknown_format`]), or a frame with a kind, flag,
+    /// optional field or code that a newer build of segwal writes. A lossy recovery
     /// ([`RecoveryMode::Lossy`](crate::RecoveryMode::Lossy), `segwal
     /// repair`) refuses it rather than drop it with every record after it,
     /// and `segwal verify` exits 2 on it: the build that wrote the log

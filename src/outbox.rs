@@ -1209,8 +1209,12 @@ impl Outbox {
                     .filter(|&(s, _)| s != failure.seq);
                 table.put_back_unread(others, self.records_attempts());
                 let unread = matches!(&failure.error, Error::Corrupt { kind, .. } if kind.is_unknown_format());
-                if unread {
-                    table.uncount_unread(failure.seq, self.records_attempts());
+                if !failure.corrupt
+                    && let Some(run) = runs
+                        .iter()
+                        .find(|r| r.frames.iter().any(|f| f.seq == failure.seq))
+                {
+                    table.hold_unread(failure.seq, run.claim, unread, self.records_attempts());
                 }
                 let reclaim = failure.corrupt && table.set_aside(failure.seq);
                 let noted = shared.state_noted(&mut table);

@@ -110,7 +110,8 @@ enum Command {
     /// never writes, never takes the lock, works while the owner runs (a
     /// batch being written is where it stops). Exit 0, 1 when a frame fails
     /// its checksum (named on stderr, with file and offset, after the
-    /// records before it), 2 when the directory cannot be read.
+    /// records before it), 2 when the directory cannot be read or the dump
+    /// meets what this build does not read (a newer build's frame).
     Dump {
         /// The outbox directory.
         dir: PathBuf,
@@ -391,12 +392,23 @@ fn print_problem(p: &Problem) {
     );
 }
 
-/// The first problem that is no damage but a frame or a segment header
-/// this build does not read, whose checksum holds: written by a newer build
-/// of segwal, or in another format version.
-fn not_read_here(problems: &[segwal::Problem]) -> Option<&segwal::Problem> {
-    problems.iter().find(|p| p.kind.is_unknown_format())
+/// Whether every problem is no damage but a frame or a segment header this
+/// build does not read, whose checksums hold: written by a newer build of
+/// segwal, or in another format version. Real damage beside it is damage
+/// (exit 1), which the build that wrote the log would find too.
+fn only_not_read_here(problems: &[segwal::Problem]) -> bool {
+    !problems.is_empty() && problems.iter().all(|p| p.kind.is_unknown_format())
 }
+
+/// Whether some problem, beside real damage, is what this build does not
+/// read: no repair drops it (`RecoveryMode::Lossy` refuses), so the damage
+/// is the writing build's to mend.
+fn partly_not_read_here(problems: &[segwal::Problem]) -> bool {
+    problems.iter().any(|p| p.kind.is_unknown_format()) && !only_not_read_here(problems)
+}
+
+/// What to say of a log holding both.
+const DAMAGE_AND_NOT_READ_HERE: &str = "segwal: the log also holds what this build does not read (a newer build's frame, named above): no repair of this build drops it, so none is offered here; mend the damage with the build that wrote the log.";
 
 /// What to do with a log this build does not read.
 const NOT_READ_HERE: &str = "segwal: this is not damage: the log holds a frame or a segment written by another build of segwal (a newer one, or another format version), which this build does not read. Open it with the build that wrote it (drain it there before going back to this one); a repair would drop the records from there on, so this build does not offer one.";
@@ -408,7 +420,7 @@ fn inspect(v: &Verification) {
         None if v.segments.is_empty() => outln!("identity    - (no segment yet)"),
         None => outln!("identity    - (no segment header this build reads)"),
     }
-    let unread = not_read_here(&v.problems).is_some();
+    let unread = only_not_read_here(&v.problems);
     match v.format_version {
         Some(version) if unread => {
             outln!("format      version {version} (this build does not read all of it)")
@@ -800,7 +812,7 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         ));
         return out.finish(0);
     }
-    if not_read_here(&found.problems).is_some() {
+    if only_not_read_here(&found.problems) {
         out.say("not read by this build:");
         if !json {
             for p in &found.problems {
@@ -818,6 +830,9 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
     }
     let Some(plan) = &found.repair else {
         errln!("segwal: a lossy recovery cannot repair this directory (see the damage above)");
+        if partly_not_read_here(&found.problems) {
+            errln!("{DAMAGE_AND_NOT_READ_HERE}");
+        }
         // A file no segwal wrote, named like a segment: not the log's to
         // drop, but an operator's to move.
         for p in &found.problems {
@@ -1070,7 +1085,7 @@ fn run(cli: Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let unread = not_read_here(&verification.problems).is_some();
+    let unread = only_not_read_here(&verification.problems);
     if *json {
         outln!("{}", report_json(&verification));
     } else if matches!(cli.command, Command::Inspect { .. }) {
@@ -1107,6 +1122,8 @@ fn run(cli: Cli) -> ExitCode {
     }
     if unread && !*json {
         errln!("{NOT_READ_HERE}");
+    } else if partly_not_read_here(&verification.problems) && !*json {
+        errln!("{DAMAGE_AND_NOT_READ_HERE}");
     }
     match (
         matches!(cli.command, Command::Verify { .. }),

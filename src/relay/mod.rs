@@ -435,7 +435,8 @@ impl<P: Publisher> Relay<P> {
                 }
                 Err(_error) if self.unreadable => {
                     // A checksum that fails: the record is set aside, not
-                    // held back, and is met once.
+                    // held back, and is met once. (One a newer build wrote
+                    // is held back, and met again at each lease's end.)
                     crate::event!(
                         warn,
                         error = %_error,

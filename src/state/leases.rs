@@ -102,6 +102,10 @@ struct Held {
     /// kept across renewals: a claim that failed before handing its records
     /// out puts back only those it still holds.
     claim: u32,
+    /// Its claim failed reading it, and it was never handed out: held back
+    /// until the lease runs out, but no acknowledgement, release, dead
+    /// letter or renewal may settle it.
+    unread: bool,
 }
 
 impl Leases {
@@ -130,6 +134,7 @@ impl Leases {
                         lease,
                         attempt,
                         claim,
+                        unread: false,
                     },
                 );
                 attempt
@@ -182,7 +187,7 @@ impl Leases {
     /// lease from now on). False if it is not held.
     pub(crate) fn extend(&mut self, seq: u64, deadline: u64) -> bool {
         let lease = self.next_lease;
-        let Some(held) = self.held.get_mut(&seq) else {
+        let Some(held) = self.held.get_mut(&seq).filter(|h| !h.unread) else {
             return false;
         };
         self.next_lease += 1;
@@ -210,11 +215,18 @@ impl Leases {
         }
     }
 
-    /// The claimed record `seq`, still held, was not handed out (this build
-    /// could not read it): its delivery does not count. Returns the
-    /// deliveries counted before it, if it is held.
-    pub(crate) fn uncount(&mut self, seq: u64) -> Option<u32> {
-        let held = self.held.get_mut(&seq)?;
+    /// The record `seq`, held by the claim `claim`, was not handed out (the
+    /// claim failed reading it): it stays held until its lease runs out, but
+    /// is no longer [`is_held`](Leases::is_held), so that nothing settles a
+    /// record nobody received. With `uncount` (this build could not read
+    /// it; the disk did not fail) its delivery does not count either: returns
+    /// the deliveries counted before it then.
+    pub(crate) fn hold_unread(&mut self, seq: u64, claim: u32, uncount: bool) -> Option<u32> {
+        let held = self.held.get_mut(&seq).filter(|h| h.claim == claim)?;
+        held.unread = true;
+        if !uncount {
+            return None;
+        }
         held.attempt = held.attempt.saturating_sub(1);
         Some(held.attempt)
     }
@@ -274,7 +286,13 @@ impl Leases {
 
     /// Whether `seq` is held by a claim (not delayed, not a dead letter).
     pub(crate) fn is_held(&self, seq: u64) -> bool {
-        self.held.contains_key(&seq)
+        self.held.get(&seq).is_some_and(|h| !h.unread)
+    }
+
+    /// Whether `seq` is held back after its claim failed reading it
+    /// ([`hold_unread`](Leases::hold_unread)).
+    pub(crate) fn is_unread(&self, seq: u64) -> bool {
+        self.held.get(&seq).is_some_and(|h| h.unread)
     }
 
     /// The claim that holds `seq` (see [`Leases::last_claim`]), if any.

@@ -1451,6 +1451,9 @@ impl Table {
         } else if claimed && self.waits_undelivered(seq.get()) {
             // Waiting out its own not-before time: never handed out.
             Err(Error::NotClaimed { seq })
+        } else if claimed && self.leases.is_unread(seq.get()) {
+            // Its claim failed reading it: never handed out.
+            Err(Error::NotClaimed { seq })
         } else if claimed {
             Ok(Some((si, i)))
         } else if SegmentSlots::bit(&seg.done, i) {
@@ -1786,13 +1789,16 @@ impl Table {
         }
     }
 
-    /// The claimed record `seq` holds what this build does not read (a newer
-    /// build wrote it): it stays held until its lease runs out, as after a
-    /// failed read, but this delivery does not count (`record_attempts`:
-    /// the count set back is written to the log), so that `max_attempts`
-    /// never makes it a dead letter this build cannot show.
-    pub(crate) fn uncount_unread(&mut self, seq: Seq, record_attempts: bool) {
-        if let Some(attempts) = self.leases.uncount(seq.get())
+    /// The claim `claim` failed reading the record `seq`, which it still
+    /// holds: held back until its lease runs out, never handed out, so no
+    /// `ack`, `ack_through`, release, dead letter or renewal settles it
+    /// (they answer `NotClaimed`, or pass it by). With `newer` (it holds
+    /// what this build does not read: a newer build wrote it) this delivery
+    /// does not count either (`record_attempts`: the count set back is
+    /// written to the log), so that `max_attempts` never makes it a dead
+    /// letter this build cannot show.
+    pub(crate) fn hold_unread(&mut self, seq: Seq, claim: u32, newer: bool, record_attempts: bool) {
+        if let Some(attempts) = self.leases.hold_unread(seq.get(), claim, newer)
             && record_attempts
         {
             self.push_change(Change::Attempts { seq, attempts });

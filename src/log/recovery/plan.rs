@@ -228,6 +228,16 @@ pub(crate) fn plan(scans: &[SegmentScan], mode: RecoveryMode) -> Result<Plan> {
         if mode != RecoveryMode::Lossy || damage.cause.is_unknown_format() {
             return Err(damaged.corrupt(&damage));
         }
+        // Nor is it dropped with the segments after real damage: a lossy
+        // repair would set them aside whole.
+        if let Some((later, newer)) = d.live.iter().chain(d.reuse.as_ref()).find_map(|v| {
+            Some((
+                v,
+                v.damage.as_ref().filter(|n| n.cause.is_unknown_format())?,
+            ))
+        }) {
+            return Err(later.corrupt(newer));
+        }
         drop_from(&mut d, k, damage, max_seen);
     }
     // Damage is named first: a number beyond the limit may be its symptom.
@@ -382,7 +392,8 @@ fn settle_newest(d: &mut Deciding<'_>) {
         let cut = damage.batch_start;
         // The bytes of the cut batch that this segment's checksums name (not
         // the zeros preallocated after them, nor a recycled file's older
-        // bytes); a file removed whole counts its length, none if blank.
+        // bytes); a file removed whole counts its header's block (what
+        // `look_past` found), none if blank.
         let whole = if scan.blank { 0 } else { scan.len };
         let written_end = damage.written_end.map_or(whole, |end| end.min(scan.len));
         let torn = |offset: u64| TornTail {

@@ -1255,3 +1255,37 @@ fn a_frame_of_a_newer_build_is_unsupported_and_no_repair_drops_it() {
     let lossy = plan(&scans(&files), RecoveryMode::Lossy).expect("repair");
     assert_eq!(lossy.dropped.map(|d| d.first), Some(Seq::from(3)));
 }
+
+/// A lossy repair cuts at the first real damage and sets every later
+/// segment aside whole: not when one of them holds a newer build's frame,
+/// which it would drop unread with them.
+#[test]
+fn no_repair_sets_aside_a_later_segment_holding_a_newer_builds_frame() {
+    let older = Seg::new(1, 0, 1).batch(2).seal();
+    let seal_at = older.offset_of(3);
+    let older = older.flip(seal_at + PAYLOAD + 1, 0);
+    let newest = rekind(Seg::new(4, 3, 1).batch(1).batch(1), 5, 6);
+    let files = vec![older.file(), newest.file()];
+    let lossy = plan(&scans(&files), RecoveryMode::Lossy);
+    assert!(
+        matches!(
+            corruption(lossy),
+            Corruption::Unsupported {
+                what: "frame kind",
+                value: 6
+            }
+        ),
+        "the newer build's frame is named"
+    );
+    // Without it, the same damage is repaired.
+    let plain = vec![
+        Seg::new(1, 0, 1)
+            .batch(2)
+            .seal()
+            .flip(seal_at + PAYLOAD + 1, 0)
+            .file(),
+        Seg::new(4, 3, 1).batch(1).batch(1).file(),
+    ];
+    let repaired = plan(&scans(&plain), RecoveryMode::Lossy).expect("repair");
+    assert!(repaired.dropped.is_some());
+}
