@@ -1329,6 +1329,13 @@ impl Outbox {
     /// acknowledged) are left as they are. A relay that publishes in order
     /// acknowledges a whole batch with one call.
     ///
+    /// For one relay: it acknowledges claimed records whoever claimed them.
+    /// Where several threads or relays claim from one outbox, each must
+    /// acknowledge its own records with [`ack`](Outbox::ack) or
+    /// [`ack_many`](Outbox::ack_many): an `ack_through` of one would settle
+    /// records another holds and has not published, or not even read yet
+    /// (a claim whose read then fails would have lost them).
+    ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
     /// # let dir = tempfile::tempdir().expect("temporary directory");

@@ -331,9 +331,15 @@ impl Leases {
             for seq in entry.remove() {
                 // Only if the record is still held under this lease: not
                 // acknowledged, released or extended since.
-                if self.held.get(&seq).is_some_and(|h| h.lease == lease) {
+                if let Some(held) = self.held.get(&seq).filter(|h| h.lease == lease) {
+                    // A record its claim failed reading was not delivered:
+                    // no late acknowledgement may settle it (one of an
+                    // earlier delivery still may).
+                    let delivered = !held.unread;
                     self.returned(seq);
-                    self.lapsed.insert(seq, ());
+                    if delivered {
+                        self.lapsed.insert(seq, ());
+                    }
                     out.push(seq);
                 }
             }

@@ -1451,8 +1451,9 @@ impl Table {
         } else if claimed && self.waits_undelivered(seq.get()) {
             // Waiting out its own not-before time: never handed out.
             Err(Error::NotClaimed { seq })
-        } else if claimed && self.leases.is_unread(seq.get()) {
-            // Its claim failed reading it: never handed out.
+        } else if claimed && self.leases.is_unread(seq.get()) && !self.leases.lapsed(seq.get()) {
+            // Its claim failed reading it: never handed out (a late
+            // acknowledgement of an earlier delivery is accepted below).
             Err(Error::NotClaimed { seq })
         } else if claimed {
             Ok(Some((si, i)))

@@ -1004,6 +1004,16 @@ fn a_newer_builds_record_never_becomes_a_dead_letter_under_max_attempts() {
         0,
         "four leases, max_attempts 2"
     );
+    // Its lease over, it is pending, and never delivered: no late
+    // acknowledgement settles it (one did, and lost it, until 2026-12-07).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while outbox.stats().pending == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(matches!(
+        outbox.ack(Seq::from(1)),
+        Err(Error::NotClaimed { .. })
+    ));
     outbox.close().expect("close");
     let outbox = Outbox::open(&dir, options).expect("reopen");
     assert_eq!(outbox.stats().dead_letters, 0);
