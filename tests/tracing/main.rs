@@ -356,26 +356,32 @@ fn quarantine(events: &Events) {
     outbox.close().expect("close");
 }
 
-/// A lossy open of a log damaged in the middle drops the records from the
-/// damage on, and says which, where.
-fn lossy_drop(events: &Events) {
-    let tmp = tempfile::tempdir().expect("temporary directory");
-    // Small segments without index checkpoints: each record, appended alone,
-    // starts a block of its own.
+/// Forty records of 200 bytes, each appended alone, in small segments
+/// without index checkpoints (so each starts a block of its own), closed:
+/// the options and the segment files, oldest first.
+fn forty_records(dir: &std::path::Path) -> (Options, Vec<std::path::PathBuf>) {
     let options = Options::default()
         .segment_bytes(64 << 10)
         .checkpoint_bytes(0);
-    let outbox = Outbox::open(tmp.path(), options.clone()).expect("open");
+    let outbox = Outbox::open(dir, options.clone()).expect("open");
     for i in 0..40u8 {
         outbox.append(&[i; 200]).expect("append");
     }
     outbox.close().expect("close");
-    let mut segs: Vec<_> = std::fs::read_dir(tmp.path())
+    let mut segs: Vec<_> = std::fs::read_dir(dir)
         .expect("read dir")
         .map(|e| e.expect("entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "seg"))
         .collect();
     segs.sort();
+    (options, segs)
+}
+
+/// A lossy open of a log damaged in the middle drops the records from the
+/// damage on, and says which, where.
+fn lossy_drop(events: &Events) {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let (options, segs) = forty_records(tmp.path());
     // A bit of the fifth record's payload in the oldest, sealed segment.
     let mut bytes = std::fs::read(&segs[0]).expect("read");
     let at = 4096 * 5 + 100;
@@ -404,20 +410,7 @@ fn lossy_drop(events: &Events) {
 /// a warning naming it.
 fn corrupt_record(events: &Events) {
     let tmp = tempfile::tempdir().expect("temporary directory");
-    let options = Options::default()
-        .segment_bytes(64 << 10)
-        .checkpoint_bytes(0);
-    let outbox = Outbox::open(tmp.path(), options.clone()).expect("open");
-    for i in 0..40u8 {
-        outbox.append(&[i; 200]).expect("append");
-    }
-    outbox.close().expect("close");
-    let mut segs: Vec<_> = std::fs::read_dir(tmp.path())
-        .expect("read dir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    segs.sort();
+    let (options, segs) = forty_records(tmp.path());
     // A bit of the first record's payload, in the oldest, sealed segment,
     // which the default open reads through its seal index only.
     let mut bytes = std::fs::read(&segs[0]).expect("read");
