@@ -1592,3 +1592,49 @@ fn a_newer_builds_frame_is_not_damage_and_no_repair_drops_it() {
     assert_eq!(snapshot(&dir), before);
     assert!(!dir.join("quarantine").exists());
 }
+
+/// Real damage beside a newer build's frame is damage: `verify` exits 1 and
+/// says so, with a note on the newer frame, and `repair --yes` changes
+/// nothing (a lossy recovery would set the newer frame's segment aside with
+/// the rest; both said "not damage", exit 2, until 2026-12-07).
+#[test]
+fn damage_beside_a_newer_builds_frame_is_damage() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let outbox = Outbox::open(&dir, Options::default().segment_bytes(64 << 10)).expect("open");
+    let mut last = segwal::Seq::from(0);
+    for i in 0..40u8 {
+        last = outbox.append(&[i; 2000]).expect("append");
+    }
+    outbox.close().expect("close");
+    let mut segs = segments(&dir);
+    assert!(segs.len() >= 3, "{segs:?}");
+    // A bit of the first record's payload, in the oldest, sealed segment.
+    let oldest = segs.remove(0);
+    let mut bytes = std::fs::read(&oldest).expect("read");
+    bytes[4096 + 100] ^= 0x10;
+    std::fs::write(&oldest, &bytes).expect("write");
+    let newest = segs.pop().expect("a newest segment");
+    let mut bytes = std::fs::read(&newest).expect("read");
+    let first_seq = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
+    let nonce = u64::from_le_bytes(bytes[48..56].try_into().expect("8 bytes"));
+    bytes.resize(bytes.len().next_multiple_of(4096), 0);
+    bytes.extend(newer_builds_frame(first_seq, nonce, last.get() + 1));
+    std::fs::write(&newest, &bytes).expect("write");
+    let before = snapshot(&dir);
+    let path = dir.to_str().expect("utf-8");
+    for args in [&["verify"][..], &["repair", "--yes"][..]] {
+        let out = segwal(&[args, &[path][..]].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("damage found:"), "{args:?}: {stdout}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("this is not damage"), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("also holds what this build does not read"),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert_eq!(snapshot(&dir), before);
+    assert!(!dir.join("quarantine").exists());
+}
