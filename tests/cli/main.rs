@@ -1554,6 +1554,18 @@ fn newer_builds_frame(first_seq: u64, nonce: u64, seq: u64) -> Vec<u8> {
     frame
 }
 
+/// Ends the newest segment `newest`, whose last record is `last`, with a
+/// frame a newer build wrote, as its next write batch (on a fresh block:
+/// docs/FORMAT.md, "Blocks"), checksummed with the segment's header.
+fn end_with_a_newer_builds_frame(newest: &Path, last: segwal::Seq) {
+    let mut bytes = std::fs::read(newest).expect("read");
+    let first_seq = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
+    let nonce = u64::from_le_bytes(bytes[48..56].try_into().expect("8 bytes"));
+    bytes.resize(bytes.len().next_multiple_of(4096), 0);
+    bytes.extend(newer_builds_frame(first_seq, nonce, last.get() + 1));
+    std::fs::write(newest, &bytes).expect("write");
+}
+
 /// A log whose newest segment ends with a frame a newer build wrote is no
 /// damage: `verify`, `dump` and `repair --yes` exit 2 saying so, and change
 /// nothing (a repair dropped it, and the records of its batch, until
@@ -1568,14 +1580,7 @@ fn a_newer_builds_frame_is_not_damage_and_no_repair_drops_it() {
         last = outbox.append(format!("r{i}").as_bytes()).expect("append");
     }
     outbox.close().expect("close");
-    let newest = segments(&dir).pop().expect("a segment");
-    let mut bytes = std::fs::read(&newest).expect("read");
-    let first_seq = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
-    let nonce = u64::from_le_bytes(bytes[48..56].try_into().expect("8 bytes"));
-    // A new write batch starts on a fresh block (docs/FORMAT.md, "Blocks").
-    bytes.resize(bytes.len().next_multiple_of(4096), 0);
-    bytes.extend(newer_builds_frame(first_seq, nonce, last.get() + 1));
-    std::fs::write(&newest, &bytes).expect("write");
+    end_with_a_newer_builds_frame(&segments(&dir).pop().expect("a segment"), last);
     let before = snapshot(&dir);
     let path = dir.to_str().expect("utf-8");
     for args in [&["verify"][..], &["dump"][..], &["repair", "--yes"][..]] {
@@ -1614,13 +1619,7 @@ fn damage_beside_a_newer_builds_frame_is_damage() {
     let mut bytes = std::fs::read(&oldest).expect("read");
     bytes[4096 + 100] ^= 0x10;
     std::fs::write(&oldest, &bytes).expect("write");
-    let newest = segs.pop().expect("a newest segment");
-    let mut bytes = std::fs::read(&newest).expect("read");
-    let first_seq = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
-    let nonce = u64::from_le_bytes(bytes[48..56].try_into().expect("8 bytes"));
-    bytes.resize(bytes.len().next_multiple_of(4096), 0);
-    bytes.extend(newer_builds_frame(first_seq, nonce, last.get() + 1));
-    std::fs::write(&newest, &bytes).expect("write");
+    end_with_a_newer_builds_frame(&segs.pop().expect("a newest segment"), last);
     let before = snapshot(&dir);
     let path = dir.to_str().expect("utf-8");
     for args in [&["verify"][..], &["repair", "--yes"][..]] {

@@ -909,6 +909,21 @@ fn mark_with_a_newer_flag(path: &Path, at: usize) {
     std::fs::write(path, &bytes).expect("write");
 }
 
+/// Forty records of 200 bytes in small segments, closed, the first (in the
+/// oldest, sealed segment, at offset 4096) made a newer build's: the
+/// directory and that segment file.
+fn a_newer_builds_first_record() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let (t, dir) = tmp();
+    let outbox = Outbox::open(&dir, small_segments()).expect("open");
+    for i in 0..40u8 {
+        outbox.append(&[i; 200]).expect("append");
+    }
+    outbox.close().expect("close");
+    let oldest = segment_files(&dir).remove(0);
+    mark_with_a_newer_flag(&oldest, 4096);
+    (t, dir, oldest)
+}
+
 /// A record of a sealed segment that a newer build wrote (a frame flag
 /// this build does not know, its checksums holding), which the default
 /// open does not read: its claim fails naming it, and it is held back, not
@@ -917,14 +932,7 @@ fn mark_with_a_newer_flag(path: &Path, at: usize) {
 /// deleted or recycled once the rest was acknowledged, until 2026-12-07.)
 #[test]
 fn a_newer_builds_record_in_a_sealed_segment_is_held_back_never_set_aside() {
-    let (_t, dir) = tmp();
-    let outbox = Outbox::open(&dir, small_segments()).expect("open");
-    for i in 0..40u8 {
-        outbox.append(&[i; 200]).expect("append");
-    }
-    outbox.close().expect("close");
-    let oldest = segment_files(&dir).remove(0);
-    mark_with_a_newer_flag(&oldest, 4096);
+    let (_t, dir, oldest) = a_newer_builds_first_record();
     let options = small_segments().lease(std::time::Duration::from_secs(3600));
     let outbox = Outbox::open(&dir, options.clone()).expect("the default open reads seals only");
     match outbox.claim(1) {
@@ -968,13 +976,7 @@ fn a_newer_builds_record_in_a_sealed_segment_is_held_back_never_set_aside() {
 /// deliver (it did after `max_attempts` leases until 2026-12-07).
 #[test]
 fn a_newer_builds_record_never_becomes_a_dead_letter_under_max_attempts() {
-    let (_t, dir) = tmp();
-    let outbox = Outbox::open(&dir, small_segments()).expect("open");
-    for i in 0..40u8 {
-        outbox.append(&[i; 200]).expect("append");
-    }
-    outbox.close().expect("close");
-    mark_with_a_newer_flag(&segment_files(&dir).remove(0), 4096);
+    let (_t, dir, _) = a_newer_builds_first_record();
     let options = small_segments()
         .max_attempts(2)
         .lease(std::time::Duration::from_millis(100));
