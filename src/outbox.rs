@@ -221,13 +221,17 @@ pub struct Stats {
     /// acknowledged: those a relay has yet to read, and those kept by a few
     /// records nobody acknowledges (dead letters, long delays, claims a stuck
     /// relay holds) until relocation carries those records forward
-    /// (docs/FORMAT.md, "Relocation").
+    /// (docs/FORMAT.md, "Relocation"). Fully acknowledged segments waiting
+    /// behind one of them (segments are deleted oldest first) are in
+    /// [`segments`](Stats::segments), not here.
     pub held_segments: usize,
     /// The records not yet acknowledged in the
     /// [`held_segments`](Stats::held_segments).
     pub held_by_records: u64,
     /// Records carried forward out of an old segment into the active one
-    /// since open, so that they do not keep the old one on disk.
+    /// since open, so that they do not keep the old one on disk: copies
+    /// made, so a record carried forward again (its copy's segment became
+    /// the oldest in turn) counts again.
     pub relocated: u64,
     /// Records set aside by the read path since open because their frame no
     /// longer matched its checksum.
@@ -1478,10 +1482,11 @@ impl Outbox {
     /// [`REASON_BYTES_MAX`](crate::REASON_BYTES_MAX) bytes) and its attempts.
     /// Durable like an acknowledgement. A dead letter does not pin its
     /// segment: once the log takes more than twice the bytes of its live
-    /// frames plus two segments, the writer copies the few records that keep
-    /// the oldest segment, dead letters among them, forward into the active
-    /// one, and the old segment is deleted (relocation, docs/GUARANTEES.md,
-    /// section 7). [`Error::NotClaimed`] if `seq` is not held by a claim.
+    /// frames plus two segments, or spans more than 64 segments, the writer
+    /// copies the few records that keep the oldest segment, dead letters
+    /// among them, forward into the active one wherever the copies take at
+    /// most half of what they free, and the old segment is deleted
+    /// (relocation, docs/GUARANTEES.md, section 7). [`Error::NotClaimed`] if `seq` is not held by a claim.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {

@@ -116,6 +116,33 @@ impl SegmentSlots {
         self.sealed && u64::from(self.done_count) == self.len()
     }
 
+    /// Records neither claimed nor done (pending, or waiting: delayed or
+    /// held by their key).
+    fn pending_count(&self) -> u64 {
+        self.len() - u64::from(self.claimed_count) - u64::from(self.done_count)
+    }
+
+    /// Bytes of the frames not done, a word of done bits at a time.
+    fn live_frame_bytes(&self) -> u64 {
+        let mut bytes = 0u64;
+        for (w, &word) in self.done.iter().enumerate() {
+            let mut live = !word;
+            while live != 0 {
+                let i = w * 64 + live.trailing_zeros() as usize;
+                if i >= self.offsets.len() {
+                    break;
+                }
+                bytes += u64::from(self.frame_range(i).1);
+                live &= live - 1;
+            }
+        }
+        // Slots past the bits' words (none are done).
+        for i in self.done.len() * 64..self.offsets.len() {
+            bytes += u64::from(self.frame_range(i).1);
+        }
+        bytes
+    }
+
     /// Byte range of slot `i`'s frame.
     fn frame_range(&self, i: usize) -> (u32, u32) {
         let start = self.offsets[i];

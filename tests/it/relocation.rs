@@ -120,6 +120,88 @@ fn a_dead_letter_is_carried_forward_and_stays_dead_across_restarts() {
     outbox.close().expect("close");
 }
 
+/// Parks one dead letter in `dir` ("schema rejected"), then writes `rounds`
+/// rounds of five records, each claimed and acknowledged, opening the
+/// outbox afresh for each round when `reopen` is set; returns the dead
+/// letter's seq and the most segments seen on disk after a round.
+fn one_dead_letter_then_rounds(
+    dir: &std::path::Path,
+    options: Options,
+    rounds: u64,
+    reopen: bool,
+) -> (Seq, usize) {
+    let mut outbox = Outbox::open(dir, options.clone()).expect("open");
+    outbox.append(&payload(0)).expect("append");
+    let parked = outbox.claim(1).expect("claim")[0].seq();
+    outbox
+        .dead_letter(parked, "schema rejected")
+        .expect("dead_letter");
+    let mut most = 0;
+    for round in 0..rounds {
+        if reopen {
+            outbox.close().expect("close");
+            outbox = Outbox::open(dir, options.clone()).expect("reopen");
+        }
+        let batch: Vec<Vec<u8>> = (0..5).map(|i| payload(1 + round * 5 + i)).collect();
+        outbox.append_batch(&batch).expect("append_batch");
+        let claimed = outbox.claim(10).expect("claim");
+        assert_eq!(claimed.len(), 5, "round {round}");
+        let seqs: Vec<Seq> = claimed.iter().map(|r| r.seq()).collect();
+        outbox.ack_many(&seqs).expect("ack_many");
+        outbox.sync().expect("sync");
+        most = most.max(outbox.stats().segments);
+    }
+    let letters = outbox.dead_letters(10).expect("dead_letters");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        (letters[0].seq(), letters[0].payload(), letters[0].reason()),
+        (parked, payload(0).as_slice(), "schema rejected")
+    );
+    outbox.close().expect("close");
+    (parked, most)
+}
+
+/// The dead letter and nothing else is live at the end: a reopen finds it,
+/// and nothing pending.
+fn only_the_dead_letter_is_left(dir: &std::path::Path, options: Options, parked: Seq) {
+    let outbox = Outbox::open(dir, options).expect("reopen");
+    let stats = outbox.stats();
+    assert_eq!((stats.dead_letters, stats.pending), (1, 0), "{stats:?}");
+    assert_eq!(
+        outbox.dead_letters(10).expect("dead_letters")[0].seq(),
+        parked
+    );
+    outbox.close().expect("close");
+}
+
+/// Segments a few blocks long (a small `segment_bytes`, as a quiet outbox
+/// rotating by age writes too): copying the one dead letter out of its
+/// segment does not pay against that segment alone, but does against the
+/// acknowledged segments behind it, which go with it. Before, no segment
+/// was ever deleted again once one record was parked.
+#[test]
+fn a_dead_letter_in_a_small_segment_does_not_keep_the_later_ones() {
+    let (_t, dir) = tmp();
+    let options = options().segment_bytes(8 << 10);
+    let (parked, most) = one_dead_letter_then_rounds(&dir, options.clone(), 200, false);
+    assert!(most <= 16, "one dead letter kept {most} segments");
+    only_the_dead_letter_is_left(&dir, options, parked);
+}
+
+/// An outbox opened afresh for each few records writes a small segment each
+/// time. Their bytes stay within twice the live bytes plus two segments of
+/// 1 MiB for a long while, but past [`CROWDED`] segments the dead letter is
+/// carried forward anyway, so the files do not pile up.
+#[test]
+fn a_dead_letter_does_not_keep_more_than_a_crowd_of_small_segments() {
+    const CROWDED: usize = 64;
+    let (_t, dir) = tmp();
+    let options = options().segment_bytes(1 << 20);
+    let (parked, most) = one_dead_letter_then_rounds(&dir, options.clone(), 150, true);
+    assert!(most <= CROWDED + 2, "one dead letter kept {most} segments");
+    only_the_dead_letter_is_left(&dir, options, parked);
+}
+
 #[test]
 fn a_delayed_record_is_carried_forward_and_waits_out_its_delay_after_a_restart() {
     let (_t, dir) = tmp();

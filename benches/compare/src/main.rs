@@ -207,6 +207,11 @@ struct Args {
     /// the page cache)
     #[arg(long)]
     open: bool,
+    /// with --open: the child fills the log as a lone producer does, one
+    /// record per durable `append` from one thread (one sync group, so one
+    /// block, a record), instead of batches of 64 from two threads
+    #[arg(long, requires = "open")]
+    open_alone: bool,
     /// (internal) fill DIR with --fill-records pending records in this
     /// process and exit without closing: the open workload's child
     #[arg(long, value_name = "DIR", hide = true)]
@@ -214,6 +219,9 @@ struct Args {
     /// (internal) records the child of --fill-crashed appends
     #[arg(long, value_name = "N", hide = true, default_value_t = 0)]
     fill_records: u64,
+    /// (internal) the child of --fill-crashed appends as a lone producer
+    #[arg(long, hide = true)]
+    fill_alone: bool,
 }
 
 /// One name of `--only`: an engine's name as the tables write it.
@@ -259,7 +267,7 @@ fn main() {
 
 fn run(args: Args) -> Result<()> {
     if let Some(dir) = &args.fill_crashed {
-        open::fill_crashed(dir, args.fill_records);
+        open::fill_crashed(dir, args.fill_records, args.fill_alone);
     }
     // The workloads of their own: rounds as asked, else one under --quick
     // and `full` otherwise.
@@ -270,7 +278,7 @@ fn run(args: Args) -> Result<()> {
     let tmp = || args.tmp.clone().unwrap_or_else(std::env::temp_dir);
     let out = args.out.as_deref();
     if args.open {
-        return open::run(args.quick, rounds(5), &tmp(), out);
+        return open::run(args.quick, args.open_alone, rounds(5), &tmp(), out);
     }
     if let Some(url) = &args.nats {
         return nats::run(url, args.quick, rounds(3), &tmp(), out);

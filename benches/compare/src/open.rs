@@ -11,6 +11,12 @@
 //! the page cache for a cold open (writing `3` to `/proc/sys/vm/drop_caches`,
 //! which needs root; without it every open is reported warm), and times
 //! `Outbox::open` alone. Cold and warm opens take turns.
+//!
+//! With `--open-alone` the child fills the log as a lone producer does: one
+//! thread, one durable `append` a record, so every record is a sync group of
+//! its own and takes a block of its own. The same records then lie in about
+//! sixteen times as many bytes, over as many more segments, and the open
+//! reads their indexes (written to `open-alone.md`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,9 +47,16 @@ struct Opened {
 
 /// The child's side: fills `dir` with `records` pending records and exits
 /// without closing the outbox. Never returns.
-pub fn fill_crashed(dir: &Path, records: u64) -> ! {
+pub fn fill_crashed(dir: &Path, records: u64, alone: bool) -> ! {
     let outcome = (|| -> Result<()> {
         let outbox = Outbox::open(dir, Options::default())?;
+        if alone {
+            for i in 0..records {
+                outbox.append(&payload(i))?;
+            }
+            std::mem::forget(outbox);
+            return Ok(());
+        }
         let per_filler = records.div_ceil(FILLERS as u64);
         std::thread::scope(|s| -> Result<()> {
             let handles: Vec<_> = (0..FILLERS as u64)
@@ -90,14 +103,18 @@ fn payload(i: u64) -> Vec<u8> {
 }
 
 /// Runs the child that fills `dir`, and waits for it.
-fn fill(dir: &Path, records: u64) -> Result<()> {
+fn fill(dir: &Path, records: u64, alone: bool) -> Result<()> {
     let exe = std::env::current_exe()?;
-    let status = Command::new(exe)
+    let mut child = Command::new(exe);
+    child
         .arg("--fill-crashed")
         .arg(dir)
         .arg("--fill-records")
-        .arg(records.to_string())
-        .status()?;
+        .arg(records.to_string());
+    if alone {
+        child.arg("--fill-alone");
+    }
+    let status = child.status()?;
     if !status.success() {
         return Err(format!("the filling child failed: {status}").into());
     }
@@ -120,7 +137,8 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
 
 /// Fills and opens `rounds` crashed logs cold and as many warm, taking turns,
 /// and prints (and, with `out`, writes `open.md`) the table.
-pub fn run(quick: bool, rounds: usize, tmp: &Path, out: Option<&Path>) -> Result<()> {
+/// `alone`: the child fills as a lone producer (see the module's doc).
+pub fn run(quick: bool, alone: bool, rounds: usize, tmp: &Path, out: Option<&Path>) -> Result<()> {
     let records: u64 = if quick { 20_000 } else { 1_000_000 };
     let mut opened = Vec::new();
     let mut may_drop = !quick;
@@ -129,7 +147,7 @@ pub fn run(quick: bool, rounds: usize, tmp: &Path, out: Option<&Path>) -> Result
         for cold in [round % 2 == 0, round % 2 == 1] {
             let scratch = tempfile::tempdir_in(tmp)?;
             let dir: PathBuf = scratch.path().join("outbox");
-            fill(&dir, records)?;
+            fill(&dir, records, alone)?;
             let cold = if cold && may_drop {
                 may_drop = drop_page_cache();
                 if !may_drop {
@@ -174,21 +192,28 @@ pub fn run(quick: bool, rounds: usize, tmp: &Path, out: Option<&Path>) -> Result
             opened.push(o);
         }
     }
-    let table = table(&opened, records, rounds);
+    let table = table(&opened, records, rounds, alone);
     println!("{table}");
     if let Some(out) = out {
         std::fs::create_dir_all(out)?;
-        std::fs::write(out.join("open.md"), &table)?;
+        let name = if alone { "open-alone.md" } else { "open.md" };
+        std::fs::write(out.join(name), &table)?;
     }
     Ok(())
 }
 
-fn table(opened: &[Opened], records: u64, rounds: usize) -> String {
+fn table(opened: &[Opened], records: u64, rounds: usize, alone: bool) -> String {
     let ms = |o: &Opened| o.took.as_secs_f64() * 1e3;
+    let fill = if alone {
+        "one thread appending one record at a time (a block a record)"
+    } else {
+        "two threads appending 64 records a batch"
+    };
     let mut s = format!(
         "Open after a crash: {records} pending records of {RECORD_BYTES} B, each open on a log of its own \
-         filled by a child that exited without closing; `sync` before each open, the page cache dropped \
-         before a cold one; {rounds} round(s), cold and warm taking turns. Only `Outbox::open` is timed.\n\n\
+         filled by a child ({fill}) that exited without closing; `sync` before each open, the page cache \
+         dropped before a cold one; {rounds} round(s), cold and warm taking turns. Only `Outbox::open` is \
+         timed.\n\n\
          | open | ms | segments | frames from checkpoints |\n|---|--:|--:|--:|\n"
     );
     for o in opened {

@@ -13,10 +13,12 @@
 //!
 //! When (docs/FORMAT.md, "Relocation"): the oldest segment is sealed, none of
 //! its records is pending (a relay that is behind reads them next: copying
-//! them would only write them twice), some are not acknowledged, and the log
-//! takes more than twice the bytes of its live frames plus two segments.
-//! Each relocation copies at most the live frames and frees at least that
-//! much again, so it writes at most one byte per byte it frees.
+//! them would only write them twice), some are not acknowledged, the log
+//! takes more than twice the bytes of its live frames plus two segments or
+//! spans more than [`CROWDED_SEGMENTS`] segments, and copying pays: a run of
+//! the oldest segments frees at least twice what copying its live frames
+//! costs ([`Table::copying_pays`]). So relocation writes at most one byte per
+//! two it frees, and the log shrinks when a run is carried forward.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -40,6 +42,14 @@ pub(crate) struct Straggler {
     /// Its delivery state when the writer took it.
     pub carried: Carried,
 }
+
+/// Segments on disk above which the oldest segment's records are carried
+/// forward, where copying pays, even when the log's bytes are within twice
+/// its live bytes plus two segments: small segments (a quiet outbox rotating
+/// by age writes a few blocks each) behind one dead letter would otherwise
+/// pile up by the thousand before their bytes passed that bound, each a file
+/// to open and list.
+pub(crate) const CROWDED_SEGMENTS: usize = 64;
 
 /// Records to carry forward out of the oldest segment.
 pub(crate) struct Relocation {
@@ -163,28 +173,15 @@ impl Table {
         if self.segments.len() < 2 || !front.sealed || front.is_finished() {
             return None;
         }
-        let front_pending =
-            front.len() - u64::from(front.claimed_count) - u64::from(front.done_count);
-        if front_pending > 0 {
+        if front.pending_count() > 0 {
             return None;
         }
         let disk: u64 = self.segments.iter().map(|s| u64::from(s.end)).sum();
         let live = self.backlog_bytes + FRAME_HEADER_LEN as u64 * (self.pending + self.claimed);
-        if disk <= 2 * live + 2 * segment_bytes {
+        if disk <= 2 * live + 2 * segment_bytes && self.segments.len() <= CROWDED_SEGMENTS {
             return None;
         }
-        // A step must pay: what the front's live frames take once copied (on
-        // a fresh block), with the block of the log start that precedes the
-        // front's deletion, is at most half the front. Even when the copies
-        // also fill the active segment (a new header's block and a seal's),
-        // the log then shrinks at every step; without this rule, segments a
-        // few blocks long would pass copies from segment to segment for ever.
-        let front_live: u64 = (0..front.offsets.len())
-            .filter(|&i| !SegmentSlots::bit(&front.done, i))
-            .map(|i| u64::from(front.frame_range(i).1))
-            .sum();
-        let cost = align_up(front_live) + 2 * BLOCK as u64;
-        if 2 * cost > u64::from(front.end) {
+        if !self.copying_pays() {
             return None;
         }
         let mut stragglers = Vec::new();
@@ -214,6 +211,44 @@ impl Table {
             file: front.file.clone(),
             stragglers,
         })
+    }
+
+    /// Whether carrying the oldest segment's live frames forward pays: some
+    /// run of the oldest segments, each sealed with no record pending,
+    /// frees at least twice what copying its live frames costs. A segment's
+    /// cost is its live frames rounded up to a block, plus two blocks (the
+    /// log start frame that precedes its deletion, and the copies' own
+    /// block); it frees its whole length, and a fully acknowledged segment
+    /// inside the run frees its length at no cost, as it goes with the
+    /// segments before it.
+    ///
+    /// The run ends at the first point where it pays. So every shorter run
+    /// does not pay, and once the oldest segment's copies are made the rest
+    /// of the run still pays on its own: the steps that carry the run
+    /// forward, one oldest segment after another, write at most one byte per
+    /// two they free, and the log shrinks when the run is done. Without the
+    /// rule segments a few blocks long would pass their copies from segment
+    /// to segment for ever; with the run counted, and not the oldest segment
+    /// alone, a small segment (a quiet outbox rotating by age) holding one
+    /// dead letter does not keep every later segment on disk.
+    fn copying_pays(&self) -> bool {
+        let (mut cost, mut frees) = (0u64, 0u64);
+        for seg in self.segments.iter() {
+            if !seg.sealed {
+                return false;
+            }
+            if !seg.is_finished() {
+                if seg.pending_count() > 0 {
+                    return false;
+                }
+                cost += align_up(seg.live_frame_bytes()) + 2 * BLOCK as u64;
+            }
+            frees += u64::from(seg.end);
+            if 2 * cost <= frees {
+                return true;
+            }
+        }
+        false
     }
 
     /// The delivery state of the live record `own`, as a relocated frame
