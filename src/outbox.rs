@@ -63,6 +63,10 @@ struct Handle {
     /// The writer thread's outcome once it ended: whether the close's last
     /// fsync held, for calls whose change that close took.
     ended: Arc<WriterEnd>,
+    /// The figures as they stood when the outbox closed, which
+    /// [`Outbox::stats`] answers from then on (the state table goes at
+    /// close).
+    at_close: Mutex<Option<Stats>>,
 }
 
 /// The outcome of the writer thread, set as it ends.
@@ -465,6 +469,7 @@ impl Outbox {
                 outbox_id,
                 closing: Mutex::new(()),
                 ended,
+                at_close: Mutex::new(None),
             }),
         })
     }
@@ -1661,7 +1666,9 @@ impl Outbox {
         }
     }
 
-    /// A snapshot of the outbox's figures. Works on a closed outbox too.
+    /// A snapshot of the outbox's figures. Works on a closed outbox too: it
+    /// then answers the figures as they stood when the close was done (its
+    /// last fsync counted, the ages frozen at that moment).
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
@@ -1677,88 +1684,7 @@ impl Outbox {
     /// # }
     /// ```
     pub fn stats(&self) -> Stats {
-        let shared = &self.handle.shared;
-        // In a child of a fork the table's lock may be held for ever by a
-        // thread of the parent: the child reads it only if it is free, and
-        // otherwise sees an empty table.
-        let table = if shared.forked() {
-            shared.table.try_lock()
-        } else {
-            Some(shared.table.lock())
-        };
-        let (t, notices) = match table {
-            Some(mut table) => {
-                table.expire(shared.clock.now_us());
-                (table.stats(), table.take_notices())
-            }
-            None => {
-                let mut empty = Table::new();
-                (empty.stats(), empty.take_notices())
-            }
-        };
-        notices.report();
-        let c = &shared.counters;
-        // Ages on the outbox's monotonic clock (`log::clock`): a wall clock
-        // stepped back or forward does not change them.
-        let age = |first: &Option<SlotRef>| {
-            let slot = first.as_ref()?;
-            let file = match &slot.file {
-                Some(file) => file.clone(),
-                None => shared.files.get(&slot.path).ok()?,
-            };
-            let stamped = reader::frame_stamp(&*file, slot.offset)?;
-            Some(shared.clock.age(slot.seq, stamped))
-        };
-        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        let batches = load(&c.batches);
-        let records = load(&c.records_appended);
-        Stats {
-            pending: t.pending,
-            claimed: t
-                .claimed
-                .saturating_sub(t.delayed + t.dead_letters + t.held_by_key),
-            backlog_bytes: t.backlog_bytes,
-            segments: t.segments,
-            disk_bytes: t.disk_bytes,
-            allocated_bytes: t.sealed_allocated
-                + t.open_files
-                    .iter()
-                    .map(|f| f.allocated().unwrap_or(0))
-                    .sum::<u64>(),
-            state_bytes: t.state_bytes + t.keys_bytes + load(&c.dedup_bytes),
-            first_seq: t.first_unacked.as_ref().map(|f| f.seq),
-            last_seq: t.last_seq,
-            oldest_pending_age: age(&t.first_pending),
-            oldest_unacked_age: age(&t.first_unacked),
-            records_appended: records,
-            batches,
-            caller_batches: load(&c.caller_batches),
-            fsyncs: load(&c.fsyncs),
-            records_per_batch: ratio(records, batches),
-            records_per_fsync: ratio(records, load(&c.fsyncs)),
-            segments_deleted: load(&c.segments_deleted),
-            held_for_ids: load(&c.held_for_ids) as usize,
-            segments_recycled: load(&c.segments_recycled),
-            held_segments: t.held_segments,
-            held_by_records: t.held_by_records,
-            relocated: t.relocated,
-            corrupt_records: load(&c.corrupt_records),
-            claimed_expired: t.expired_leases,
-            delayed: t.delayed,
-            blocked_keys: t.blocked_keys,
-            held_by_key: t.held_by_key,
-            dedup_ids: load(&c.dedup_ids),
-            duplicates: load(&c.duplicates),
-            dead_letters: t.dead_letters,
-            poisoned: shared.poison.get().is_some(),
-            reserve_missing: shared
-                .reserve_missing
-                .load(std::sync::atomic::Ordering::Relaxed),
-            queued_bytes: shared.budget.used(),
-            fsync_p50: c.fsync_latency.quantile(0.50),
-            fsync_p99: c.fsync_latency.quantile(0.99),
-            fsync_max: c.fsync_latency.max(),
-        }
+        self.handle.stats()
     }
 
     /// Closes the outbox: stops accepting requests, lets the writer finish and
@@ -1950,6 +1876,97 @@ fn ratio(a: u64, b: u64) -> f64 {
 }
 
 impl Handle {
+    /// [`Outbox::stats`]: the figures now, or as they stood at close.
+    fn stats(&self) -> Stats {
+        let shared = &self.shared;
+        // In a child of a fork the table's lock may be held for ever by a
+        // thread of the parent: the child reads it only if it is free, and
+        // otherwise sees an empty table.
+        let table = if shared.forked() {
+            shared.table.try_lock()
+        } else {
+            Some(shared.table.lock())
+        };
+        let (t, notices) = match table {
+            Some(mut table) => {
+                // Set before a close empties the table, and asked under its
+                // lock: a table found empty by a close was kept here first.
+                if let Some(last) = self.at_close.lock().as_ref() {
+                    return last.clone();
+                }
+                table.expire(shared.clock.now_us());
+                (table.stats(), table.take_notices())
+            }
+            None => {
+                let mut empty = Table::new();
+                (empty.stats(), empty.take_notices())
+            }
+        };
+        notices.report();
+        let c = &shared.counters;
+        // Ages on the outbox's monotonic clock (`log::clock`): a wall clock
+        // stepped back or forward does not change them.
+        let age = |first: &Option<SlotRef>| {
+            let slot = first.as_ref()?;
+            let file = match &slot.file {
+                Some(file) => file.clone(),
+                None => shared.files.get(&slot.path).ok()?,
+            };
+            let stamped = reader::frame_stamp(&*file, slot.offset)?;
+            Some(shared.clock.age(slot.seq, stamped))
+        };
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let batches = load(&c.batches);
+        let records = load(&c.records_appended);
+        Stats {
+            pending: t.pending,
+            claimed: t
+                .claimed
+                .saturating_sub(t.delayed + t.dead_letters + t.held_by_key),
+            backlog_bytes: t.backlog_bytes,
+            segments: t.segments,
+            disk_bytes: t.disk_bytes,
+            allocated_bytes: t.sealed_allocated
+                + t.open_files
+                    .iter()
+                    .map(|f| f.allocated().unwrap_or(0))
+                    .sum::<u64>(),
+            state_bytes: t.state_bytes + t.keys_bytes + load(&c.dedup_bytes),
+            first_seq: t.first_unacked.as_ref().map(|f| f.seq),
+            last_seq: t.last_seq,
+            oldest_pending_age: age(&t.first_pending),
+            oldest_unacked_age: age(&t.first_unacked),
+            records_appended: records,
+            batches,
+            caller_batches: load(&c.caller_batches),
+            fsyncs: load(&c.fsyncs),
+            records_per_batch: ratio(records, batches),
+            records_per_fsync: ratio(records, load(&c.fsyncs)),
+            segments_deleted: load(&c.segments_deleted),
+            held_for_ids: load(&c.held_for_ids) as usize,
+            segments_recycled: load(&c.segments_recycled),
+            held_segments: t.held_segments,
+            held_by_records: t.held_by_records,
+            relocated: t.relocated,
+            corrupt_records: load(&c.corrupt_records),
+            claimed_expired: t.expired_leases,
+            delayed: t.delayed,
+            blocked_keys: t.blocked_keys,
+            held_by_key: t.held_by_key,
+            dedup_ids: load(&c.dedup_ids),
+            duplicates: load(&c.duplicates),
+            dead_letters: t.dead_letters,
+            poisoned: shared.poison.get().is_some(),
+            reserve_missing: shared
+                .reserve_missing
+                .load(std::sync::atomic::Ordering::Relaxed),
+            queued_bytes: shared.budget.used(),
+            fsync_p50: c.fsync_latency.quantile(0.50),
+            fsync_p99: c.fsync_latency.quantile(0.99),
+            fsync_max: c.fsync_latency.max(),
+        }
+    }
+
     fn close(&self) -> Result<()> {
         let shared = &self.shared;
         // In a child of the fork: no writer to join (threads are not
@@ -1988,6 +2005,8 @@ impl Handle {
         if first || joined.is_some() {
             // Descriptors and the state table go now, not when the last
             // handle is dropped: every call from here on returns `Closed`.
+            let last = self.stats();
+            *self.at_close.lock() = Some(last);
             shared.files.clear();
             *shared.table.lock() = Table::new();
             drop(shared.lock.lock().take());

@@ -258,6 +258,40 @@ fn stats_show_backlog_and_group_commit() {
     assert!(!stats.poisoned);
 }
 
+/// Closed, an outbox's figures are those it had when the close was done,
+/// not an empty outbox's: a metrics endpoint scraped during a shutdown must
+/// not report the dead letters gone.
+#[test]
+fn stats_of_a_closed_outbox_are_those_at_close() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    let seqs = outbox.append_batch(&[[1u8; 10]; 5]).expect("batch");
+    let claimed = outbox.claim(2).expect("claim");
+    outbox
+        .dead_letter(claimed[0].seq(), "refused")
+        .expect("dead_letter");
+    outbox.ack(claimed[1].seq()).expect("ack");
+    let open = outbox.stats();
+    assert_eq!((open.pending, open.dead_letters), (3, 1), "{open:?}");
+    let other = outbox.clone();
+    outbox.close().expect("close");
+    for stats in [outbox.stats(), other.stats()] {
+        assert_eq!(
+            (stats.pending, stats.claimed, stats.dead_letters),
+            (3, 0, 1),
+            "{stats:?}"
+        );
+        assert_eq!(stats.backlog_bytes, 40, "{stats:?}");
+        assert_eq!(stats.first_seq, Some(seqs[0]), "{stats:?}");
+        // The close wrote the dead letter's and the ack's frames too.
+        assert!(stats.last_seq >= Some(seqs[4]), "{stats:?}");
+        assert_eq!(stats.segments, open.segments, "{stats:?}");
+        assert!(stats.disk_bytes > 0, "{stats:?}");
+        assert_eq!(stats.records_appended, 5);
+        assert!(stats.fsyncs >= open.fsyncs);
+    }
+}
+
 /// Space reserved ahead of the writer is visible, and small while the outbox is
 /// idle: a new segment reserves 4 MiB, more as it fills, never more than
 /// `segment_bytes`; a close gives back what was not used.
