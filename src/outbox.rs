@@ -1022,6 +1022,12 @@ impl Outbox {
     /// to hand it back without counting an expiry,
     /// [`release`](Outbox::release) it.
     ///
+    /// It acts on whichever claim holds `seq` now: after this relay's lease
+    /// ran out and another claim (another relay's) took the record, on that
+    /// one. With several relays on one outbox, settle with the calls that
+    /// take the [`Record`] ([`extend_record`](Outbox::extend_record)), which act only on
+    /// the delivery that handed it out.
+    ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
     /// # let dir = tempfile::tempdir().expect("temporary directory");
@@ -1042,6 +1048,42 @@ impl Outbox {
     /// # }
     /// ```
     pub fn extend(&self, seq: Seq, lease: Duration) -> Result<()> {
+        self.extend_by(seq, None, lease)
+    }
+
+    /// Like [`extend`](Outbox::extend), but only while the delivery that
+    /// handed out `record` holds it: [`Error::NotClaimed`] once its lease ran
+    /// out, even if another claim (another relay's) took the record since.
+    /// With several relays on one outbox, a relay renews this way, so that
+    /// it never lengthens another's claim.
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// use std::time::Duration;
+    ///
+    /// let options = segwal::Options::default().lease(Duration::from_millis(50));
+    /// let outbox = segwal::Outbox::open(dir.path(), options)?;
+    /// outbox.append(b"slow to publish")?;
+    /// let mine = outbox.claim(1)?.remove(0);
+    /// outbox.extend_record(&mine, Duration::from_secs(60))?;
+    /// // Had the lease run out and another relay claimed the record, the
+    /// // renewal would be refused, and the other relay's claim left alone.
+    /// outbox.ack(mine.seq())?;
+    /// assert!(matches!(
+    ///     outbox.extend_record(&mine, Duration::from_secs(60)),
+    ///     Err(segwal::Error::NotClaimed { .. })
+    /// ));
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn extend_record(&self, record: &Record, lease: Duration) -> Result<()> {
+        self.extend_by(record.seq(), Some(record.claim), lease)
+    }
+
+    /// [`extend`](Outbox::extend) by the claim `by`, or any.
+    pub(crate) fn extend_by(&self, seq: Seq, by: Option<u32>, lease: Duration) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
         let mut table = shared.table.lock();
@@ -1053,7 +1095,7 @@ impl Outbox {
         // shorter than it must wake them, or its record waits for that.
         let sooner = deadline != crate::state::leases::NEVER
             && table.next_lease_deadline().is_none_or(|d| deadline < d);
-        let extended = table.extend(seq, deadline);
+        let extended = table.extend(seq, by, deadline);
         let notices = table.take_notices();
         drop(table);
         notices.report();
@@ -1201,7 +1243,14 @@ impl Outbox {
         let claimed: usize = runs.iter().map(|r| r.frames.len()).sum();
         let mut records = Vec::with_capacity(claimed);
         match self.read_runs(runs, &mut records) {
-            Ok(()) => Ok(records),
+            Ok(()) => {
+                // One claim's runs share its number.
+                let claim = runs.first().map_or(0, |r| r.claim);
+                for record in &mut records {
+                    record.claim = claim;
+                }
+                Ok(records)
+            }
             Err(failure) => {
                 let shared = &self.handle.shared;
                 let mut table = shared.table.lock();
@@ -1327,8 +1376,10 @@ impl Outbox {
                 table.take_turn_passed(),
             )
         };
+        // Each key whose turn passed has a record claimable now: as many
+        // waiting relays may take one.
         if passed {
-            shared.notify_arrived(false);
+            shared.notify_arrived(seqs.len() > 1);
         }
         self.acknowledged(reclaim, noted)
     }
@@ -1369,7 +1420,7 @@ impl Outbox {
             (count, reclaim, shared.state_noted(&mut table), passed)
         };
         if passed {
-            shared.notify_arrived(false);
+            shared.notify_arrived(true);
         }
         if count > 0 {
             self.acknowledged(reclaim, noted)?;
@@ -1410,6 +1461,12 @@ impl Outbox {
     /// newer record. Fails with [`Error::NotClaimed`] if it is not claimed;
     /// with [`Error::UnknownSeq`] if `seq` was never assigned to a record.
     ///
+    /// It acts on whichever claim holds `seq` now: after this relay's lease
+    /// ran out and another claim (another relay's) took the record, on that
+    /// one. With several relays on one outbox, settle with the calls that
+    /// take the [`Record`] ([`release_record`](Outbox::release_record)), which act only on
+    /// the delivery that handed it out.
+    ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
     /// # let dir = tempfile::tempdir().expect("temporary directory");
@@ -1446,6 +1503,12 @@ impl Outbox {
     /// carries the same reason. [`Error::NotClaimed`] if `seq` is not held by a
     /// claim.
     ///
+    /// It acts on whichever claim holds `seq` now: after this relay's lease
+    /// ran out and another claim (another relay's) took the record, on that
+    /// one. With several relays on one outbox, settle with the calls that
+    /// take the [`Record`] ([`release_record`](Outbox::release_record)), which act only on
+    /// the delivery that handed it out.
+    ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
     /// # let dir = tempfile::tempdir().expect("temporary directory");
@@ -1463,6 +1526,48 @@ impl Outbox {
     /// # }
     /// ```
     pub fn release_after(&self, seq: Seq, delay: Duration, reason: &str) -> Result<()> {
+        self.release_after_by(seq, None, delay, reason)
+    }
+
+    /// Like [`release_after`](Outbox::release_after), but only while the
+    /// delivery that handed out `record` holds it: [`Error::NotClaimed`]
+    /// once its lease ran out, even if another claim (another relay's) took
+    /// the record since, whose claim it would otherwise end. With several
+    /// relays on one outbox, a relay releases this way (the
+    /// [`Relay`](crate::relay::Relay) does).
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// use std::time::Duration;
+    ///
+    /// outbox.append(b"webhook body")?;
+    /// let record = outbox.claim(1)?.remove(0);
+    /// outbox.release_record(&record, Duration::ZERO, "HTTP 503 from the endpoint")?;
+    /// let again = outbox.claim(1)?.remove(0);
+    /// assert_eq!(again.attempt(), 2);
+    /// // The first delivery is over: releasing it again would end the second.
+    /// assert!(matches!(
+    ///     outbox.release_record(&record, Duration::ZERO, "late"),
+    ///     Err(segwal::Error::NotClaimed { .. })
+    /// ));
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn release_record(&self, record: &Record, delay: Duration, reason: &str) -> Result<()> {
+        self.release_after_by(record.seq(), Some(record.claim), delay, reason)
+    }
+
+    /// [`release_after`](Outbox::release_after) by the claim `by`, or any.
+    pub(crate) fn release_after_by(
+        &self,
+        seq: Seq,
+        by: Option<u32>,
+        delay: Duration,
+        reason: &str,
+    ) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
         let now = shared.clock.now_us();
@@ -1472,7 +1577,7 @@ impl Outbox {
         let noted = {
             let mut table = shared.table.lock();
             shared.check_open()?;
-            table.release_after(seq, due, now, not_before, reason)?;
+            table.release_after(seq, by, due, now, not_before, reason)?;
             shared.state_noted(&mut table)
         };
         // Claimable at once: wake a waiting relay.
@@ -1493,6 +1598,12 @@ impl Outbox {
     /// most half of what they free, and the old segment is deleted
     /// (relocation, docs/GUARANTEES.md, section 7). [`Error::NotClaimed`] if `seq` is not held by a claim.
     ///
+    /// It acts on whichever claim holds `seq` now: after this relay's lease
+    /// ran out and another claim (another relay's) took the record, on that
+    /// one. With several relays on one outbox, settle with the calls that
+    /// take the [`Record`] ([`dead_letter_record`](Outbox::dead_letter_record)), which act only on
+    /// the delivery that handed it out.
+    ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
     /// # let dir = tempfile::tempdir().expect("temporary directory");
@@ -1509,12 +1620,41 @@ impl Outbox {
     /// # }
     /// ```
     pub fn dead_letter(&self, seq: Seq, reason: &str) -> Result<()> {
+        self.dead_letter_by(seq, None, reason)
+    }
+
+    /// Like [`dead_letter`](Outbox::dead_letter), but only while the
+    /// delivery that handed out `record` holds it: [`Error::NotClaimed`]
+    /// once its lease ran out, even if another claim (another relay's) took
+    /// the record since, which is publishing it (and, for a keyed record,
+    /// would see the key's next record go out beside it). With several
+    /// relays on one outbox, a relay parks records this way (the
+    /// [`Relay`](crate::relay::Relay) does).
+    ///
+    /// ```
+    /// # fn main() -> segwal::Result<()> {
+    /// # let dir = tempfile::tempdir().expect("temporary directory");
+    /// # let outbox = segwal::Outbox::open(dir.path(), segwal::Options::default())?;
+    /// outbox.append(b"a body the endpoint refuses")?;
+    /// let record = outbox.claim(1)?.remove(0);
+    /// outbox.dead_letter_record(&record, "HTTP 410 Gone")?;
+    /// assert_eq!(outbox.dead_letters(10)?[0].reason(), "HTTP 410 Gone");
+    /// # outbox.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn dead_letter_record(&self, record: &Record, reason: &str) -> Result<()> {
+        self.dead_letter_by(record.seq(), Some(record.claim), reason)
+    }
+
+    /// [`dead_letter`](Outbox::dead_letter) by the claim `by`, or any.
+    pub(crate) fn dead_letter_by(&self, seq: Seq, by: Option<u32>, reason: &str) -> Result<()> {
         let shared = &self.handle.shared;
         shared.check_open()?;
         let (noted, passed) = {
             let mut table = shared.table.lock();
             shared.check_open()?;
-            table.dead_letter(seq, reason, crate::io::segment_file::now_us())?;
+            table.dead_letter(seq, by, reason, crate::io::segment_file::now_us())?;
             (shared.state_noted(&mut table), table.take_turn_passed())
         };
         if passed {

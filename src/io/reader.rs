@@ -39,6 +39,10 @@ pub struct Record {
     /// Where the frame's optional fields lie in `bytes` (`start..start+len`
     /// of the frame's `ext` area), empty for a record with none.
     ext: (usize, usize),
+    /// The claim that handed it out (`Leases::last_claim` then; 0 for a
+    /// record read otherwise), which the settling calls that take a
+    /// `Record` require to hold it still.
+    pub(crate) claim: u32,
 }
 
 impl Record {
@@ -298,6 +302,7 @@ fn check(
             attempt,
             last_error: reason,
             ext: (0, 0),
+            claim: 0,
         });
     }
     let f = frame::decode(window, run.salt).map_err(fail)?;
@@ -326,6 +331,7 @@ fn check(
         attempt,
         last_error: reason,
         ext: (at + FRAME_HEADER_LEN, f.ext.len()),
+        claim: 0,
     })
 }
 

@@ -221,7 +221,9 @@ const READ_FAILURES_IN_A_LEASE: u32 = 3;
 /// The records a publish holds, shared with the keeper thread.
 #[derive(Default)]
 struct InFlight {
-    seqs: Mutex<Vec<Seq>>,
+    /// Each record's seq and the claim that handed it out: the keeper
+    /// renews only this relay's own claims.
+    seqs: Mutex<Vec<(Seq, u32)>>,
     wake: Condvar,
     stop: AtomicBool,
 }
@@ -298,7 +300,7 @@ impl<P: Publisher> Relay<P> {
             return Ok(0);
         }
         self.start_keeper();
-        *self.in_flight.seqs.lock() = records.iter().map(Record::seq).collect();
+        *self.in_flight.seqs.lock() = records.iter().map(|r| (r.seq(), r.claim)).collect();
         self.in_flight.wake.notify_all();
         // The keeper stops renewing when the publish returns, or when it
         // panics: then the records come back as their leases run out, rather
@@ -326,12 +328,12 @@ impl<P: Publisher> Relay<P> {
                 }
                 Outcome::Retry(reason) => {
                     let delay = self.backoff(record.attempt());
-                    let released = self.outbox.release_after(record.seq(), delay, &reason);
+                    let released = self.outbox.release_record(record, delay, &reason);
                     self.stats.retries += u64::from(released.is_ok());
                     released
                 }
                 Outcome::Refused(reason) => {
-                    let parked = self.outbox.dead_letter(record.seq(), &reason);
+                    let parked = self.outbox.dead_letter_record(record, &reason);
                     self.stats.dead_letters += u64::from(parked.is_ok());
                     parked
                 }
@@ -522,9 +524,10 @@ fn keep_leases(in_flight: &InFlight, outbox: &Outbox, every: Duration, by: Durat
         if timed_out && !seqs.is_empty() {
             let held = seqs.clone();
             drop(seqs);
-            for seq in held {
-                // Settled meanwhile, or already gone back: nothing to renew.
-                let _ = outbox.extend(seq, by);
+            for (seq, claim) in held {
+                // Settled meanwhile, or already gone back (and maybe taken
+                // by another relay's claim): nothing to renew.
+                let _ = outbox.extend_by(seq, Some(claim), by);
             }
             seqs = in_flight.seqs.lock();
         }
@@ -544,7 +547,7 @@ mod tests {
         // A renewal interval past what an `Instant` can hold renews nothing,
         // and the keeper ends when asked.
         let in_flight = Arc::new(InFlight::default());
-        in_flight.seqs.lock().push(Seq::from(1));
+        in_flight.seqs.lock().push((Seq::from(1), 1));
         let dir = tempfile::tempdir().expect("temporary directory");
         let outbox = Outbox::open(dir.path(), crate::Options::default()).expect("open");
         let keeper = {

@@ -594,19 +594,34 @@ impl Table {
         }
     }
 
+    /// `NotClaimed` unless `by` is `None` (any claim) or the claim that
+    /// holds `seq` now: a relay whose lease ran out, and whose record
+    /// another claim took since, settles nothing.
+    fn held_by(&self, seq: Seq, by: Option<u32>) -> Result<()> {
+        match by {
+            Some(claim) if self.leases.claim_of(seq.get()) != Some(claim) => {
+                Err(Error::NotClaimed { seq })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The delivery of the claimed record `seq` failed: it is claimable again
     /// from `due` (monotonic µs; now or earlier: at once), and its next
     /// delivery carries `reason`. `not_before_us` is the same time on the wall
     /// clock, for the log.
+    /// `by`: the claim that must hold it ([`Table::held_by`]).
     pub(crate) fn release_after(
         &mut self,
         seq: Seq,
+        by: Option<u32>,
         due: u64,
         now: u64,
         not_before_us: u64,
         reason: &str,
     ) -> Result<()> {
         self.held_slot(seq)?;
+        self.held_by(seq, by)?;
         let reason = self.reason_kept(reason);
         self.leases.returned(seq.get());
         self.reasons.insert(seq.get(), reason.clone());
@@ -628,8 +643,15 @@ impl Table {
 
     /// Parks the claimed record `seq` as a dead letter, dead since `since_us`
     /// (wall clock).
-    pub(crate) fn dead_letter(&mut self, seq: Seq, reason: &str, since_us: u64) -> Result<()> {
+    pub(crate) fn dead_letter(
+        &mut self,
+        seq: Seq,
+        by: Option<u32>,
+        reason: &str,
+        since_us: u64,
+    ) -> Result<()> {
         self.held_slot(seq)?;
+        self.held_by(seq, by)?;
         let attempts = self.leases.attempt_held(seq.get());
         self.leases.done(seq.get());
         // A dead letter no longer blocks its key.
@@ -950,10 +972,11 @@ impl Table {
     }
 
     /// Renews the lease of the claimed record `seq` until `deadline`.
-    pub(crate) fn extend(&mut self, seq: Seq, deadline: u64) -> Result<()> {
+    pub(crate) fn extend(&mut self, seq: Seq, by: Option<u32>, deadline: u64) -> Result<()> {
         let Some((si, i)) = self.slot(seq)? else {
             return Err(Error::NotClaimed { seq });
         };
+        self.held_by(seq, by)?;
         let seg = &self.segments[si];
         if !SegmentSlots::bit(&seg.claimed, i) || !self.leases.extend(seq.get(), deadline) {
             return Err(Error::NotClaimed { seq });
@@ -2463,7 +2486,7 @@ mod tests {
         t.expire(100);
         let again = leased(&mut t, 1_000);
         for (seq, _) in taken(&again) {
-            t.dead_letter(seq, "refused", 0).expect("dead letter");
+            t.dead_letter(seq, None, "refused", 0).expect("dead letter");
             t.requeue(seq).expect("requeue");
         }
         let live = leased(&mut t, 2_000);

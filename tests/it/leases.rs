@@ -2,9 +2,9 @@
 //! delivery of a record has a number.
 
 use std::thread::sleep;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use segwal::{Error, Options, Outbox, Seq};
+use segwal::{Error, Message, Options, Outbox, Seq};
 
 use crate::tmp;
 
@@ -159,5 +159,109 @@ fn a_lease_cut_short_wakes_the_waiting_claims() {
         assert_eq!((got[0].seq(), got[0].attempt()), (seq, 2));
         outbox.ack(seq).expect("ack");
     }
+    outbox.close().expect("close");
+}
+
+/// The settling calls that take a `Record` act only on the delivery that
+/// handed it out: once its lease ran out and another claim took the record,
+/// a late `release_record`, `dead_letter_record` or `extend_record` is
+/// `NotClaimed` and the other claim keeps the record, its key's next
+/// record still waiting behind it.
+#[test]
+fn a_late_settling_of_a_record_leaves_the_claim_that_holds_it_now() {
+    let (_t, dir) = tmp();
+    let outbox =
+        Outbox::open(&dir, Options::default().lease(Duration::from_millis(50))).expect("open");
+    let first = outbox
+        .append_message(&Message::new(b"first").key(b"k"))
+        .expect("append")
+        .seq;
+    outbox
+        .append_message(&Message::new(b"second").key(b"k"))
+        .expect("append");
+    let late = outbox.claim(1).expect("claim").remove(0);
+    assert_eq!(late.seq(), first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let now = loop {
+        std::thread::sleep(Duration::from_millis(60));
+        let again = outbox.claim(1).expect("claim");
+        if let Some(record) = again.into_iter().next() {
+            break record;
+        }
+        assert!(Instant::now() < deadline, "the lease never ran out");
+    };
+    assert_eq!((now.seq(), now.attempt()), (first, 2));
+    outbox
+        .extend_record(&now, Duration::from_secs(3600))
+        .expect("the holder renews");
+    let refused =
+        |r: segwal::Result<()>| matches!(r, Err(Error::NotClaimed { seq }) if seq == first);
+    assert!(refused(outbox.release_record(
+        &late,
+        Duration::ZERO,
+        "late"
+    )));
+    assert!(refused(outbox.dead_letter_record(&late, "late")));
+    assert!(refused(outbox.extend_record(&late, Duration::ZERO)));
+    let stats = outbox.stats();
+    assert_eq!((stats.claimed, stats.dead_letters), (1, 0), "{stats:?}");
+    assert!(
+        outbox.claim(10).expect("claim").is_empty(),
+        "nothing of the key goes out while the holder publishes"
+    );
+    // The holder's own settling works, and frees the key.
+    outbox
+        .release_record(&now, Duration::ZERO, "try again")
+        .expect("release_record");
+    let third = outbox.claim(1).expect("claim").remove(0);
+    assert_eq!((third.seq(), third.attempt()), (first, 3));
+    assert_eq!(third.last_error(), Some("try again"));
+    outbox
+        .dead_letter_record(&third, "refused")
+        .expect("dead_letter_record");
+    let next = outbox.claim(10).expect("claim");
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].payload(), b"second");
+    outbox.close().expect("close");
+}
+
+/// One `ack_many` that passes the turns of several keys wakes as many
+/// relays waiting in `claim_wait`: each takes one key's next record, none
+/// sleeps on to its timeout while a record waits for it. (The writer's
+/// own wake-ups are kept out of the way: acknowledgements are written at
+/// most once an hour.)
+#[test]
+fn acknowledging_several_keys_at_once_wakes_a_waiting_relay_for_each() {
+    const KEYS: usize = 4;
+    let (_t, dir) = tmp();
+    let options = Options::default().buffered_sync_interval(Duration::from_secs(3600));
+    let outbox = Outbox::open(&dir, options).expect("open");
+    for round in 0..2 {
+        for k in 0..KEYS {
+            let body = format!("key {k} record {round}");
+            let key = format!("k{k}");
+            outbox
+                .append_message(&Message::new(body.as_bytes()).key(key.as_bytes()))
+                .expect("append");
+        }
+    }
+    let firsts = outbox.claim(KEYS * 2).expect("claim");
+    assert_eq!(firsts.len(), KEYS, "one record a key is out");
+    let waiters: Vec<_> = (0..KEYS)
+        .map(|_| {
+            let outbox = outbox.clone();
+            std::thread::spawn(move || outbox.claim_wait(1, Duration::from_secs(20)))
+        })
+        .collect();
+    // Until every waiter sleeps (a waiter that has not started yet finds
+    // its record at once, which proves nothing but fails nothing).
+    sleep(Duration::from_millis(200));
+    let seqs: Vec<Seq> = firsts.iter().map(|r| r.seq()).collect();
+    outbox.ack_many(&seqs).expect("ack_many");
+    let mut got = 0;
+    for waiter in waiters {
+        got += waiter.join().expect("waiter").expect("claim_wait").len();
+    }
+    assert_eq!(got, KEYS, "some waiters slept to their timeout");
     outbox.close().expect("close");
 }

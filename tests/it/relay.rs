@@ -369,6 +369,61 @@ fn a_publish_that_outlasts_its_lease_settles_its_record_at_the_next_delivery() {
     }
 }
 
+/// Two relays on one outbox: a publish outlasts its lease, another relay
+/// claims the record meanwhile, and the first publish's `Retry` or
+/// `Refused` comes too late. It settles nothing: the other relay's claim
+/// still holds the record (not released to a third, not parked while it is
+/// being published).
+#[test]
+fn a_late_outcome_leaves_another_relays_claim_alone() {
+    for refuse in [false, true] {
+        let (_t, dir) = tmp();
+        let outbox =
+            Outbox::open(&dir, Options::default().lease(Duration::from_millis(200))).expect("open");
+        let seq = outbox.append(b"slow").expect("append");
+        let other = outbox.clone();
+        let taken = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let taken_by_other = taken.clone();
+        let publish = move |records: &[Record]| {
+            while other.stats().claimed_expired == 0 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // The other relay's claim: the same record, a later delivery.
+            let again = other.claim(1).expect("claim");
+            assert_eq!(again.len(), 1);
+            assert_eq!((again[0].seq(), again[0].attempt()), (seq, 2));
+            taken_by_other.lock().extend(again);
+            let outcome = || {
+                if refuse {
+                    Outcome::Refused("too large".into())
+                } else {
+                    Outcome::Retry("timed out".into())
+                }
+            };
+            records.iter().map(|_| outcome()).collect()
+        };
+        let options = fast().renew_leases(Duration::from_secs(3600), Duration::from_secs(3600));
+        let mut relay = Relay::new(outbox.clone(), publish, options);
+        assert_eq!(relay.step().expect("a round whose lease ran out"), 1);
+        let stats = relay.stats();
+        assert_eq!((stats.retries, stats.dead_letters), (0, 0), "{stats:?}");
+        let held = outbox.stats();
+        assert_eq!((held.claimed, held.dead_letters), (1, 0), "{held:?}");
+        assert!(
+            outbox.claim(1).expect("claim").is_empty(),
+            "the record went back to pending under the other relay's claim"
+        );
+        // The other relay settles its own delivery.
+        let mine = taken.lock().pop().expect("the other relay's record");
+        outbox
+            .dead_letter_record(&mine, "the other relay's outcome")
+            .expect("dead_letter_record");
+        assert_eq!(outbox.stats().dead_letters, 1);
+        drop(relay);
+        outbox.close().expect("close");
+    }
+}
+
 /// Under a lease shorter than the relay's default renewal interval (10 s),
 /// the relay renews by a third of the lease unless told otherwise, so a
 /// publish longer than the lease keeps its records.
