@@ -98,10 +98,11 @@ pub(crate) fn recorded_state<'a>(
     hasher: &Hasher,
 ) -> Result<Vec<Recorded>> {
     let mut out = Vec::new();
+    let segments: Vec<Kept<'a>> = segments.into_iter().collect();
     // A segment's internal frames, found in one pass over its frames (an
     // open's sealed segments hold hundreds of thousands of records each).
     let mut internal: Vec<(Seq, FrameSpan)> = Vec::new();
-    for seg in segments {
+    let internal_of = |seg: &Kept<'_>, internal: &mut Vec<(Seq, FrameSpan)>| {
         internal.clear();
         internal.extend(
             seg.frames
@@ -115,6 +116,34 @@ pub(crate) fn recorded_state<'a>(
                     Some((seq, seg.frames.get(p)?))
                 }),
         );
+    };
+    // Read one at a time, the frames would cost a round trip to the disk
+    // each from a cold page cache (thousands of acks frames after a long
+    // run, or the index checkpoints of many segments a lone producer
+    // filled): the file system is told of all of them, in every segment,
+    // first, and reads them at once (docs/BENCHMARKS.md, "Cold open: the
+    // state frames asked for at once"). Of a large frame, only its first
+    // block: it may be an index checkpoint, which is not read. Only a hint:
+    // a file that cannot be opened here is reported by the reads below.
+    for seg in &segments {
+        internal_of(seg, &mut internal);
+        if internal.is_empty() {
+            continue;
+        }
+        let Ok(file) = storage.open(seg.path) else {
+            continue;
+        };
+        for (_, span) in &internal {
+            let len = if span.len() as usize > LARGE {
+                BLOCK
+            } else {
+                span.len() as usize
+            };
+            file.will_need(u64::from(span.offset), len as u64);
+        }
+    }
+    for seg in &segments {
+        internal_of(seg, &mut internal);
         if internal.is_empty() {
             continue;
         }
@@ -125,20 +154,6 @@ pub(crate) fn recorded_state<'a>(
         let last = (seg.kept.checked_sub(1))
             .and_then(|i| seg.frames.get(i))
             .map(|f| f.offset);
-        // Read one at a time, the frames would cost a round trip to the disk
-        // each from a cold page cache (thousands of acks frames after a long
-        // run): the file system is told of all of them first, and reads them
-        // at once (docs/BENCHMARKS.md, "Cold open: the state frames asked for
-        // at once"). Of a large frame, only its first block: it may be an
-        // index checkpoint, which is not read.
-        for (_, span) in &internal {
-            let len = if span.len() as usize > LARGE {
-                BLOCK
-            } else {
-                span.len() as usize
-            };
-            file.will_need(u64::from(span.offset), len as u64);
-        }
         let mut header = [0u8; FRAME_HEADER_LEN];
         let mut whole = Vec::new();
         for &(own, span) in &internal {
