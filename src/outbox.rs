@@ -46,6 +46,9 @@ pub struct Outbox {
     handle: Arc<Handle>,
 }
 
+/// The next opening's number (`Handle::opened`).
+static OPENINGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// The state behind every clone of one `Outbox`; dropping it closes the outbox.
 struct Handle {
     shared: Arc<Shared>,
@@ -63,6 +66,10 @@ struct Handle {
     /// The writer thread's outcome once it ended: whether the close's last
     /// fsync held, for calls whose change that close took.
     ended: Arc<WriterEnd>,
+    /// This opening's number, unique in the process (never 0): a `Record`
+    /// names it, so that a settling call that takes a `Record` acts only on
+    /// a claim of this opening.
+    opened: u64,
     /// The figures as they stood when the outbox closed, which
     /// [`Outbox::stats`] answers from then on (the state table goes at
     /// close).
@@ -470,6 +477,7 @@ impl Outbox {
                 closing: Mutex::new(()),
                 ended,
                 at_close: Mutex::new(None),
+                opened: OPENINGS.fetch_add(1, Ordering::Relaxed),
             }),
         })
     }
@@ -1079,7 +1087,18 @@ impl Outbox {
     /// # }
     /// ```
     pub fn extend_record(&self, record: &Record, lease: Duration) -> Result<()> {
+        self.check_opening(record)?;
         self.extend_by(record.seq(), Some(record.claim), lease)
+    }
+
+    /// `NotClaimed` for a record another opening's claim handed out (of this
+    /// outbox before a reopen, or of another outbox), whose claim number
+    /// means nothing here.
+    fn check_opening(&self, record: &Record) -> Result<()> {
+        if record.opened != self.handle.opened {
+            return Err(Error::NotClaimed { seq: record.seq() });
+        }
+        Ok(())
     }
 
     /// [`extend`](Outbox::extend) by the claim `by`, or any.
@@ -1248,6 +1267,7 @@ impl Outbox {
                 let claim = runs.first().map_or(0, |r| r.claim);
                 for record in &mut records {
                     record.claim = claim;
+                    record.opened = self.handle.opened;
                 }
                 Ok(records)
             }
@@ -1557,6 +1577,7 @@ impl Outbox {
     /// # }
     /// ```
     pub fn release_record(&self, record: &Record, delay: Duration, reason: &str) -> Result<()> {
+        self.check_opening(record)?;
         self.release_after_by(record.seq(), Some(record.claim), delay, reason)
     }
 
@@ -1644,6 +1665,7 @@ impl Outbox {
     /// # }
     /// ```
     pub fn dead_letter_record(&self, record: &Record, reason: &str) -> Result<()> {
+        self.check_opening(record)?;
         self.dead_letter_by(record.seq(), Some(record.claim), reason)
     }
 

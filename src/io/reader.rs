@@ -43,6 +43,10 @@ pub struct Record {
     /// record read otherwise), which the settling calls that take a
     /// `Record` require to hold it still.
     pub(crate) claim: u32,
+    /// The opening of the outbox whose claim handed it out (`Handle::opened`;
+    /// 0 for a record read otherwise): claim numbers start afresh at each
+    /// open, and are not an outbox's own.
+    pub(crate) opened: u64,
 }
 
 impl Record {
@@ -303,6 +307,7 @@ fn check(
             last_error: reason,
             ext: (0, 0),
             claim: 0,
+            opened: 0,
         });
     }
     let f = frame::decode(window, run.salt).map_err(fail)?;
@@ -332,6 +337,7 @@ fn check(
         last_error: reason,
         ext: (at + FRAME_HEADER_LEN, f.ext.len()),
         claim: 0,
+        opened: 0,
     })
 }
 

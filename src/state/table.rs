@@ -72,6 +72,9 @@ pub(crate) struct SegmentSlots {
     done: Vec<u64>,
     claimed_count: u32,
     done_count: u32,
+    /// Bytes of the frames not done (whole frames, headers included): what
+    /// carrying them forward would copy.
+    live_bytes: u64,
 }
 
 impl SegmentSlots {
@@ -96,6 +99,7 @@ impl SegmentSlots {
             done: Vec::new(),
             claimed_count: 0,
             done_count: 0,
+            live_bytes: 0,
         }
     }
 
@@ -122,7 +126,8 @@ impl SegmentSlots {
         self.len() - u64::from(self.claimed_count) - u64::from(self.done_count)
     }
 
-    /// Bytes of the frames not done, a word of done bits at a time.
+    /// Bytes of the frames not done, counted from the done bits a word at a
+    /// time: what `live_bytes` must hold (checked by `check_invariants`).
     fn live_frame_bytes(&self) -> u64 {
         let mut bytes = 0u64;
         for (w, &word) in self.done.iter().enumerate() {
@@ -191,6 +196,7 @@ impl SegmentSlots {
         }
         assert_eq!(claimed, self.claimed_count);
         assert_eq!(done, self.done_count);
+        assert_eq!(self.live_bytes, self.live_frame_bytes());
         assert!(self.offsets.windows(2).all(|w| w[0] < w[1]));
         assert!(self.offsets.last().is_none_or(|&o| o < self.end));
     }
@@ -1224,6 +1230,7 @@ impl Table {
         let bytes = u64::from(frames.end()) - u64::from(first) - padding;
         seg.end = frames.end();
         seg.done_count += internal as u32;
+        seg.live_bytes += bytes - internal_bytes;
         if seg.offsets.is_empty() {
             seg.offsets = frames.into_offsets();
             seg.offsets.shrink_to_fit();
@@ -1300,6 +1307,7 @@ impl Table {
         }
         seg.end = end;
         seg.done_count += internal;
+        seg.live_bytes += record_bytes;
         self.pending += records;
         self.backlog_bytes += record_bytes - records * FRAME_HEADER_LEN as u64;
         self.segments
@@ -1568,6 +1576,7 @@ impl Table {
         }
         SegmentSlots::set(&mut seg.done, i, true);
         seg.done_count += 1;
+        seg.live_bytes -= u64::from(frame_len);
         let finished = seg.is_finished();
         if cfg!(debug_assertions) {
             seg.check_invariants();

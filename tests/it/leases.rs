@@ -265,3 +265,37 @@ fn acknowledging_several_keys_at_once_wakes_a_waiting_relay_for_each() {
     assert_eq!(got, KEYS, "some waiters slept to their timeout");
     outbox.close().expect("close");
 }
+
+/// A `Record` names the opening whose claim handed it out: one from before
+/// a reopen, or from another outbox, whose claim numbers start afresh too,
+/// settles nothing here.
+#[test]
+fn a_record_of_an_earlier_opening_or_another_outbox_settles_nothing() {
+    let (_t, dir) = tmp();
+    let (_u, elsewhere) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    outbox.append(b"kept").expect("append");
+    let stale = outbox.claim(1).expect("claim").remove(0);
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    let fresh = outbox.claim(1).expect("claim").remove(0);
+    assert_eq!((fresh.seq(), fresh.attempt()), (stale.seq(), 1));
+    let other = Outbox::open(&elsewhere, Options::default()).expect("open another");
+    other.append(b"another's").expect("append");
+    let foreign = other.claim(1).expect("claim").remove(0);
+    assert_eq!(foreign.seq(), fresh.seq(), "the same number in both");
+    for record in [&stale, &foreign] {
+        let refused = |r: segwal::Result<()>| matches!(r, Err(Error::NotClaimed { .. }));
+        assert!(refused(outbox.release_record(record, Duration::ZERO, "x")));
+        assert!(refused(outbox.dead_letter_record(record, "x")));
+        assert!(refused(outbox.extend_record(record, Duration::ZERO)));
+    }
+    let stats = outbox.stats();
+    assert_eq!((stats.claimed, stats.dead_letters), (1, 0), "{stats:?}");
+    outbox
+        .dead_letter_record(&fresh, "refused")
+        .expect("the holder's own");
+    assert_eq!(outbox.stats().dead_letters, 1);
+    other.close().expect("close");
+    outbox.close().expect("close");
+}

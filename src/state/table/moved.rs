@@ -181,7 +181,7 @@ impl Table {
         if disk <= 2 * live + 2 * segment_bytes && self.segments.len() <= CROWDED_SEGMENTS {
             return None;
         }
-        if !self.copying_pays() {
+        if !self.copying_pays(disk) {
             return None;
         }
         let mut stragglers = Vec::new();
@@ -230,10 +230,17 @@ impl Table {
     /// rule segments a few blocks long would pass their copies from segment
     /// to segment for ever; with the run counted, and not the oldest segment
     /// alone, a small segment (a quiet outbox rotating by age) holding one
-    /// dead letter does not keep every later segment on disk.
-    fn copying_pays(&self) -> bool {
+    /// dead letter does not keep every later segment on disk. `disk`: the
+    /// bytes of every segment, beyond which no run frees anything. A pass
+    /// over the segments, each segment's live bytes kept up to date as its
+    /// frames are done (`SegmentSlots::live_bytes`).
+    fn copying_pays(&self, disk: u64) -> bool {
         let (mut cost, mut frees) = (0u64, 0u64);
         for seg in self.segments.iter() {
+            // No run frees more than the whole log.
+            if 2 * cost > disk {
+                return false;
+            }
             if !seg.sealed {
                 return false;
             }
@@ -241,7 +248,7 @@ impl Table {
                 if seg.pending_count() > 0 {
                     return false;
                 }
-                cost += align_up(seg.live_frame_bytes()) + 2 * BLOCK as u64;
+                cost += align_up(seg.live_bytes) + 2 * BLOCK as u64;
             }
             frees += u64::from(seg.end);
             if 2 * cost <= frees {
@@ -421,6 +428,7 @@ impl Table {
         }
         SegmentSlots::set(&mut seg.done, i, true);
         seg.done_count += 1;
+        seg.live_bytes -= u64::from(len);
         self.backlog_bytes -= self.counted(n, len);
     }
 
@@ -432,6 +440,7 @@ impl Table {
         let (_, len) = seg.frame_range(i);
         SegmentSlots::set(&mut seg.done, i, false);
         seg.done_count -= 1;
+        seg.live_bytes += u64::from(len);
         SegmentSlots::set(&mut seg.claimed, i, claimed);
         if claimed {
             seg.claimed_count += 1;
