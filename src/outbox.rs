@@ -1095,6 +1095,8 @@ impl Outbox {
     /// outbox before a reopen, or of another outbox), whose claim number
     /// means nothing here.
     fn check_opening(&self, record: &Record) -> Result<()> {
+        // A closed outbox answers `Closed` to every call, whatever it names.
+        self.handle.shared.check_open()?;
         if record.opened != self.handle.opened {
             return Err(Error::NotClaimed { seq: record.seq() });
         }

@@ -298,4 +298,9 @@ fn a_record_of_an_earlier_opening_or_another_outbox_settles_nothing() {
     assert_eq!(outbox.stats().dead_letters, 1);
     other.close().expect("close");
     outbox.close().expect("close");
+    // Closed, an outbox answers `Closed`, whoever's record it is given.
+    assert!(matches!(
+        outbox.release_record(&foreign, Duration::ZERO, "x"),
+        Err(Error::Closed)
+    ));
 }
