@@ -1637,3 +1637,70 @@ fn damage_beside_a_newer_builds_frame_is_damage() {
     assert_eq!(snapshot(&dir), before);
     assert!(!dir.join("quarantine").exists());
 }
+
+/// Segments deleted once acknowledged, then the newest segment's header
+/// damaged: it held the only record of the log start past them. `repair`
+/// says so, keeps the oldest segment left as the log's start, and names the
+/// numbers it skips (`missing_start`), where it used to refuse ("a lossy
+/// recovery cannot repair this directory"); `verify`'s JSON says the same.
+#[test]
+fn repair_names_the_start_it_skips_when_the_damage_held_the_only_log_start() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("outbox");
+    let d = dir.to_str().expect("utf-8");
+    let options = || Options::default().segment_bytes(16 << 10);
+    let outbox = Outbox::open(&dir, options()).expect("open");
+    while outbox.stats().segments < 4 {
+        outbox.append(&[1u8; 1000]).expect("append");
+    }
+    let kept_from = segment_first(&segments(&dir)[2]);
+    for r in outbox.claim(10_000).expect("claim") {
+        if r.seq().get() < kept_from {
+            outbox.ack(r.seq()).expect("ack");
+        }
+    }
+    outbox.sync().expect("sync");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while segments(&dir).len() > 2 {
+        assert!(std::time::Instant::now() < deadline, "never deleted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    outbox.close().expect("close");
+    let newest = segments(&dir).pop().expect("newest");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&newest)
+        .and_then(|f| f.set_len(100))
+        .expect("cut the header");
+    let skipped = serde_json::json!([1, kept_from - 1]);
+
+    let out = segwal(&["verify", d, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(json(&out)["repair"]["missing_start"], skipped);
+    let out = segwal(&["repair", d]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!(
+            "and seqs 1 to {}, whose segments are not on disk",
+            kept_from - 1
+        )),
+        "{said}"
+    );
+    let out = segwal(&["repair", d, "--yes", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let done = json(&out);
+    assert_eq!(done["repaired"], true);
+    assert_eq!(done["would_drop"]["missing_start"], skipped);
+    assert_eq!(done["dropped"]["missing_start"], skipped);
+    let out = segwal(&["verify", d, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
+/// The first seq a segment file's name gives.
+fn segment_first(path: &Path) -> u64 {
+    path.file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok())
+        .expect("a segment's name")
+}
