@@ -330,7 +330,6 @@ fn report_json(v: &Verification) -> Value {
             "acks_dropped": d.acks_dropped,
             "changes_dropped": d.changes_dropped,
             "segments_set_aside": d.segments_set_aside.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-            "missing_start": missing_start_json(d),
         })),
     })
 }
@@ -873,9 +872,6 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
     if let Some(line) = state_dropped(plan) {
         out.say(line);
     }
-    if let Some(line) = missing_start_line(plan) {
-        out.say(line);
-    }
     out.set(
         "would_drop",
         json!({
@@ -884,7 +880,6 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
             "relocated_seqs": plan.relocated.iter().map(|s| s.get()).collect::<Vec<_>>(),
             "acks_dropped": plan.acks_dropped,
             "changes_dropped": plan.changes_dropped,
-            "missing_start": missing_start_json(plan),
             "file": plan.path.display().to_string(),
             "offset": plan.offset,
             "file_set_aside_whole": whole.contains(&plan.path),
@@ -967,9 +962,6 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         if let Some(line) = state_dropped(dropped) {
             out.say(format_args!("repaired: {line}"));
         }
-        if let Some(line) = missing_start_line(dropped) {
-            out.say(format_args!("repaired: {line}"));
-        }
         out.set(
             "dropped",
             json!({
@@ -978,7 +970,6 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
                 "relocated_seqs": dropped.relocated.iter().map(|s| s.get()).collect::<Vec<_>>(),
                 "acks_dropped": dropped.acks_dropped,
                 "changes_dropped": dropped.changes_dropped,
-                "missing_start": missing_start_json(dropped),
             }),
         );
     }
@@ -1036,22 +1027,6 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
 
 /// The line saying what a repair drops of the delivery state of the records
 /// it keeps, if it drops any.
-/// The numbers a lossy repair skips at the log's start
-/// (`Dropped::missing_start`), said as a line of `repair`.
-fn missing_start_line(d: &segwal::Dropped) -> Option<String> {
-    let (first, last) = d.missing_start?;
-    Some(format!(
-        "and seqs {first} to {last}, whose segments are not on disk (deleted once acknowledged, which what is dropped recorded, or lost): the repaired log starts at seq {}",
-        last.get() + 1
-    ))
-}
-
-/// [`Dropped::missing_start`](segwal::Dropped::missing_start) in JSON: `[first, last]`, or null.
-fn missing_start_json(d: &segwal::Dropped) -> serde_json::Value {
-    d.missing_start
-        .map_or(serde_json::Value::Null, |(a, b)| json!([a.get(), b.get()]))
-}
-
 fn state_dropped(d: &segwal::Dropped) -> Option<String> {
     if d.acks_dropped == 0 && d.changes_dropped == 0 {
         return None;

@@ -215,13 +215,7 @@ pub(crate) fn plan(scans: &[SegmentScan], mode: RecoveryMode) -> Result<Plan> {
     {
         return Err(v.corrupt(damage));
     }
-    // A lossy repair asks again once the damage is dropped: what it drops
-    // may have held the only record of a later log start.
-    let start_checked =
-        check_log_start(&d, scans.get(..leftovers).and_then(<[_]>::last), log_start);
-    if mode != RecoveryMode::Lossy {
-        start_checked.clone()?;
-    }
+    check_log_start(&d, scans.get(..leftovers).and_then(<[_]>::last), log_start)?;
     if let Some((k, damage)) = first_damage(&mut d) {
         let damaged =
             d.live.get(k).or(d.reuse.as_ref()).unwrap_or_else(|| {
@@ -246,10 +240,6 @@ pub(crate) fn plan(scans: &[SegmentScan], mode: RecoveryMode) -> Result<Plan> {
         }
         drop_from(&mut d, k, damage, max_seen);
     }
-    let log_start = match start_checked {
-        Ok(()) => log_start,
-        Err(e) => lossy_log_start(&mut d, log_start).ok_or(e)?,
-    };
     // Damage is named first: a number beyond the limit may be its symptom.
     check_seq_room(scans, max_seen)?;
     let mut plan = finish(d, scans, leftovers, log_start, max_seen);
@@ -472,25 +462,6 @@ fn check_log_start(
     }
 }
 
-/// A lossy repair whose kept segments start above the log start they record:
-/// the segments between are not on disk. The writer deletes a segment only
-/// once the log start frame past it is durable, in the active segment, so
-/// the dropped part may well have held that frame; or the files were lost.
-/// Either way no record of them can be delivered: the kept log starts at its
-/// oldest segment, and the numbers skipped are reported
-/// ([`Dropped::missing_start`]). `None` (the refusal stands) when nothing
-/// was dropped, so that a log without damage is never opened past a missing
-/// segment, or when no segment is kept.
-fn lossy_log_start(d: &mut Deciding<'_>, recorded: Seq) -> Option<Seq> {
-    let oldest = d.live.first()?.scan.id.first_seq();
-    let dropped = d.dropped.as_mut()?;
-    if oldest <= recorded {
-        return None;
-    }
-    dropped.missing_start = Some((recorded, Seq::from(oldest.get() - 1)));
-    Some(oldest)
-}
-
 /// Every other damage, in log order: inside a segment, or between two. Returns
 /// the index in `live` of the segment to report it on (`live.len()`: the reused
 /// active segment).
@@ -562,7 +533,6 @@ fn drop_from(d: &mut Deciding<'_>, k: usize, damage: Damage, max_seen: Seq) {
         acks_dropped: 0,
         changes_dropped: 0,
         segments_set_aside: deleted,
-        missing_start: None,
     });
 }
 

@@ -130,16 +130,6 @@ pub struct Dropped {
     /// nothing of it is kept): moved into the `quarantine` folder (each also
     /// listed in [`RecoveryReport::quarantined`]), never deleted.
     pub segments_set_aside: Vec<PathBuf>,
-    /// The numbers, first and last, between the log start the kept segments
-    /// record and the oldest kept segment, whose segments are not on disk:
-    /// the writer deletes a segment once every record in it is acknowledged
-    /// and the log start past it is durable in a later segment, and that
-    /// record lay in what is dropped (or the files were lost outside
-    /// segwal). No record of them is delivered; the repaired log starts at
-    /// its oldest segment. `None` when the kept segments start where they
-    /// say. A strict open of such a log is refused with
-    /// [`Corruption::MissingSegment`](crate::Corruption::MissingSegment).
-    pub missing_start: Option<(Seq, Seq)>,
 }
 
 /// A file recovery set aside in the `quarantine` folder of the outbox directory.
