@@ -445,6 +445,15 @@ fn a_missing_oldest_segment_is_detected() {
             ..
         })
     ));
+    // Nor does a lossy repair open past it: nothing it could drop explains
+    // the gap.
+    assert!(matches!(
+        Outbox::open(&dir, small_segments().recovery(RecoveryMode::Lossy)),
+        Err(Error::Corrupt {
+            kind: Corruption::MissingSegment { .. },
+            ..
+        })
+    ));
 }
 
 #[test]
