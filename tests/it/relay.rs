@@ -323,6 +323,16 @@ fn a_batch_whose_publish_panicked_comes_back_when_its_leases_run_out() {
     outbox.close().expect("close");
 }
 
+/// The outcome a publish that outlasted its lease gives: `Refused` or
+/// `Retry`.
+fn late_outcome(refuse: bool) -> Outcome {
+    if refuse {
+        Outcome::Refused("too large".into())
+    } else {
+        Outcome::Retry("timed out".into())
+    }
+}
+
 /// A publish that outlasts its lease (renewals too far apart) and then
 /// says `Retry` or `Refused`: the record went back to pending meanwhile, so
 /// it is settled by its next delivery; the round is not an error (before,
@@ -343,14 +353,7 @@ fn a_publish_that_outlasts_its_lease_settles_its_record_at_the_next_delivery() {
                 while other.stats().claimed_expired == 0 {
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                let outcome = || {
-                    if refuse {
-                        Outcome::Refused("too large".into())
-                    } else {
-                        Outcome::Retry("timed out".into())
-                    }
-                };
-                return records.iter().map(|_| outcome()).collect();
+                return records.iter().map(|_| late_outcome(refuse)).collect();
             }
             records.iter().map(|_| Outcome::Stored).collect()
         };
@@ -393,14 +396,7 @@ fn a_late_outcome_leaves_another_relays_claim_alone() {
             assert_eq!(again.len(), 1);
             assert_eq!((again[0].seq(), again[0].attempt()), (seq, 2));
             taken_by_other.lock().extend(again);
-            let outcome = || {
-                if refuse {
-                    Outcome::Refused("too large".into())
-                } else {
-                    Outcome::Retry("timed out".into())
-                }
-            };
-            records.iter().map(|_| outcome()).collect()
+            records.iter().map(|_| late_outcome(refuse)).collect()
         };
         let options = fast().renew_leases(Duration::from_secs(3600), Duration::from_secs(3600));
         let mut relay = Relay::new(outbox.clone(), publish, options);
