@@ -108,6 +108,21 @@ struct ToWriter {
     core: Arc<Mutex<Writer>>,
 }
 
+/// A claim made under the table lock ([`Outbox::claim_leased`]), to finish
+/// once the lock is released.
+pub(crate) struct Claimed {
+    /// The records taken, by segment.
+    runs: Vec<crate::state::table::ClaimRun>,
+    /// Their attempts (or other changes) wait for the log: made durable
+    /// before the records are handed out.
+    durable_first: bool,
+    /// The table's events, reported without the lock.
+    notices: Notices,
+    /// Dead letters the claim parked wait for a writer that sleeps: a caller
+    /// that does not sync wakes it (`nudge_writer`).
+    wake: bool,
+}
+
 /// What an operator needs to see whether the relay keeps up. From
 /// [`Outbox::stats`].
 ///
@@ -900,15 +915,15 @@ impl Outbox {
     pub fn claim_bytes(&self, max_records: usize, max_bytes: u64) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (runs, durable_first, notices) = {
+        let claimed = {
             let mut table = shared.table.lock();
             // Again under the lock: attempts are queued only while the
             // writer can still take them (see `ack_many`).
             shared.check_open()?;
             self.claim_leased(&mut table, max_records, max_bytes)
         };
-        notices.report();
-        self.hand_out(runs, durable_first)
+        claimed.notices.report();
+        self.hand_out(claimed.runs, claimed.durable_first)
     }
 
     /// Reads the records of a claim's `runs`, then, when their attempts were
@@ -989,17 +1004,15 @@ impl Outbox {
     /// returns true when the attempts were queued for the log: the caller
     /// makes them durable (`sync`) before it hands the records out. Also
     /// returns the table's notices, which the caller reports once it has
-    /// released the lock.
-    fn claim_leased(
-        &self,
-        table: &mut Table,
-        max_records: usize,
-        max_bytes: u64,
-    ) -> (Vec<crate::state::table::ClaimRun>, bool, Notices) {
+    /// released the lock, and whether the writer must be woken to write the
+    /// dead letters the claim parked ([`Claimed::wake`]), which the caller
+    /// does (`nudge_writer`) if it does not sync.
+    fn claim_leased(&self, table: &mut Table, max_records: usize, max_bytes: u64) -> Claimed {
         let shared = &self.handle.shared;
         let now = shared.clock.now_us();
         table.expire(now);
         let mut any_queued = false;
+        let mut any_parked = false;
         loop {
             let mut runs = table.claim(max_records, max_bytes);
             let (queued, parked) = table.lease(
@@ -1011,11 +1024,22 @@ impl Outbox {
                 !crate::injected!(shared.options, AttemptsInMemoryOnly),
             );
             any_queued |= queued;
+            any_parked |= parked > 0;
             // Every record taken was parked (past `max_attempts`): take the
             // next ones, so that a claim comes back empty only when nothing
             // is pending.
             if !runs.is_empty() || parked == 0 {
-                return (runs, any_queued, table.take_notices());
+                // A record parked here is a dead letter like one `dead_letter`
+                // makes, written within the sync interval: noted for the
+                // writer, which otherwise sleeps on past it when this claim
+                // hands nothing out (and so makes nothing durable).
+                let wake = any_parked && shared.state_noted(table).wake;
+                return Claimed {
+                    runs,
+                    durable_first: any_queued,
+                    notices: table.take_notices(),
+                    wake,
+                };
             }
         }
     }
@@ -1156,17 +1180,23 @@ impl Outbox {
         let mut table = shared.table.lock();
         loop {
             shared.check_open()?;
-            let (runs, durable_first, notices) =
-                self.claim_leased(&mut table, max_records, u64::MAX);
-            if !runs.is_empty() || max_records == 0 {
+            let claimed = self.claim_leased(&mut table, max_records, u64::MAX);
+            if !claimed.runs.is_empty() || max_records == 0 {
                 drop(table);
-                notices.report();
-                return self.hand_out(runs, durable_first);
+                claimed.notices.report();
+                return self.hand_out(claimed.runs, claimed.durable_first);
             }
-            if !notices.is_empty() {
-                // Reported without the lock; then a fresh look, as anything
-                // may have changed meanwhile.
-                parking_lot::MutexGuard::unlocked(&mut table, || notices.report());
+            if claimed.wake || !claimed.notices.is_empty() {
+                // Without the lock: the writer woken for the dead letters
+                // this claim parked (nothing handed out, nothing synced),
+                // the notices reported; then a fresh look, as anything may
+                // have changed meanwhile.
+                parking_lot::MutexGuard::unlocked(&mut table, || {
+                    if claimed.wake {
+                        self.nudge_writer();
+                    }
+                    claimed.notices.report();
+                });
                 continue;
             }
             // Wake when the timeout ends, or when a lease runs out (its record

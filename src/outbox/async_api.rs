@@ -94,13 +94,14 @@ impl Outbox {
     pub async fn claim_async(&self, max_records: usize) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
         shared.check_open()?;
-        let (runs, durable_first, notices) = {
+        let claimed = {
             let mut table = shared.table.lock();
             shared.check_open()?;
             self.claim_leased(&mut table, max_records, u64::MAX)
         };
-        notices.report();
-        self.hand_out_async(runs, durable_first).await
+        claimed.notices.report();
+        self.hand_out_async(claimed.runs, claimed.durable_first)
+            .await
     }
 
     /// [`claim_wait`](Outbox::claim_wait) as a future: waits up to `timeout`
@@ -253,17 +254,25 @@ impl Future for Arrival<'_> {
         if let Err(e) = shared.check_open() {
             return Poll::Ready(Err(e));
         }
-        let (runs, durable_first, notices) =
-            this.outbox
-                .claim_leased(&mut table, this.max_records, u64::MAX);
-        if !runs.is_empty() || this.max_records == 0 {
+        let claimed = this
+            .outbox
+            .claim_leased(&mut table, this.max_records, u64::MAX);
+        if !claimed.runs.is_empty() || this.max_records == 0 {
             drop(table);
-            notices.report();
-            return Poll::Ready(Ok((runs, durable_first)));
+            claimed.notices.report();
+            return Poll::Ready(Ok((claimed.runs, claimed.durable_first)));
         }
+        // Nothing handed out, so nothing synced: the dead letters this claim
+        // parked wait for the writer, woken once the lock is released.
+        let wake_writer = |outbox: &Outbox| {
+            if claimed.wake {
+                outbox.nudge_writer();
+            }
+        };
         if this.deadline.is_some_and(|d| Instant::now() >= d) {
             drop(table);
-            notices.report();
+            wake_writer(this.outbox);
+            claimed.notices.report();
             return Poll::Ready(Ok((Vec::new(), false)));
         }
         // Registered under the table lock: records made claimable after the
@@ -275,7 +284,8 @@ impl Future for Arrival<'_> {
             .next_lease_deadline()
             .and_then(|us| shared.clock.instant_at(us));
         drop(table);
-        notices.report();
+        wake_writer(this.outbox);
+        claimed.notices.report();
         let wake = match (this.deadline, lease_ends) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

@@ -175,6 +175,60 @@ fn a_buffered_acknowledgement_reaches_the_file_at_once_when_no_producer_writes()
     outbox.close().expect("close");
 }
 
+/// A record parked by `max_attempts` in a claim that then waits and hands
+/// nothing out (`claim_wait`, `claim_wait_async`) is a dead letter like one
+/// `dead_letter` makes, though no append and no hand-out's sync follows: the
+/// writer thread is woken to write it at once (a crash of the process keeps
+/// it, whatever the sync interval), and fsyncs it within the sync interval
+/// (a power cut after that keeps it).
+#[test]
+fn a_record_parked_by_a_waiting_claim_is_written_like_a_dead_letter() {
+    let cases = [
+        (POWER_CUT, Duration::from_millis(50), "fsynced"),
+        (PROCESS_KILLED, Duration::from_secs(3600), "written at once"),
+    ];
+    for waits_async in [false, true] {
+        for (model, interval, what) in cases {
+            let disk = SimDisk::new(14);
+            let options = small_segments()
+                .max_attempts(1)
+                .buffered_sync_interval(interval)
+                .caller_writes(false);
+            let outbox =
+                Outbox::open_with_storage("/outbox", options.clone(), Arc::new(disk.clone()))
+                    .expect("open");
+            let seq = outbox.append(b"never delivered").expect("append");
+            assert_eq!(seqs_of(&outbox.claim(1).expect("claim")), [seq]);
+            // Its lease ends at once: the next claim takes it back, delivers
+            // it a second time, one over the limit, and parks it instead.
+            outbox.extend(seq, Duration::ZERO).expect("extend");
+            let wait = Duration::from_millis(20);
+            let got = if waits_async {
+                pollster::block_on(outbox.claim_wait_async(1, wait))
+            } else {
+                outbox.claim_wait(1, wait)
+            }
+            .expect("claim_wait");
+            assert!(got.is_empty(), "async {waits_async}: {got:?}");
+            assert_eq!(outbox.stats().dead_letters, 1, "async {waits_async}");
+            let mut fork = 0;
+            eventually(
+                &format!("async {waits_async}: the dead letter {what}"),
+                || {
+                    fork += 1;
+                    let copy = disk.fork(fork);
+                    copy.crash(model);
+                    let reopened =
+                        Outbox::open_with_storage("/outbox", options.clone(), Arc::new(copy))
+                            .expect("open the copy");
+                    reopened.stats().dead_letters == 1 && drain(&reopened).is_empty()
+                },
+            );
+            outbox.close().expect("close");
+        }
+    }
+}
+
 /// A relay acknowledging each record as a lone producer appends it: the
 /// acknowledgements ride with the next batch (mostly the producer's own,
 /// the writer thread not woken for each one; how many is a matter of
