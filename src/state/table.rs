@@ -853,8 +853,10 @@ impl Table {
     /// With `max_attempts`, a record whose delivery would pass it becomes a
     /// dead letter instead (taken out of `runs`), and the attempt of every
     /// other one is queued for the log, to be made durable before it is handed
-    /// out; returns whether anything was queued, and how many records were
-    /// parked.
+    /// out; returns whether this call queued anything (changes queued
+    /// before it are written in their own time, as buffered changes are: a
+    /// claim that queues nothing waits for no sync), and how many records
+    /// were parked.
     pub(crate) fn lease(
         &mut self,
         runs: &mut Vec<ClaimRun>,
@@ -936,6 +938,7 @@ impl Table {
             // A dead letter no longer blocks its key.
             self.key_left(seq.get(), false);
         }
+        let mut queued = parked > 0;
         for f in runs
             .iter()
             .flat_map(|r| r.frames.iter())
@@ -945,8 +948,9 @@ impl Table {
                 seq: f.seq,
                 attempts: f.attempt,
             });
+            queued = true;
         }
-        (!self.unwritten.is_empty(), parked)
+        (queued, parked)
     }
 
     /// Makes pending again the claimed records whose lease ran out by `now`;

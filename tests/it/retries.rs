@@ -244,6 +244,39 @@ fn dead_letters_are_parked_listed_survive_restarts_and_can_be_requeued_or_discar
     outbox.close().expect("close");
 }
 
+/// Under `max_attempts` a claim waits for the fsync of the deliveries it
+/// counts, and only for that: one that hands nothing out does not make the
+/// buffered changes before it (here a release with a delay) durable, so a
+/// relay polling an outbox with nothing to hand out costs no fsync a poll.
+#[test]
+fn a_claim_that_hands_nothing_out_waits_for_no_fsync_under_max_attempts() {
+    let (_t, dir) = tmp();
+    let options = options()
+        .max_attempts(3)
+        .buffered_sync_interval(Duration::from_secs(3600));
+    let outbox = Outbox::open(&dir, options).expect("open");
+    let rounds = 50u64;
+    let before = outbox.stats().fsyncs;
+    for i in 0..rounds {
+        // One fsync for the append, one for the delivery's attempt.
+        let seq = outbox.append(&i.to_le_bytes()).expect("append");
+        assert_eq!(outbox.claim(10).expect("claim")[0].seq(), seq);
+        // Buffered: no fsync of its own. Held back an hour: nothing to claim.
+        outbox
+            .release_after(seq, Duration::from_secs(3600), "later")
+            .expect("release");
+        assert!(outbox.claim(10).expect("claim").is_empty());
+    }
+    let fsyncs = outbox.stats().fsyncs - before;
+    // Two a round, and a few the writer may make of its own (zeros ahead); a
+    // third a round if each empty claim synced the release before it.
+    assert!(
+        fsyncs < 2 * rounds + rounds / 2,
+        "{fsyncs} fsyncs in {rounds} rounds"
+    );
+    outbox.close().expect("close");
+}
+
 #[test]
 fn a_record_delivered_max_attempts_times_becomes_a_dead_letter() {
     let (_t, dir) = tmp();
