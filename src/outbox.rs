@@ -398,6 +398,16 @@ impl Outbox {
                 again.report.reserve_released = true;
                 (again, sealed)
             }
+            // The empty newest segment, the writer's again, could not be
+            // given its space: the reserve's goes to it (nothing written yet
+            // needs trying again).
+            Ok((mut recovered, sealed))
+                if effects.active_without_room
+                    && reserve::release(&*storage, &dir).unwrap_or(false) =>
+            {
+                recovered.report.reserve_released = true;
+                (recovered, sealed)
+            }
             other => other?,
         };
         // The delivery state the log recorded, in log order: acknowledged
@@ -471,16 +481,36 @@ impl Outbox {
         trace_open(&shared.dir, &report);
         // Kept aside for the next open that finds the disk full. Where there
         // is no room for it, appends are refused until there is: what is left is the
-        // next open's (the writer tries again, `Writer::reserve_short`).
-        let reserved = reserve::ensure(
-            &*shared.storage,
-            &shared.dir,
-            reserve::size(shared.options.segment_bytes),
-        );
-        if reserved.is_err_and(|e| reserve::is_no_space(&e)) {
-            shared
+        // next open's (the writer tries again, `Writer::reserve_short`). An
+        // open that released it for want of space does not take that space
+        // back at once: it is the writer's, to drain the backlog.
+        let reserved = if report.reserve_released {
+            Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+        } else {
+            reserve::ensure(
+                &*shared.storage,
+                &shared.dir,
+                reserve::size(shared.options.segment_bytes),
+            )
+        };
+        match reserved {
+            Err(e) if reserve::is_no_space(&e) => shared
                 .reserve_missing
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+                .store(true, std::sync::atomic::Ordering::Relaxed),
+            // Not segwal's to write (a link, another name of a file):
+            // left as it is, and no space kept.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::InvalidData
+                    || e.raw_os_error() == Some(libc::ELOOP) =>
+            {
+                crate::event!(
+                    warn,
+                    path = %shared.dir.join(reserve::RESERVE_FILE).display(),
+                    error = %e,
+                    "no reserve kept: RESERVE is not a plain file of segwal's own"
+                );
+            }
+            _ => {}
         }
         Ok(Outbox {
             handle: Arc::new(Handle {
@@ -923,7 +953,7 @@ impl Outbox {
             self.claim_leased(&mut table, max_records, max_bytes)
         };
         claimed.notices.report();
-        self.hand_out(claimed.runs, claimed.durable_first)
+        self.hand_out(claimed.runs, claimed.durable_first, claimed.wake)
     }
 
     /// Reads the records of a claim's `runs`, then, when their attempts were
@@ -931,16 +961,35 @@ impl Outbox {
     /// records are handed out. Read first, so that a close that begins
     /// during the sync (its writer fsyncs the attempts) still hands them out
     /// rather than leave a delivery counted for records never handed out.
+    /// `wake`: the claim parked dead letters the writer must be woken for
+    /// if no sync follows ([`Claimed::wake`]).
     fn hand_out(
         &self,
         runs: Vec<crate::state::table::ClaimRun>,
         durable_first: bool,
+        wake: bool,
     ) -> Result<Vec<Record>> {
-        let records = self.read_claimed(&runs)?;
+        let records = self.read_before_hand_out(&runs, wake)?;
         if durable_first {
             self.attempts_synced(&runs, self.synced_by_the_close(self.sync()))?;
         }
         Ok(records)
+    }
+
+    /// Reads a claim's records ([`read_claimed`](Outbox::read_claimed)). A
+    /// read that fails ends the claim before its sync: the writer is woken
+    /// then for what the claim noted (`wake`), since the failure's own
+    /// changes, noted after them, do not wake it again.
+    fn read_before_hand_out(
+        &self,
+        runs: &[crate::state::table::ClaimRun],
+        wake: bool,
+    ) -> Result<Vec<Record>> {
+        let read = self.read_claimed(runs);
+        if read.is_err() && wake {
+            self.nudge_writer();
+        }
+        read
     }
 
     /// Whether each delivery's number is written to the log (under
@@ -1184,7 +1233,7 @@ impl Outbox {
             if !claimed.runs.is_empty() || max_records == 0 {
                 drop(table);
                 claimed.notices.report();
-                return self.hand_out(claimed.runs, claimed.durable_first);
+                return self.hand_out(claimed.runs, claimed.durable_first, claimed.wake);
             }
             if claimed.wake || !claimed.notices.is_empty() {
                 // Without the lock: the writer woken for the dead letters

@@ -64,6 +64,14 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn open_read(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
         self.open(path)
     }
+    /// Opens an existing file for reading and writing that segwal itself
+    /// made and keeps (the reserve): never through a symbolic link, never a
+    /// file another name is linked to, whose bytes would be someone else's.
+    /// Fails with [`io::ErrorKind::InvalidData`] for such a file. By default
+    /// the same as [`Storage::open`] (a storage without links).
+    fn open_own(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        self.open(path)
+    }
     /// Removes a file. Not durable until [`Storage::sync_dir`] of its directory.
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Renames the file `from` to `to` (which must not exist), in one atomic

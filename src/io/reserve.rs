@@ -37,9 +37,13 @@ pub(crate) fn is_no_space(e: &io::Error) -> bool {
 /// writer keeps the space it needs free: `Writer::reserve_short`). A reserve
 /// at least as long is left alone; a shorter one (an attempt a crash cut
 /// between the creation and the reservation) is grown to `bytes`, never cut.
+///
+/// A `RESERVE` that is not a plain file of its own (a symbolic link, a file
+/// with another name) is never written: that fails with
+/// [`io::ErrorKind::InvalidData`], and the outbox keeps no reserve.
 pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) -> io::Result<()> {
     let path = dir.join(RESERVE_FILE);
-    match storage.open(&path) {
+    match storage.open_own(&path) {
         Ok(file) => {
             if file.len()? >= bytes {
                 return Ok(());
@@ -85,10 +89,12 @@ fn fill(file: &dyn crate::io::StorageFile, bytes: u64) -> io::Result<()> {
 
 /// Removes the reserve of `dir` to give its space to an open that found the
 /// disk full; returns whether there was one. Only a file whose every byte is
-/// zero is removed: segwal never deletes what it cannot prove it wrote.
+/// zero is removed, and only a plain file of its own (never a symbolic
+/// link, never a name of a file that has another): segwal never deletes what
+/// it cannot prove it wrote.
 pub(crate) fn release(storage: &dyn Storage, dir: &Path) -> io::Result<bool> {
     let path = dir.join(RESERVE_FILE);
-    let file = match storage.open(&path) {
+    let file = match storage.open_own(&path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),

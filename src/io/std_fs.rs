@@ -159,6 +159,16 @@ impl Storage for StdStorage {
         Ok(Arc::new(StdFile { file }))
     }
 
+    fn open_own(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let path = self.at(path);
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let file = own_file(OpenOptions::new().read(true).write(true), &path, &name)?;
+        Ok(Arc::new(StdFile { file }))
+    }
+
     fn remove(&self, path: &Path) -> io::Result<()> {
         fs::remove_file(self.at(path))
     }
@@ -323,18 +333,29 @@ fn regular(options: &OpenOptions, path: &Path) -> io::Result<File> {
 /// device (opened without blocking, then refused), which could block an open
 /// or read without end; never a file with another name linked to it.
 fn open_owner(dir: &Path, write: bool) -> io::Result<File> {
+    own_file(
+        OpenOptions::new().read(!write).write(write).create(write),
+        &dir.join(OWNER_FILE),
+        OWNER_FILE,
+    )
+}
+
+/// Opens `path` (called `name` in the error) with `options` as a plain file
+/// of its own or not at all: never through a symbolic link, never a FIFO or
+/// a device (opened without blocking, then refused), never a file with
+/// another name linked to it. For the files segwal makes and keeps beside
+/// its segments (`OWNER`, `RESERVE`), whose writes must never reach a file
+/// of the user's.
+fn own_file(options: &mut OpenOptions, path: &Path, name: &str) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let file = OpenOptions::new()
-        .read(!write)
-        .write(write)
-        .create(write)
+    let file = options
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(dir.join(OWNER_FILE))?;
+        .open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() || meta.nlink() > 1 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "OWNER is not a plain file of its own",
+            format!("{name} is not a plain file of its own"),
         ));
     }
     Ok(file)

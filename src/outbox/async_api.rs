@@ -100,7 +100,7 @@ impl Outbox {
             self.claim_leased(&mut table, max_records, u64::MAX)
         };
         claimed.notices.report();
-        self.hand_out_async(claimed.runs, claimed.durable_first)
+        self.hand_out_async(claimed.runs, claimed.durable_first, claimed.wake)
             .await
     }
 
@@ -126,7 +126,7 @@ impl Outbox {
         max_records: usize,
         timeout: Duration,
     ) -> Result<Vec<Record>> {
-        let (runs, durable_first) = Arrival {
+        let (runs, durable_first, wake) = Arrival {
             outbox: self,
             max_records,
             // A timeout too long to represent waits without one.
@@ -135,7 +135,7 @@ impl Outbox {
             entry: None,
         }
         .await?;
-        self.hand_out_async(runs, durable_first).await
+        self.hand_out_async(runs, durable_first, wake).await
     }
 
     /// Queues an append of `bytes` (encoded) once the writer queue has room,
@@ -168,9 +168,10 @@ impl Outbox {
         &self,
         runs: Vec<ClaimRun>,
         durable_first: bool,
+        wake: bool,
     ) -> Result<Vec<Record>> {
         // Read first, as `hand_out` does.
-        let records = self.read_claimed(&runs)?;
+        let records = self.read_before_hand_out(&runs, wake)?;
         if durable_first {
             let synced = self.sync_async().await;
             self.attempts_synced(&runs, self.synced_by_the_close(synced))?;
@@ -236,7 +237,9 @@ impl Arrival<'_> {
 }
 
 impl Future for Arrival<'_> {
-    type Output = Result<(Vec<ClaimRun>, bool)>;
+    /// The records taken, whether their attempts wait for a sync, and
+    /// whether the writer waits to be woken ([`Claimed`](super::Claimed)).
+    type Output = Result<(Vec<ClaimRun>, bool, bool)>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
@@ -260,7 +263,7 @@ impl Future for Arrival<'_> {
         if !claimed.runs.is_empty() || this.max_records == 0 {
             drop(table);
             claimed.notices.report();
-            return Poll::Ready(Ok((claimed.runs, claimed.durable_first)));
+            return Poll::Ready(Ok((claimed.runs, claimed.durable_first, claimed.wake)));
         }
         // Nothing handed out, so nothing synced: the dead letters this claim
         // parked wait for the writer, woken once the lock is released.
@@ -273,7 +276,7 @@ impl Future for Arrival<'_> {
             drop(table);
             wake_writer(this.outbox);
             claimed.notices.report();
-            return Poll::Ready(Ok((Vec::new(), false)));
+            return Poll::Ready(Ok((Vec::new(), false, false)));
         }
         // Registered under the table lock: records made claimable after the
         // claim above are made so under it too, and wake this task after.

@@ -229,6 +229,52 @@ fn a_record_parked_by_a_waiting_claim_is_written_like_a_dead_letter() {
     }
 }
 
+/// A claim that parks one record past `max_attempts` and fails to read
+/// another ends before its sync: the writer is woken all the same, so the
+/// dead letter and the buffered acknowledgements after it are written and
+/// fsynced within the sync interval, not left in memory until some later
+/// append or sync.
+#[test]
+fn a_claim_that_parks_a_record_and_fails_a_read_still_has_its_changes_written() {
+    for lone_producer in [false, true] {
+        let disk = SimDisk::new(15);
+        let options = small_segments()
+            .max_attempts(2)
+            .buffered_sync_interval(Duration::from_millis(50))
+            .caller_writes(lone_producer);
+        let outbox = Outbox::open_with_storage("/outbox", options.clone(), Arc::new(disk.clone()))
+            .expect("open");
+        let a = outbox.append(b"a").expect("append");
+        let c = outbox.append(b"c").expect("append");
+        assert_eq!(seqs_of(&outbox.claim(2).expect("claim")), [a, c]);
+        // Its second delivery, then its lease ends at once: the next claim
+        // parks it.
+        outbox.extend(a, Duration::ZERO).expect("extend");
+        assert_eq!(seqs_of(&outbox.claim(1).expect("claim")), [a]);
+        outbox.extend(a, Duration::ZERO).expect("extend");
+        outbox.append(b"b").expect("append");
+        // The writer goes to sleep with nothing to do.
+        std::thread::sleep(Duration::from_millis(300));
+        disk.fail_reads(100);
+        let failed = outbox.claim(2);
+        disk.fail_reads(0);
+        assert!(failed.is_err(), "{failed:?}");
+        assert_eq!(outbox.stats().dead_letters, 1);
+        outbox.ack(c).expect("ack");
+        let mut fork = 0;
+        eventually("the dead letter and the acknowledgement fsynced", || {
+            fork += 1;
+            let copy = disk.fork(fork);
+            copy.crash(POWER_CUT);
+            let reopened = Outbox::open_with_storage("/outbox", options.clone(), Arc::new(copy))
+                .expect("open the copy");
+            let pending = seqs_of(&drain(&reopened));
+            reopened.stats().dead_letters == 1 && !pending.contains(&c)
+        });
+        outbox.close().expect("close");
+    }
+}
+
 /// A relay acknowledging each record as a lone producer appends it: the
 /// acknowledgements ride with the next batch (mostly the producer's own,
 /// the writer thread not woken for each one; how many is a matter of

@@ -192,6 +192,46 @@ fn the_owner_file_is_never_followed_into_another_file() {
     outbox.close().expect("close");
 }
 
+/// `RESERVE` is space segwal keeps for itself, never a way into another
+/// file: a symbolic link or a second name under that name does not get its
+/// target grown or written (the outbox then keeps no reserve, and works on).
+#[test]
+fn the_reserve_file_is_never_followed_into_another_file() {
+    let (_t, dir) = tmp();
+    std::fs::create_dir_all(&dir).expect("dir");
+    let victim = dir.with_extension("victim");
+    let bytes = b"someone else's bytes\n";
+    std::fs::write(&victim, bytes).expect("victim");
+    let options = Options::default().segment_bytes(1 << 20);
+    for link in ["symbolic", "hard"] {
+        let reserve = dir.join("RESERVE");
+        if link == "symbolic" {
+            std::os::unix::fs::symlink(&victim, &reserve).expect("symlink");
+        } else {
+            std::fs::hard_link(&victim, &reserve).expect("hard link");
+        }
+        let outbox = Outbox::open(&dir, options.clone()).expect("open beside a linked RESERVE");
+        outbox.append(link.as_bytes()).expect("append");
+        outbox.close().expect("close");
+        let now = std::fs::read(&victim).expect("victim");
+        assert!(
+            now == bytes,
+            "{link} link: the target is {} bytes",
+            now.len()
+        );
+        let kept = std::fs::symlink_metadata(&reserve).expect("the link stays");
+        assert_eq!(kept.file_type().is_symlink(), link == "symbolic");
+        std::fs::remove_file(&reserve).expect("unlink");
+    }
+    // Without a link in the way, the reserve is made again.
+    let outbox = Outbox::open(&dir, options).expect("open");
+    let records = outbox.claim(2).expect("claim");
+    assert_eq!(records.len(), 2);
+    outbox.close().expect("close");
+    let reserve = std::fs::symlink_metadata(dir.join("RESERVE")).expect("reserve");
+    assert!(reserve.is_file() && reserve.len() > 0, "{reserve:?}");
+}
+
 /// A child made by `fork` inherits an open outbox but none of its threads,
 /// and shares its lock: every call in the child fails with `Forked`, its
 /// close and drop change nothing, and the parent's outbox, lock and records

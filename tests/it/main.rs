@@ -10,6 +10,7 @@ mod crash;
 mod enospc;
 mod faults;
 mod foreign;
+mod full_disk;
 mod fuzz_corpus;
 mod golden;
 mod json;

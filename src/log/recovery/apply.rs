@@ -29,6 +29,10 @@ use crate::io::segment_file::{self, FreshSegment, PendingSeal, SegmentFile, Succ
 pub(crate) struct Effects {
     pub removed: Vec<PathBuf>,
     pub quarantined: Vec<Quarantined>,
+    /// The empty newest segment made the writer's again could not be given
+    /// its space: the disk is full, and the writer could not write a frame
+    /// into it (`Outbox::open` gives it the reserve's space).
+    pub active_without_room: bool,
 }
 
 /// What recovery found in the directory.
@@ -132,9 +136,14 @@ pub(crate) fn apply(
     remove_all(storage, dir, removed.iter().cloned())?;
     effects.removed.extend(removed);
     let active = match plan.active {
-        ActivePlan::Reuse { scan } => {
-            reuse(storage, dir, &scans[scan], &opened[scan], new.preallocate)?
-        }
+        ActivePlan::Reuse { scan } => reuse(
+            storage,
+            dir,
+            &scans[scan],
+            &opened[scan],
+            new.preallocate,
+            effects,
+        )?,
         ActivePlan::Create { first, prev } => {
             // A new outbox draws its identity with its first segment.
             let outbox_id = plan.outbox_id.unwrap_or_else(|| {
@@ -248,11 +257,18 @@ fn reuse(
     scan: &SegmentScan,
     opened: &Opened,
     preallocate: u64,
+    effects: &mut Effects,
 ) -> Result<FreshSegment> {
-    // Preallocated again if a close gave its space back (only a speed-up, as in
-    // the writer).
+    // Preallocated again if a close gave its space back: only a speed-up, as
+    // in the writer, unless the disk is full. Then the writer could not write
+    // a frame into it either, and every reopen would answer its first write
+    // with a full disk: said, so that the open gives it the reserve's space.
     let segment = opened.open(storage)?;
-    let _ = segment.file.allocate(preallocate);
+    if let Err(e) = segment.file.allocate(preallocate)
+        && crate::io::reserve::is_no_space(&e)
+    {
+        effects.active_without_room = true;
+    }
     // Its directory entry may not be durable yet (a crash, or a failed
     // directory fsync, right after it was created).
     storage

@@ -1,0 +1,274 @@
+//! A disk that fills during the engine's own duties, on the simulated disk
+//! with a capacity: every write or preallocation past it fails with ENOSPC.
+//! The outbox poisons, the process closes, another file takes every byte
+//! left, and the outbox must still open (through its reserve) and drain.
+
+use std::io;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use segwal::io::{LockError, LockGuard, Storage, StorageFile};
+use segwal::sim::SimDisk;
+use segwal::{Durability, Error, Options, Outbox, Seq};
+
+use crate::drain;
+
+const DIR: &str = "/outbox";
+const ENOSPC: i32 = 28;
+
+/// A simulated disk holding at most `cap` bytes of files in the outbox's
+/// directory (and its quarantine folder).
+#[derive(Debug, Clone)]
+struct Capped {
+    disk: SimDisk,
+    cap: Arc<AtomicU64>,
+}
+
+impl Capped {
+    fn new(seed: u64) -> Capped {
+        Capped {
+            disk: SimDisk::new(seed),
+            cap: Arc::new(AtomicU64::new(u64::MAX)),
+        }
+    }
+
+    fn open(&self, options: &Options) -> segwal::Result<Outbox> {
+        Outbox::open_with_storage(DIR, options.clone(), Arc::new(self.clone()))
+    }
+
+    /// The lengths of the files, by name.
+    fn files(&self) -> Vec<(String, u64)> {
+        let mut files = Vec::new();
+        for dir in [
+            PathBuf::from(DIR),
+            Path::new(DIR).join(segwal::QUARANTINE_DIR),
+        ] {
+            for name in self.disk.files(&dir) {
+                let len = self.disk.open(&dir.join(&name)).and_then(|f| f.len());
+                files.push((name, len.unwrap_or(0)));
+            }
+        }
+        files
+    }
+
+    fn used(&self) -> u64 {
+        self.files().iter().map(|f| f.1).sum()
+    }
+
+    /// Leaves `room` bytes free.
+    fn leave(&self, room: u64) {
+        self.cap.store(self.used() + room, Ordering::SeqCst);
+    }
+
+    fn grow(&self, by: u64) -> io::Result<()> {
+        if by > 0 && self.used() + by > self.cap.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(ENOSPC));
+        }
+        Ok(())
+    }
+
+    fn wrap(&self, file: io::Result<Arc<dyn StorageFile>>) -> io::Result<Arc<dyn StorageFile>> {
+        Ok(Arc::new(CappedFile {
+            file: file?,
+            disk: self.clone(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct CappedFile {
+    file: Arc<dyn StorageFile>,
+    disk: Capped,
+}
+
+impl Storage for Capped {
+    fn create_dir(&self, dir: &Path) -> io::Result<bool> {
+        self.disk.create_dir(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.disk.list(dir)
+    }
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        self.wrap(self.disk.create(path))
+    }
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        self.wrap(self.disk.open(path))
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.disk.remove(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.disk.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.disk.sync_dir(dir)
+    }
+    fn random_u64(&self) -> u64 {
+        self.disk.random_u64()
+    }
+    fn free_bytes(&self, _dir: &Path) -> io::Result<Option<u64>> {
+        let cap = self.cap.load(Ordering::SeqCst);
+        Ok(Some(cap.saturating_sub(self.used())))
+    }
+    fn lock(&self, dir: &Path) -> Result<LockGuard, LockError> {
+        self.disk.lock(dir)
+    }
+}
+
+impl StorageFile for CappedFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.file.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        let end = offset + buf.len() as u64;
+        self.disk.grow(end.saturating_sub(self.file.len()?))?;
+        self.file.write_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.disk.grow(len.saturating_sub(self.file.len()?))?;
+        self.file.allocate(len)
+    }
+    fn next_data(&self, offset: u64) -> io::Result<Option<Range<u64>>> {
+        self.file.next_data(offset)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.file.len()
+    }
+}
+
+fn payload(i: usize, len: usize) -> Vec<u8> {
+    let mut p = format!("record {i};").into_bytes();
+    p.resize(len, b'x');
+    p
+}
+
+/// Every record appended with an answer comes back (the one in doubt may),
+/// and acknowledging them all is written: nothing is left to claim after.
+fn drains(outbox: &Outbox, appended: &[Seq], what: &str) {
+    let got: Vec<Seq> = drain(outbox).iter().map(segwal::Record::seq).collect();
+    for seq in appended {
+        assert!(got.contains(seq), "{what}: record {seq} lost");
+    }
+    outbox
+        .ack_many(&got)
+        .unwrap_or_else(|e| panic!("{what}: the acknowledgements of the backlog: {e}"));
+    assert!(drain(outbox).is_empty(), "{what}");
+}
+
+/// The disk fills right after a rotation made the next segment: its header
+/// was written, its first frames were refused. An open then reuses that
+/// empty segment, which needs no space, but the writer can write nothing
+/// into it: the open must take the reserve's space for it, as for a segment
+/// it creates, so that the backlog drains instead of every reopen poisoning
+/// at its first acknowledgement.
+#[test]
+fn a_disk_full_right_after_a_rotation_opens_through_the_reserve_and_drains() {
+    let options = Options::default()
+        .segment_bytes(64 * 1024)
+        .min_free_disk_bytes(0)
+        .ack_durability(Durability::Sync);
+    let mut bare = 0;
+    for room in (160_000..260_000u64).step_by(4096) {
+        let disk = Capped::new(room);
+        let outbox = disk.open(&options).expect("open");
+        disk.leave(room);
+        let mut appended = Vec::new();
+        let error = loop {
+            match outbox.append(&payload(appended.len(), 20_000)) {
+                Ok(seq) => appended.push(seq),
+                Err(e) => break e,
+            }
+            assert!(appended.len() < 1000, "the disk never filled");
+        };
+        assert!(matches!(error, Error::Poisoned { .. }), "{error:?}");
+        let _ = outbox.close();
+        let files = disk.files();
+        let newest = files.iter().filter(|f| f.0.ends_with(".seg")).max();
+        if newest.is_none_or(|f| f.1 != 4096) {
+            continue;
+        }
+        bare += 1;
+        // Another file takes every byte left.
+        disk.leave(0);
+        let what = format!("room {room}, files {files:?}");
+        let outbox = disk.open(&options).expect("reopen on the full disk");
+        assert!(outbox.recovery_report().reserve_released, "{what}");
+        // Refused: what the reserve gave is the drain's (and the reserve is
+        // not made again out of it).
+        assert!(
+            matches!(outbox.append(b"x"), Err(Error::QuotaExceeded { .. })),
+            "{what}"
+        );
+        drains(&outbox, &appended, &what);
+        assert!(!outbox.stats().poisoned, "{what}");
+        outbox.close().expect("close");
+    }
+    assert!(
+        bare > 0,
+        "no room left the newest segment bare at the poison"
+    );
+}
+
+/// With the reserve spent (the disk full at open) and records parked as dead
+/// letters keeping old segments, relocation would write its copies into the
+/// space the next open needs: it waits until the reserve can be made again,
+/// and the outbox opens again whatever the writer did meanwhile.
+#[test]
+fn relocation_waits_while_the_reserve_is_missing() {
+    let options = Options::default()
+        .segment_bytes(16 * 1024)
+        .min_free_disk_bytes(0)
+        .ack_durability(Durability::Sync);
+    let disk = Capped::new(3);
+    let outbox = disk.open(&options).expect("open");
+    disk.leave(60_000);
+    let (mut i, mut dead) = (0usize, 0usize);
+    let error = 'fill: loop {
+        if let Err(e) = outbox.append(&payload(i, 3000)) {
+            break e;
+        }
+        i += 1;
+        if i % 5 == 0 {
+            for r in outbox.claim(64).expect("claim") {
+                let settled = if r.seq().get() % 7 == 0 {
+                    dead += 1;
+                    outbox.dead_letter(r.seq(), "refused")
+                } else {
+                    outbox.ack(r.seq())
+                };
+                if let Err(e) = settled {
+                    break 'fill e;
+                }
+            }
+        }
+        assert!(i < 10_000, "the disk never filled");
+    };
+    assert!(matches!(error, Error::Poisoned { .. }), "{error:?}");
+    assert!(dead > 0);
+    let _ = outbox.close();
+    disk.leave(0);
+    let outbox = disk.open(&options).expect("reopen on the full disk");
+    assert!(outbox.recovery_report().reserve_released);
+    assert!(outbox.stats().reserve_missing);
+    assert!(matches!(
+        outbox.append(b"refused while the reserve is missing"),
+        Err(Error::QuotaExceeded { .. })
+    ));
+    // The writer's own duties run meanwhile.
+    std::thread::sleep(Duration::from_millis(300));
+    let stats = outbox.stats();
+    assert!(!stats.poisoned && stats.relocated == 0, "{stats:?}");
+    outbox.close().expect("close");
+    let outbox = disk.open(&options).expect("the next open on the full disk");
+    assert!(outbox.stats().dead_letters > 0);
+    outbox.close().expect("close");
+}
