@@ -399,12 +399,20 @@ impl Outbox {
                 (again, sealed)
             }
             // The empty newest segment, the writer's again, could not be
-            // given its space: the reserve's goes to it (nothing written yet
-            // needs trying again).
+            // given room for a frame: the reserve's space goes to it, as to
+            // a segment an open creates on a full disk (nothing written yet
+            // needs trying again). Reserved in that segment, so that the
+            // reserve made again at the end of this open cannot take it back
+            // before the writer writes there.
             Ok((mut recovered, sealed))
                 if effects.active_without_room
                     && reserve::release(&*storage, &dir).unwrap_or(false) =>
             {
+                let _ = recovered
+                    .active
+                    .segment
+                    .file
+                    .allocate(reserve::size(options.segment_bytes));
                 recovered.report.reserve_released = true;
                 (recovered, sealed)
             }
@@ -481,18 +489,12 @@ impl Outbox {
         trace_open(&shared.dir, &report);
         // Kept aside for the next open that finds the disk full. Where there
         // is no room for it, appends are refused until there is: what is left is the
-        // next open's (the writer tries again, `Writer::reserve_short`). An
-        // open that released it for want of space does not take that space
-        // back at once: it is the writer's, to drain the backlog.
-        let reserved = if report.reserve_released {
-            Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
-        } else {
-            reserve::ensure(
-                &*shared.storage,
-                &shared.dir,
-                reserve::size(shared.options.segment_bytes),
-            )
-        };
+        // next open's (the writer tries again, `Writer::reserve_short`).
+        let reserved = reserve::ensure(
+            &*shared.storage,
+            &shared.dir,
+            reserve::size(shared.options.segment_bytes),
+        );
         match reserved {
             Err(e) if reserve::is_no_space(&e) => shared
                 .reserve_missing
@@ -501,7 +503,7 @@ impl Outbox {
             // left as it is, and no space kept.
             Err(e)
                 if e.kind() == std::io::ErrorKind::InvalidData
-                    || e.raw_os_error() == Some(libc::ELOOP) =>
+                    || matches!(e.raw_os_error(), Some(libc::ELOOP | libc::EISDIR)) =>
             {
                 crate::event!(
                     warn,

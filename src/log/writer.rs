@@ -525,16 +525,6 @@ impl Writer {
         brought_forward || self.reclaim_due()
     }
 
-    /// Whether relocation waits for the outbox's reserve to be made again:
-    /// copies are written before the segments they free are deleted, so for
-    /// a while they take space, and while the reserve is missing for want of
-    /// space what is left is the next open's (`Writer::reserve_short`). The
-    /// reserve comes back once deletions or the rest of the system free its
-    /// room; relocation resumes then.
-    fn relocation_waits_for_space(&self) -> bool {
-        self.shared.reserve_missing.load(Ordering::Relaxed)
-    }
-
     /// Whether [`Writer::reclaim`] has work: a fully acknowledged front to
     /// delete, or records to carry forward out of the oldest segment.
     fn reclaim_due(&self) -> bool {
@@ -551,15 +541,14 @@ impl Writer {
                 .held
                 .as_ref()
                 .is_some_and(|h| h.pressure == pressure && h.holds(front, &table))
-        }) || !self.relocation_waits_for_space()
-            && table
-                .stragglers(
-                    self.shared.options.segment_bytes,
-                    RELOCATE_BYTES,
-                    self.shared.clock.now_us(),
-                    now_us(),
-                )
-                .is_some()
+        }) || table
+            .stragglers(
+                self.shared.options.segment_bytes,
+                RELOCATE_BYTES,
+                self.shared.clock.now_us(),
+                now_us(),
+            )
+            .is_some()
     }
 
     /// The last duties of a closed outbox: everything queued was processed,
@@ -1426,12 +1415,7 @@ impl Writer {
             at.elapsed() >= RESERVE_RETRY_EVERY
                 || (free.is_some_and(|free| free >= size) && at.elapsed() >= FREE_BYTES_EVERY)
         });
-        // Made again only where it leaves as much room to the writer: on a
-        // disk that an open found full, the space the reserve gave is what
-        // drains the backlog (acknowledgements, `LogStart` frames), and
-        // taking it back at the first append refused would poison the drain.
-        let no_room = free.is_some_and(|free| free < size.saturating_mul(2));
-        if !due || no_room {
+        if !due {
             return Some(free.unwrap_or(0));
         }
         self.reserve_tried = Some(Instant::now());
@@ -1899,7 +1883,7 @@ impl Writer {
     /// nothing could be copied, so that a damaged frame is read at most once
     /// per call of [`Writer::reclaim`].
     fn relocate(&mut self, budget: u64) -> Option<u64> {
-        if self.shared.poison.get().is_some() || self.relocation_waits_for_space() {
+        if self.shared.poison.get().is_some() {
             return None;
         }
         let found = self.shared.table.lock().stragglers(

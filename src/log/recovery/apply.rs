@@ -260,12 +260,17 @@ fn reuse(
     effects: &mut Effects,
 ) -> Result<FreshSegment> {
     // Preallocated again if a close gave its space back: only a speed-up, as
-    // in the writer, unless the disk is full. Then the writer could not write
-    // a frame into it either, and every reopen would answer its first write
-    // with a full disk: said, so that the open gives it the reserve's space.
+    // in the writer, unless the disk is full, without room for even a block
+    // of frames. Then the writer could not write a frame into it either, and
+    // every reopen would answer its first write with a full disk: said, so
+    // that the open gives it the reserve's space.
     let segment = opened.open(storage)?;
-    if let Err(e) = segment.file.allocate(preallocate)
-        && crate::io::reserve::is_no_space(&e)
+    let no_room = |e: std::io::Error| crate::io::reserve::is_no_space(&e);
+    if segment.file.allocate(preallocate).is_err_and(no_room)
+        && segment
+            .file
+            .allocate((FRAMES_AT + crate::format::segment::BLOCK) as u64)
+            .is_err_and(no_room)
     {
         effects.active_without_room = true;
     }
