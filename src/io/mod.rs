@@ -67,8 +67,10 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// Opens an existing file for reading and writing that segwal itself
     /// made and keeps (the reserve): never through a symbolic link, never a
     /// file another name is linked to, whose bytes would be someone else's.
-    /// Fails with [`io::ErrorKind::InvalidData`] for such a file. By default
-    /// the same as [`Storage::open`] (a storage without links).
+    /// Fails for such a file: with [`io::ErrorKind::InvalidData`] for a
+    /// file with another name or one that is not a regular file, with
+    /// `ELOOP` for a symbolic link. By default the same as
+    /// [`Storage::open`] (a storage without links).
     fn open_own(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
         self.open(path)
     }

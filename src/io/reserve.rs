@@ -39,8 +39,8 @@ pub(crate) fn is_no_space(e: &io::Error) -> bool {
 /// between the creation and the reservation) is grown to `bytes`, never cut.
 ///
 /// A `RESERVE` that is not a plain file of its own (a symbolic link, a file
-/// with another name) is never written: that fails with
-/// [`io::ErrorKind::InvalidData`], and the outbox keeps no reserve.
+/// with another name) is never written: that fails
+/// ([`Storage::open_own`]), and the outbox keeps no reserve.
 pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) -> io::Result<()> {
     let path = dir.join(RESERVE_FILE);
     match storage.open_own(&path) {

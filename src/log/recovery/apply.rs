@@ -29,9 +29,9 @@ use crate::io::segment_file::{self, FreshSegment, PendingSeal, SegmentFile, Succ
 pub(crate) struct Effects {
     pub removed: Vec<PathBuf>,
     pub quarantined: Vec<Quarantined>,
-    /// The empty newest segment made the writer's again could not be given
-    /// its space: the disk is full, and the writer could not write a frame
-    /// into it (`Outbox::open` gives it the reserve's space).
+    /// The empty newest segment made the writer's again has no room for a
+    /// block of frames (the disk is full): the writer could not write a frame
+    /// into it, and `Outbox::open` gives it the reserve's space.
     pub active_without_room: bool,
 }
 
