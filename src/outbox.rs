@@ -408,11 +408,10 @@ impl Outbox {
                 if effects.active_without_room
                     && reserve::release(&*storage, &dir).unwrap_or(false) =>
             {
-                let _ = recovered
-                    .active
-                    .segment
-                    .file
-                    .allocate(reserve::size(options.segment_bytes));
+                let _ = reserve::fill(
+                    &*recovered.active.segment.file,
+                    reserve::size(options.segment_bytes),
+                );
                 recovered.report.reserve_released = true;
                 (recovered, sealed)
             }

@@ -72,7 +72,7 @@ pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) -> io::Resul
 
 /// Reserves `file` up to `bytes` (zeros past its end written where the file
 /// system cannot reserve).
-fn fill(file: &dyn crate::io::StorageFile, bytes: u64) -> io::Result<()> {
+pub(crate) fn fill(file: &dyn crate::io::StorageFile, bytes: u64) -> io::Result<()> {
     file.allocate(bytes)?;
     let mut at = file.len()?;
     if at < bytes {

@@ -265,13 +265,8 @@ fn reuse(
     // every reopen would answer its first write with a full disk: said, so
     // that the open gives it the reserve's space.
     let segment = opened.open(storage)?;
-    let no_room = |e: std::io::Error| crate::io::reserve::is_no_space(&e);
-    if segment.file.allocate(preallocate).is_err_and(no_room)
-        && segment
-            .file
-            .allocate((FRAMES_AT + crate::format::segment::BLOCK) as u64)
-            .is_err_and(no_room)
-    {
+    let _ = segment.file.allocate(preallocate);
+    if !room_for_a_block(&*segment.file) {
         effects.active_without_room = true;
     }
     // Its directory entry may not be durable yet (a crash, or a failed
@@ -289,6 +284,22 @@ fn reuse(
         written_to: FRAMES_AT as u64,
         checkpoint_every: scan.header.map_or(0, |h| h.checkpoint_every),
     })
+}
+
+/// Whether `file`, an empty segment, has room past its header for a block
+/// of frames: reserved, or, where the file system cannot reserve (its
+/// `allocate` then does nothing), written as zeros. False only when that
+/// fails for want of space.
+fn room_for_a_block(file: &dyn crate::io::StorageFile) -> bool {
+    use crate::format::segment::BLOCK;
+    use crate::io::reserve::is_no_space;
+    let end = (FRAMES_AT + BLOCK) as u64;
+    match file.allocate(end) {
+        Err(e) if is_no_space(&e) => return false,
+        Ok(()) if file.len().is_ok_and(|len| len >= end) => return true,
+        _ => {}
+    }
+    !crate::io::write_all_at(file, &[0u8; BLOCK], FRAMES_AT as u64).is_err_and(|e| is_no_space(&e))
 }
 
 /// Moves `file` of `dir` into the quarantine folder for `reason`.
