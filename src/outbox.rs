@@ -465,7 +465,7 @@ impl Outbox {
         });
         Counters::add(&shared.counters.fsyncs, u64::from(sealed));
         let thread_rx = rx.clone();
-        let writer = Writer::start(
+        let mut writer = Writer::start(
             shared.clone(),
             rx,
             recovered.active,
@@ -473,6 +473,10 @@ impl Outbox {
             dedup,
             recovered.spare,
         )?;
+        // Segments the log starts with fully acknowledged (the one the open
+        // sealed, those a close or a crash left, those held for their ids) go
+        // now, not at the first request: an idle outbox would keep them.
+        writer.delete_at_open();
         let core = Arc::new(Mutex::new(writer));
         let thread_core = core.clone();
         let ended = Arc::new(WriterEnd::default());

@@ -466,6 +466,16 @@ impl Writer {
         })
     }
 
+    /// Deletes the segments the log starts with fully acknowledged (or holds
+    /// the deletion for its ids, to be weighed again by the timer), on the
+    /// opening thread before the writer thread starts: what recovery kept of
+    /// them (a segment the open sealed, those a close or a crash left behind)
+    /// would otherwise stay on disk until the first request. Relocation
+    /// waits for the first request as before.
+    pub(crate) fn delete_at_open(&mut self) {
+        self.delete_finished();
+    }
+
     /// Answers what a panic (a bug) interrupted: the outbox is poisoned and
     /// the batch in flight fails with that error. Returns the error.
     fn panicked(&mut self) -> Error {

@@ -2540,7 +2540,6 @@ pub fn check_recovery_bytes(data: &[u8]) -> Option<u64> {
     let options = Options::default().segment_bytes(1024);
     match open(&disk, options) {
         Ok(outbox) => {
-            check_recovery_cuts(&disk, outbox.recovery_report(), &files, &paths);
             let mut handed_out = 0;
             while let Ok(records) = outbox.claim(64) {
                 if records.is_empty() {
@@ -2548,7 +2547,11 @@ pub fn check_recovery_bytes(data: &[u8]) -> Option<u64> {
                 }
                 handed_out += records.len() as u64;
             }
+            // Checked once the writer has stopped: from the open on, it may
+            // delete the oldest segments, fully acknowledged (its first duty).
             let _ = outbox.close();
+            let deleted = outbox.stats().segments_deleted;
+            check_recovery_cuts(&disk, outbox.recovery_report(), &files, &paths, deleted);
             Some(handed_out)
         }
         Err(Error::Corrupt { .. } | Error::Io { .. } | Error::UnsupportedFormat { .. }) => None,
@@ -2915,7 +2918,10 @@ fn segment_names(disk: &SimDisk) -> Vec<String> {
 /// files (a newest file that provably holds nothing, leftovers below the log
 /// start), each one reported and each one proven segwal's by its bytes; cut a torn tail, reported, only from the newest file it
 /// keeps; and seal that file, cutting its preallocated space. Every other file
-/// stays, at least as long as it was. (The newest file it keeps may be an empty
+/// stays, at least as long as it was, but the oldest `writer_deleted` it
+/// kept: the writer, once the open had started it, deleted that many segments
+/// from the front of the log (fully acknowledged, each with a header that
+/// checks). (The newest file it keeps may be an empty
 /// segment, only zeros after its header, which becomes the active one again:
 /// then the file before it is the newest holding frames.)
 fn check_recovery_cuts(
@@ -2923,6 +2929,7 @@ fn check_recovery_cuts(
     report: &RecoveryReport,
     files: &[&[u8]],
     paths: &[InputFile],
+    writer_deleted: u64,
 ) {
     let removed = |p: &Path| report.removed.iter().any(|r| r == p);
     let kept: Vec<usize> = (0..paths.len())
@@ -2960,8 +2967,24 @@ fn check_recovery_cuts(
             path.display()
         );
     }
+    // The writer deletes segments from the front of the log, each with a
+    // header that checks, and counts them: at most that many of the oldest
+    // files recovery kept may be gone, and no later one.
+    let exists = |k: usize| crate::io::Storage::open(disk, &paths[k].path).is_ok();
+    let gone_front = kept.iter().take_while(|&&k| !exists(k)).count();
+    assert!(
+        gone_front as u64 <= writer_deleted,
+        "{gone_front} of the oldest segments gone, the writer deleted {writer_deleted}"
+    );
+    for &k in &kept[..gone_front] {
+        assert!(
+            crate::format::segment::SegmentHeader::decode(files[k]).is_ok(),
+            "the writer deleted {}, whose header does not check",
+            paths[k].path.display()
+        );
+    }
     for (k, InputFile { path, len }) in paths.iter().enumerate() {
-        if removed(path) || may_cut(k) {
+        if removed(path) || may_cut(k) || kept[..gone_front].contains(&k) {
             continue;
         }
         let now = crate::io::Storage::open(disk, path).map(|f| f.len().unwrap_or(0));

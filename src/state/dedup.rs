@@ -108,9 +108,14 @@ impl Dedup {
             + self.pinned.capacity() * 16) as u64
     }
 
-    /// The base of the ticks for a wall clock at `now_us`.
+    /// The base of the ticks for a wall clock at `now_us`: a whole number of
+    /// ticks since the epoch, so that every open, whatever its clock, counts
+    /// ticks on the same grid. A time rounded down to a tick (a tombstone's,
+    /// [`Dedup::carry`]) then reads back as the same time at the next open,
+    /// instead of losing up to another tick at each restart.
     fn base_for(window_us: u64, now_us: u64) -> u64 {
-        now_us.saturating_sub(window_us.saturating_add(DAY_US))
+        let base = now_us.saturating_sub(window_us.saturating_add(DAY_US));
+        base - base % TICK_US
     }
 
     /// Moves `base_us` when the wall clock at `now_us` left what ticks from
@@ -511,6 +516,39 @@ mod tests {
             );
             assert_eq!(s.carry(Seq::from(10), Seq::from(11), now).len(), 1);
         }
+    }
+
+    /// An id carried in a tombstone at every restart (its segment deleted,
+    /// the outbox closed and opened again, forty times, each open's clock
+    /// on another microsecond) keeps its append time to the tick: its window
+    /// does not shrink with the restarts.
+    #[test]
+    fn a_carried_time_reads_back_the_same_at_every_open() {
+        let window = MIN / 3;
+        let appended = 30_000_000 * MIN + 12_345;
+        let mut at = appended;
+        for k in 0..40u64 {
+            let now = appended + k * 100_003;
+            let mut s = Dedup::new(window, 100, now);
+            s.insert(d(1, 1), Seq::from(1), at, Seq::from(2 + k));
+            let carried = s.carry(Seq::from(3 + k), Seq::from(3 + k), now);
+            assert_eq!(carried.len(), 1, "open {k}: still in its window");
+            at = carried[0].appended_us;
+            assert!(
+                at <= appended && appended - at < TICK_US,
+                "open {k}: carried as {at}, appended at {appended}"
+            );
+        }
+        // Known until the end of its window, at the last open as at the first.
+        let s = {
+            let mut s = Dedup::new(window, 100, appended + window);
+            s.insert(d(1, 1), Seq::from(1), at, Seq::from(50));
+            s
+        };
+        assert_eq!(
+            s.check(d(1, 1), appended + window),
+            Seen::Duplicate(Seq::from(1))
+        );
     }
 
     #[test]

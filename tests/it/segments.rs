@@ -114,6 +114,35 @@ fn a_segment_is_deleted_once_fully_acknowledged_and_not_before() {
     );
 }
 
+/// A segment the open seals with every record in it acknowledged (the active
+/// segment at the close) goes once the outbox is open, with nothing appended,
+/// claimed or synced: an idle outbox does not keep it on disk.
+#[test]
+fn acknowledged_segments_an_open_finds_go_with_nothing_asked() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, Options::default()).expect("open");
+    for i in 0..100u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    let seqs: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+    assert_eq!(seqs.len(), 100);
+    outbox.ack_many(&seqs).expect("ack");
+    outbox.close().expect("close");
+    assert_eq!(segment_files(&dir).len(), 1);
+
+    let outbox = Outbox::open(&dir, Options::default()).expect("reopen");
+    // Sealed by the open, fully acknowledged, deleted by the writer alone.
+    eventually("the acknowledged segment deleted", || {
+        outbox.stats().segments == 1
+    });
+    assert_eq!(segment_files(&dir).len(), 1);
+    assert_eq!(outbox.stats().pending, 0);
+    assert_eq!(outbox.stats().segments_deleted, 1);
+    // Nothing comes back: every record was acknowledged before the close.
+    assert!(outbox.claim(10).expect("claim").is_empty());
+    outbox.close().expect("close");
+}
+
 #[test]
 fn segments_are_deleted_in_log_order() {
     let (_t, dir) = tmp();
