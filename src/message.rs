@@ -54,7 +54,11 @@ impl<'a> Message<'a> {
     }
 
     /// Not handed out before `at` (the wall clock; docs/GUARANTEES.md, section 9,
-    /// has the rule for a clock that steps).
+    /// has the rule for a clock that steps). Kept in microseconds since the
+    /// Unix epoch: a time before the epoch is kept as the epoch (no delay),
+    /// one past the year 584,000 as that year (held for ever), and
+    /// [`Record::not_before`](crate::Record::not_before) reads back what was
+    /// kept.
     pub fn not_before(mut self, at: SystemTime) -> Message<'a> {
         self.not_before = Some(at);
         self

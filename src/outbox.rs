@@ -794,18 +794,25 @@ impl Outbox {
         if bytes > max && messages.len() > 1 {
             return Err(Error::BatchTooLarge { len: bytes, max });
         }
+        // Ids as the writer sees them: a unique item's derived from its
+        // payload, which a caller may also give as an explicit id (it reads
+        // it back with `Record::dedup_id`).
         if messages.len() > 1
             && messages
                 .iter()
-                .filter(|m| m.dedup_id.is_some())
+                .filter(|m| m.dedup_id.is_some() || m.unique)
                 .nth(1)
                 .is_some()
         {
-            let mut seen: std::collections::HashMap<&[u8], &[u8]> =
+            let hasher = &self.handle.shared.hasher;
+            let mut seen: std::collections::HashMap<Vec<u8>, &[u8]> =
                 std::collections::HashMap::new();
             for m in messages {
-                let Some(id) = m.dedup_id else { continue };
-                if *seen.entry(id).or_insert(&m.payload) != &*m.payload {
+                let mut buf = [0u8; UNIQUE_ID_LEN];
+                let Some(id) = dedup_id(hasher, m, &mut buf) else {
+                    continue;
+                };
+                if *seen.entry(id.to_vec()).or_insert(&m.payload) != &*m.payload {
                     return Err(Error::InvalidMessage {
                         field: "dedup_id",
                         reason: format!(
@@ -944,9 +951,16 @@ impl Outbox {
         self.claim_bytes(max_records, u64::MAX)
     }
 
-    /// Like [`claim`](Outbox::claim), also stopping before the total payload
-    /// bytes exceed `max_bytes`; at least one record is returned when any is
-    /// pending, however large.
+    /// Like [`claim`](Outbox::claim), also stopping before the total bytes of
+    /// the records exceed `max_bytes`; at least one record is returned when
+    /// any is pending, however large. A record's bytes here are its payload
+    /// and the optional fields it was written with (its key, deduplication
+    /// id and not-before time; for a record carried forward, also its
+    /// delivery state and last reason): the claim weighs what the outbox
+    /// keeps in memory, frame lengths, not the payloads alone. So the
+    /// payloads handed out never total more than `max_bytes` (but for a
+    /// lone record larger than it), and records with optional fields come a
+    /// few fewer than their payloads alone would allow.
     pub fn claim_bytes(&self, max_records: usize, max_bytes: u64) -> Result<Vec<Record>> {
         let shared = &self.handle.shared;
         shared.check_open()?;

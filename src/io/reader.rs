@@ -82,7 +82,9 @@ impl Record {
     }
 
     /// The not-before time it was appended with
-    /// ([`Message::not_before`](crate::Message::not_before)), if any.
+    /// ([`Message::not_before`](crate::Message::not_before)), if any, to the
+    /// microsecond, as it was kept: the Unix epoch for a time before it, the
+    /// year 584,000 for one past it.
     pub fn not_before(&self) -> Option<SystemTime> {
         self.fields()
             .not_before_us

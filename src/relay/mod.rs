@@ -124,7 +124,8 @@ impl RelayOptions {
     /// `every` by `by` ([`Outbox::extend`]). Unless this is called, a third
     /// of the outbox's [`Options::lease`](crate::Options::lease) and the
     /// lease: 10 s and 30 s under the default lease of 30 s (so a long lease
-    /// is renewed as long, never cut short). `by` should exceed `every` by
+    /// is renewed as long, never cut short); under a lease of less than 3 ms,
+    /// every millisecond by 3 ms. `by` should exceed `every` by
     /// what a renewal may take. An `every` too long to represent as a
     /// deadline ([`Duration::MAX`]) renews nothing.
     pub fn renew_leases(mut self, every: Duration, by: Duration) -> RelayOptions {
@@ -233,11 +234,13 @@ impl<P: Publisher> Relay<P> {
     pub fn new(outbox: Outbox, publisher: P, mut options: RelayOptions) -> Relay<P> {
         // Renewals follow the outbox's lease: a third of it, by it. Shorter
         // ones would cut a long lease short; longer ones come after the lease
-        // ran out and renew nothing.
+        // ran out and renew nothing. Renewals come at most once a
+        // millisecond, so a lease under three renews by three intervals: by
+        // the lease alone, each would come as it runs out.
         let lease = outbox.lease();
         if !options.renew_set {
             options.renew_every = (lease / 3).max(Duration::from_millis(1));
-            options.renew_by = lease;
+            options.renew_by = lease.max(options.renew_every * 3);
         }
         let jitter = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -580,6 +583,20 @@ mod tests {
             let relay = Relay::new(outbox.clone(), publish, RelayOptions::default());
             let (e, b) = (relay.options.renew_every, relay.options.renew_by);
             assert_eq!((e.as_millis(), b), (every.as_millis(), lease));
+            drop(relay);
+            outbox.close().expect("close");
+        }
+        // The shortest leases `Options::lease` takes: each renewal, at most
+        // once a millisecond, comes well before the lease it renews runs out.
+        for (lease, by) in [(1, 3), (2, 3), (3, 3)] {
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let options = crate::Options::default().lease(Duration::from_millis(lease));
+            let outbox = Outbox::open(dir.path(), options).expect("open");
+            let publish = |_: &[Record]| Vec::new();
+            let relay = Relay::new(outbox.clone(), publish, RelayOptions::default());
+            let (e, b) = (relay.options.renew_every, relay.options.renew_by);
+            assert_eq!(e, Duration::from_millis(1), "lease {lease} ms");
+            assert_eq!(b, Duration::from_millis(by), "lease {lease} ms");
             drop(relay);
             outbox.close().expect("close");
         }

@@ -318,6 +318,64 @@ fn one_call_with_an_id_on_two_payloads_is_refused_and_a_full_message_fits_the_qu
     outbox.close().expect("close");
 }
 
+/// The same rule where one of the two is a unique item, whose id is derived
+/// from its payload and given explicitly to the other message (a caller
+/// that read it back with `Record::dedup_id`): the call is refused whole,
+/// and names no record. It was answered `Conflict` with a number planned in
+/// the refused call, never written, which the next append then took.
+#[test]
+fn one_call_giving_a_unique_items_id_to_another_payload_is_refused() {
+    let (_t, dir) = tmp();
+    // A window the first unique item leaves at once: nothing appended
+    // before holds the id when the call comes.
+    let options = options().dedup_window(Duration::from_millis(1));
+    let outbox = Outbox::open(&dir, options).expect("open");
+    outbox
+        .append_message(&Message::new(b"P").unique())
+        .expect("append");
+    let first = outbox.claim(1).expect("claim");
+    let id = first[0].dedup_id().expect("a unique item's id").to_vec();
+    outbox.ack(first[0].seq()).expect("ack");
+    std::thread::sleep(Duration::from_millis(50));
+    let last = outbox.stats().last_seq.expect("a record");
+    let call = [
+        Message::new(b"P").unique(),
+        Message::new(b"Q").dedup_id(&id),
+    ];
+    match outbox.append_messages(&call) {
+        Err(Error::InvalidMessage { field, reason }) => {
+            assert_eq!(field, "dedup_id");
+            assert!(reason.contains("unique:"), "{reason}");
+        }
+        other => panic!("expected InvalidMessage, got {other:?}"),
+    }
+    assert_eq!(outbox.stats().last_seq, Some(last), "nothing was written");
+    outbox.append(b"next").expect("append");
+    let payloads: Vec<Vec<u8>> = crate::drain_ack(&outbox);
+    assert_eq!(payloads, [b"next".to_vec()], "neither message was written");
+    // Either order, and with the id given first.
+    let reversed = [
+        Message::new(b"Q").dedup_id(&id),
+        Message::new(b"P").unique(),
+    ];
+    assert!(matches!(
+        outbox.append_messages(&reversed),
+        Err(Error::InvalidMessage {
+            field: "dedup_id",
+            ..
+        })
+    ));
+    // The same payload under both: one record.
+    let same = [
+        Message::new(b"P").unique(),
+        Message::new(b"P").dedup_id(&id),
+    ];
+    let got = outbox.append_messages(&same).expect("append_messages");
+    assert_eq!(got[0].seq, got[1].seq);
+    assert_eq!((got[0].duplicate, got[1].duplicate), (false, true));
+    outbox.close().expect("close");
+}
+
 /// A relay waiting in `claim_wait` for a key's next record is woken by the
 /// acknowledgement (or the dead letter) that passes the key's turn to it,
 /// not by the writer's next batch, which under a long sync interval and no
