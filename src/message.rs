@@ -56,7 +56,8 @@ impl<'a> Message<'a> {
     /// Not handed out before `at` (the wall clock; docs/GUARANTEES.md, section 9,
     /// has the rule for a clock that steps). Kept in microseconds since the
     /// Unix epoch: a time before the epoch is kept as the epoch (no delay),
-    /// one past the year 584,000 as that year (held for ever), and
+    /// one past `u64::MAX` microseconds after it (in the year 586,524) as
+    /// that time (held for ever), and
     /// [`Record::not_before`](crate::Record::not_before) reads back what was
     /// kept.
     pub fn not_before(mut self, at: SystemTime) -> Message<'a> {
@@ -65,7 +66,7 @@ impl<'a> Message<'a> {
     }
 
     /// Not handed out before `delay` from now: [`not_before`](Message::not_before)
-    /// of the wall clock plus `delay` (a delay past the year 584,000 is cut there).
+    /// of the wall clock plus `delay` (a delay past the year 586,524 is cut there).
     pub fn delay(self, delay: Duration) -> Message<'a> {
         let now = SystemTime::now();
         let at = now

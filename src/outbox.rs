@@ -323,7 +323,11 @@ impl Outbox {
     /// [`RecoveryMode`](crate::RecoveryMode)), and starts the writer thread. Fails
     /// with [`Error::Locked`] if another outbox has the directory open, in this
     /// process or another, and with [`Error::Corrupt`] if recovery finds damage it
-    /// may not repair.
+    /// may not repair. What the open itself writes (a torn tail cut, the seal
+    /// of the newest segment, the deletion of the segments it finds fully
+    /// acknowledged) fails it with the error of that write or sync
+    /// ([`Error::Io`] or [`Error::Poisoned`], naming the file); nothing after
+    /// it is written, and the next open recovers.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
@@ -473,26 +477,12 @@ impl Outbox {
             dedup,
             recovered.spare,
         )?;
-        // Segments the log starts with fully acknowledged (the one the open
-        // sealed, those a close or a crash left, those held for their ids) go
-        // now, not at the first request: an idle outbox would keep them.
-        writer.delete_at_open();
-        let core = Arc::new(Mutex::new(writer));
-        let thread_core = core.clone();
-        let ended = Arc::new(WriterEnd::default());
-        let thread_ended = ended.clone();
-        let thread = std::thread::Builder::new()
-            .name("segwal-writer".into())
-            .spawn(move || {
-                let outcome = writer::run(thread_core, thread_rx);
-                thread_ended.set(outcome.clone());
-                outcome
-            })
-            .map_err(|e| Error::io("spawn writer thread", &shared.dir, e))?;
-        trace_open(&shared.dir, &report);
         // Kept aside for the next open that finds the disk full. Where there
         // is no room for it, appends are refused until there is: what is left is the
-        // next open's (the writer tries again, `Writer::reserve_short`).
+        // next open's (the writer tries again, `Writer::reserve_short`). Made
+        // before the deletion below, so that on a full disk the deletion knows
+        // the reserve is missing: it removes the file instead of keeping it
+        // for recycling, and weighs a hold for ids as appends refused.
         let reserved = reserve::ensure(
             &*shared.storage,
             &shared.dir,
@@ -517,6 +507,28 @@ impl Outbox {
             }
             _ => {}
         }
+        // Segments the log starts with fully acknowledged (the one the open
+        // sealed, those a close or a crash left, those held for their ids) go
+        // now, not at the first request: an idle outbox would keep them. A
+        // failed write or sync there fails the open, as a failed seal does:
+        // nothing is written after it, and the next open recovers.
+        writer.delete_at_open();
+        if let Some(e) = shared.poison.get() {
+            return Err(e.clone());
+        }
+        let core = Arc::new(Mutex::new(writer));
+        let thread_core = core.clone();
+        let ended = Arc::new(WriterEnd::default());
+        let thread_ended = ended.clone();
+        let thread = std::thread::Builder::new()
+            .name("segwal-writer".into())
+            .spawn(move || {
+                let outcome = writer::run(thread_core, thread_rx);
+                thread_ended.set(outcome.clone());
+                outcome
+            })
+            .map_err(|e| Error::io("spawn writer thread", &shared.dir, e))?;
+        trace_open(&shared.dir, &report);
         Ok(Outbox {
             handle: Arc::new(Handle {
                 shared,
@@ -796,8 +808,11 @@ impl Outbox {
         }
         // Ids as the writer sees them: a unique item's derived from its
         // payload, which a caller may also give as an explicit id (it reads
-        // it back with `Record::dedup_id`).
+        // it back with `Record::dedup_id`). Unique items alone cannot clash
+        // (two payloads, two ids, but for a 64-bit collision): checked only
+        // where an id is given.
         if messages.len() > 1
+            && messages.iter().any(|m| m.dedup_id.is_some())
             && messages
                 .iter()
                 .filter(|m| m.dedup_id.is_some() || m.unique)
@@ -2036,8 +2051,10 @@ fn trace_open(_dir: &Path, _report: &RecoveryReport) {
 }
 
 /// Recovers the log of `dir` and writes the seal its newest segment lacks, if
-/// any (returning whether it did): everything an open writes before the writer
-/// starts, and may retry once the reserve gave its space.
+/// any (returning whether it did): what an open writes before the writer
+/// exists, and may retry once the reserve gave its space (the deletion of a
+/// fully acknowledged front comes after, by the writer's own code:
+/// `Writer::delete_at_open`).
 fn recover_and_seal(
     storage: &dyn Storage,
     dir: &Path,

@@ -512,11 +512,23 @@ fn inspect(v: &Verification) {
     }
 }
 
+/// The options of a command's open: the defaults, but for deduplication ids,
+/// kept as long and as many as any owner may keep them. An open deletes the
+/// segments it finds fully acknowledged, carrying the ids whose frames go into
+/// a tombstones frame; with the default window (10 minutes) it would carry
+/// only those, and the owner, reopened with a longer window, would forget the
+/// others (the owner's own window applies again at its next open).
+fn tool_options() -> segwal::Options {
+    segwal::Options::default()
+        .dedup_window(segwal::DEDUP_WINDOW_MAX)
+        .dedup_capacity(segwal::DEDUP_CAPACITY_MAX)
+}
+
 /// Opens the outbox for a command that changes it; the error says who
 /// holds it.
 fn open(dir: &std::path::Path) -> Result<segwal::Outbox, ExitCode> {
     an_outbox(dir)?;
-    segwal::Outbox::open(dir, segwal::Options::default()).map_err(|e| {
+    segwal::Outbox::open(dir, tool_options()).map_err(|e| {
         say_open_failed(dir, &e);
         ExitCode::from(2)
     })
@@ -938,7 +950,7 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         }
     }
     out.set("copied", copied.into());
-    let options = segwal::Options::default().recovery(segwal::RecoveryMode::Lossy);
+    let options = tool_options().recovery(segwal::RecoveryMode::Lossy);
     let outbox = match segwal::Outbox::open(&found.dir, options) {
         Ok(outbox) => outbox,
         Err(e) => {
@@ -1628,6 +1640,25 @@ fn output_failed(e: &std::io::Error) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A command's open deletes the acknowledged front it finds and carries
+    /// the ids it knows: it must know every id an owner may, whatever the
+    /// owner's window and capacity.
+    #[test]
+    fn a_commands_open_keeps_ids_as_long_as_any_owner() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let outbox = segwal::Outbox::open(dir.path(), tool_options()).expect("valid options");
+        outbox.close().expect("close");
+        let longer = tool_options()
+            .dedup_window(segwal::DEDUP_WINDOW_MAX + std::time::Duration::from_secs(1));
+        let more = tool_options().dedup_capacity(segwal::DEDUP_CAPACITY_MAX + 1);
+        for (beyond, what) in [(longer, "dedup_window"), (more, "dedup_capacity")] {
+            match segwal::Outbox::open(dir.path(), beyond) {
+                Err(segwal::Error::InvalidOption { name, .. }) => assert_eq!(name, what),
+                other => panic!("no owner keeps ids beyond {what}: {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn times_known_by_heart() {

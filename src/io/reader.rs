@@ -84,7 +84,7 @@ impl Record {
     /// The not-before time it was appended with
     /// ([`Message::not_before`](crate::Message::not_before)), if any, to the
     /// microsecond, as it was kept: the Unix epoch for a time before it, the
-    /// year 584,000 for one past it.
+    /// last microsecond of 64 bits (in the year 586,524) for one past it.
     pub fn not_before(&self) -> Option<SystemTime> {
         self.fields()
             .not_before_us

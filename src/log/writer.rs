@@ -1548,7 +1548,7 @@ impl Writer {
     /// waiting to be synced and writes small enough to want zeros ahead
     /// (below [`ZEROS_SKIPPED_FROM`]): the next batches would carry zeros. Never in a
     /// segment without frames: an outbox opened and left idle (a command
-    /// that only looks at it) writes nothing, and a crash during the zeros
+    /// that only looks at it) writes no zeros, and a crash during the zeros
     /// never leaves a torn tail in a segment that holds nothing. False again
     /// once [`Writer::zero_ahead_idle`] ran, whatever it managed, so an idle
     /// writer does not wake for it again and again.

@@ -124,8 +124,7 @@ impl RelayOptions {
     /// `every` by `by` ([`Outbox::extend`]). Unless this is called, a third
     /// of the outbox's [`Options::lease`](crate::Options::lease) and the
     /// lease: 10 s and 30 s under the default lease of 30 s (so a long lease
-    /// is renewed as long, never cut short); under a lease of less than 3 ms,
-    /// every millisecond by 3 ms. `by` should exceed `every` by
+    /// is renewed as long, never cut short; a lease of 1 ms every 333 µs). `by` should exceed `every` by
     /// what a renewal may take. An `every` too long to represent as a
     /// deadline ([`Duration::MAX`]) renews nothing.
     pub fn renew_leases(mut self, every: Duration, by: Duration) -> RelayOptions {
@@ -229,18 +228,22 @@ struct InFlight {
     stop: AtomicBool,
 }
 
+/// The shortest interval between renewals a relay takes by default (a third of
+/// a lease of 1 ms is 333 µs).
+const RENEW_EVERY_MIN: Duration = Duration::from_micros(100);
+
 impl<P: Publisher> Relay<P> {
     /// A relay of `outbox` into `publisher`.
     pub fn new(outbox: Outbox, publisher: P, mut options: RelayOptions) -> Relay<P> {
         // Renewals follow the outbox's lease: a third of it, by it. Shorter
         // ones would cut a long lease short; longer ones come after the lease
-        // ran out and renew nothing. Renewals come at most once a
-        // millisecond, so a lease under three renews by three intervals: by
-        // the lease alone, each would come as it runs out.
+        // ran out and renew nothing. A third of the shortest lease
+        // (`Options::lease` takes 1 ms) is a third of a millisecond: the
+        // first renewal must come before the claim's own lease runs out.
         let lease = outbox.lease();
         if !options.renew_set {
-            options.renew_every = (lease / 3).max(Duration::from_millis(1));
-            options.renew_by = lease.max(options.renew_every * 3);
+            options.renew_every = (lease / 3).max(RENEW_EVERY_MIN);
+            options.renew_by = lease;
         }
         let jitter = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -586,17 +589,18 @@ mod tests {
             drop(relay);
             outbox.close().expect("close");
         }
-        // The shortest leases `Options::lease` takes: each renewal, at most
-        // once a millisecond, comes well before the lease it renews runs out.
-        for (lease, by) in [(1, 3), (2, 3), (3, 3)] {
+        // The shortest leases `Options::lease` takes: renewed every third of
+        // the lease too, the first well before the claim's lease runs out
+        // (every millisecond, a 1 ms lease's first renewal came as it ran out).
+        for lease in [1, 2] {
             let dir = tempfile::tempdir().expect("temporary directory");
             let options = crate::Options::default().lease(Duration::from_millis(lease));
             let outbox = Outbox::open(dir.path(), options).expect("open");
             let publish = |_: &[Record]| Vec::new();
             let relay = Relay::new(outbox.clone(), publish, RelayOptions::default());
             let (e, b) = (relay.options.renew_every, relay.options.renew_by);
-            assert_eq!(e, Duration::from_millis(1), "lease {lease} ms");
-            assert_eq!(b, Duration::from_millis(by), "lease {lease} ms");
+            assert_eq!(e, Duration::from_millis(lease) / 3, "lease {lease} ms");
+            assert_eq!(b, Duration::from_millis(lease), "lease {lease} ms");
             drop(relay);
             outbox.close().expect("close");
         }

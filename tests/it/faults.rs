@@ -881,3 +881,65 @@ fn a_poisoned_outbox_keeps_no_changes_it_can_never_write() {
     );
     assert!(matches!(outbox.close(), Err(Error::Poisoned { .. })));
 }
+
+/// A fault at any write or sync of an open that deletes the fully
+/// acknowledged segment it finds (its log start, the fdatasync, the
+/// directory fsync) fails the open, as a fault of its seal does: no open
+/// answers Ok with an outbox already poisoned. Nothing is written after a
+/// failed sync, and the next open, after a crash or not, hands out no
+/// acknowledged record.
+#[test]
+fn a_fault_in_the_deletion_an_open_makes_fails_the_open() {
+    use segwal::sim::{CrashModel, Fault, FaultRule, SimDisk};
+    let open =
+        |d: &SimDisk| Outbox::open_with_storage("/outbox", Options::default(), Arc::new(d.clone()));
+    let base = SimDisk::new(7);
+    let outbox = open(&base).expect("open");
+    for i in 0..10u32 {
+        outbox.append(&i.to_le_bytes()).expect("append");
+    }
+    let seqs: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+    outbox.ack_many(&seqs).expect("ack");
+    outbox.close().expect("close");
+    let before = base.ops();
+    let traced = base.fork(1);
+    let reopened = open(&traced).expect("reopen");
+    assert_eq!(reopened.stats().segments_deleted, 1, "the open deletes it");
+    reopened.close().expect("close");
+    let steps = traced.ops() - before;
+    let mut refused = 0;
+    for k in 0..steps {
+        for fault in [Fault::WriteEio, Fault::SyncEio, Fault::SyncDirEio] {
+            let d = base.fork(2 + k);
+            d.inject(FaultRule {
+                fault,
+                at_op: before + k,
+                persistent: false,
+            });
+            let opened = open(&d);
+            if d.stats().faults_injected == 0 {
+                continue;
+            }
+            match opened {
+                Ok(outbox) => {
+                    assert!(
+                        !outbox.stats().poisoned,
+                        "step {k}, {fault:?}: Ok, poisoned"
+                    );
+                    outbox.close().expect("close");
+                }
+                Err(_) => refused += 1,
+            }
+            d.clear_faults();
+            assert_eq!(d.stats().writes_after_failed_sync, 0, "step {k}, {fault:?}");
+            d.crash(CrashModel::default());
+            let again = open(&d).expect("the next open recovers");
+            assert!(
+                again.claim(100).expect("claim").is_empty(),
+                "step {k}, {fault:?}"
+            );
+            again.close().expect("close");
+        }
+    }
+    assert!(refused > 0, "no fault reached a step of the open");
+}

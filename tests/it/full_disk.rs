@@ -264,3 +264,45 @@ fn a_nearly_full_disk_keeps_the_reserve_at_open() {
     assert_eq!(drain(&outbox).len(), 3);
     outbox.close().expect("close");
 }
+
+/// An open on a full disk that finds its newest segment fully acknowledged
+/// deletes it, and removes the file: the reserve is missing, so no deleted
+/// segment is kept for recycling (docs/GUARANTEES.md, section 5), and the
+/// space it frees makes the reserve again at the next append.
+#[test]
+fn a_full_disk_open_removes_the_acknowledged_segment_it_deletes() {
+    let options = Options::default()
+        .segment_bytes(64 * 1024)
+        .min_free_disk_bytes(0);
+    for reserves in [true, false] {
+        let disk = Capped {
+            reserves,
+            ..Capped::new(6, true)
+        };
+        let outbox = disk.open(&options).expect("open");
+        for i in 0..3 {
+            outbox.append(&payload(i, 15_000)).expect("append");
+        }
+        let seqs: Vec<Seq> = drain(&outbox).iter().map(|r| r.seq()).collect();
+        outbox.ack_many(&seqs).expect("ack");
+        outbox.close().expect("close");
+        disk.leave(0);
+        let outbox = disk.open(&options).expect("reopen on a full disk");
+        assert!(
+            outbox.recovery_report().reserve_released,
+            "reserves {reserves}"
+        );
+        let stats = outbox.stats();
+        assert_eq!(stats.segments_deleted, 1, "reserves {reserves}: {stats:?}");
+        let files = disk.files();
+        assert!(
+            files.iter().all(|(name, _)| !name.ends_with(".free")),
+            "reserves {reserves}: a deleted segment kept on a full disk: {files:?}"
+        );
+        assert!(stats.reserve_missing, "reserves {reserves}");
+        // The space freed makes the reserve again, and appends go on.
+        outbox.append(b"after").expect("append");
+        assert!(!outbox.stats().reserve_missing, "reserves {reserves}");
+        outbox.close().expect("close");
+    }
+}

@@ -336,7 +336,9 @@ fn one_call_giving_a_unique_items_id_to_another_payload_is_refused() {
     let first = outbox.claim(1).expect("claim");
     let id = first[0].dedup_id().expect("a unique item's id").to_vec();
     outbox.ack(first[0].seq()).expect("ack");
-    std::thread::sleep(Duration::from_millis(50));
+    // Out of the window: ids are timed to the sixteenth of a second, and
+    // kept a tick past the window.
+    std::thread::sleep(Duration::from_millis(300));
     let last = outbox.stats().last_seq.expect("a record");
     let call = [
         Message::new(b"P").unique(),
