@@ -1922,12 +1922,19 @@ fn crash_snapshot(
     let mut rng = Rng::new(seed ^ point ^ (draw << 40));
     d.crash(crash_model(&mut rng));
     let mut crashed = false;
-    if rng.chance(30) {
-        // Within the open's own writes: the cut of a torn tail, the seal,
-        // the new segment, and the deletion of a fully acknowledged front
-        // (its log start, zeros, fdatasync, removal or rename, directory
-        // fsync) reach past the twelfth.
-        d.crash_at(Some(d.ops() + rng.below(24)));
+    // Within the open's own writes: its first twelve (the cut of a torn
+    // tail, the seal, the new segment) as often as ever, and the next twelve
+    // (the deletion of a fully acknowledged front: its log start, zeros,
+    // fdatasync, removal or rename, directory fsync) besides.
+    let within = if rng.chance(30) {
+        Some(rng.below(12))
+    } else if rng.chance(15) {
+        Some(12 + rng.below(12))
+    } else {
+        None
+    };
+    if let Some(step) = within {
+        d.crash_at(Some(d.ops() + step));
         if let Ok(o) = open(&d, options.clone()) {
             let _ = o.close();
         }
