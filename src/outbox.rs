@@ -477,12 +477,34 @@ impl Outbox {
             dedup,
             recovered.spare,
         )?;
+        // Segments the log starts with fully acknowledged (the one the open
+        // sealed, those a close or a crash left, those held for their ids) go
+        // now, not at the first request: an idle outbox would keep them. A
+        // failed write or sync there fails the open, as a failed seal does:
+        // nothing is written after it, and the next open recovers.
+        writer.delete_at_open();
+        if let Some(e) = shared.poison.get() {
+            return Err(e.clone());
+        }
+        let core = Arc::new(Mutex::new(writer));
+        let thread_core = core.clone();
+        let ended = Arc::new(WriterEnd::default());
+        let thread_ended = ended.clone();
+        let thread = std::thread::Builder::new()
+            .name("segwal-writer".into())
+            .spawn(move || {
+                let outcome = writer::run(thread_core, thread_rx);
+                thread_ended.set(outcome.clone());
+                outcome
+            })
+            .map_err(|e| Error::io("spawn writer thread", &shared.dir, e))?;
+        trace_open(&shared.dir, &report);
         // Kept aside for the next open that finds the disk full. Where there
         // is no room for it, appends are refused until there is: what is left is the
         // next open's (the writer tries again, `Writer::reserve_short`). Made
-        // before the deletion below, so that on a full disk the deletion knows
-        // the reserve is missing: it removes the file instead of keeping it
-        // for recycling, and weighs a hold for ids as appends refused.
+        // after the deletion above: made first, a missing reserve would have
+        // the deletion weigh its hold for ids as appends refused, and write
+        // tombstones a nearly full disk may not have room for.
         let reserved = reserve::ensure(
             &*shared.storage,
             &shared.dir,
@@ -507,28 +529,6 @@ impl Outbox {
             }
             _ => {}
         }
-        // Segments the log starts with fully acknowledged (the one the open
-        // sealed, those a close or a crash left, those held for their ids) go
-        // now, not at the first request: an idle outbox would keep them. A
-        // failed write or sync there fails the open, as a failed seal does:
-        // nothing is written after it, and the next open recovers.
-        writer.delete_at_open();
-        if let Some(e) = shared.poison.get() {
-            return Err(e.clone());
-        }
-        let core = Arc::new(Mutex::new(writer));
-        let thread_core = core.clone();
-        let ended = Arc::new(WriterEnd::default());
-        let thread_ended = ended.clone();
-        let thread = std::thread::Builder::new()
-            .name("segwal-writer".into())
-            .spawn(move || {
-                let outcome = writer::run(thread_core, thread_rx);
-                thread_ended.set(outcome.clone());
-                outcome
-            })
-            .map_err(|e| Error::io("spawn writer thread", &shared.dir, e))?;
-        trace_open(&shared.dir, &report);
         Ok(Outbox {
             handle: Arc::new(Handle {
                 shared,
