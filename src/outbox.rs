@@ -241,7 +241,9 @@ pub struct Stats {
     /// docs/FORMAT.md, "Tombstones frames"). Zero
     /// unless the ids in the window take more than a quarter of the segments
     /// a deletion frees; their bytes are at most about five times the ids in
-    /// the window × 32 bytes, plus two segments.
+    /// the window × 32 bytes, plus two segments. Also counts a deletion that
+    /// waits because its tombstones do not fit in the disk's free space
+    /// (then without that bound: it goes once space is freed).
     pub held_for_ids: usize,
     /// Sealed segments still on disk because some of their records are not
     /// acknowledged: those a relay has yet to read, and those kept by a few
@@ -327,7 +329,12 @@ impl Outbox {
     /// of the newest segment, the deletion of the segments it finds fully
     /// acknowledged) fails it with the error of that write or sync
     /// ([`Error::Io`] or [`Error::Poisoned`], naming the file); nothing after
-    /// it is written, and the next open recovers.
+    /// it is written, and the next open recovers. On a full disk the open
+    /// takes the space of its `RESERVE` file and of a deleted segment kept
+    /// for recycling; a deletion whose tombstones (the deduplication ids it
+    /// must keep) do not fit in the space left waits
+    /// ([`Stats::held_for_ids`](crate::Stats::held_for_ids)) rather than
+    /// fail the open.
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {
@@ -393,13 +400,17 @@ impl Outbox {
         let mut effects = recovery::apply::Effects::default();
         let first = recover_and_seal(&*storage, &dir, &options, preallocate, &mut effects);
         let (recovered, sealed) = match first {
-            Err(e) if e.is_no_space() && reserve::release(&*storage, &dir).unwrap_or(false) => {
-                // A file kept for recycling goes too: its space is this
-                // outbox's, and the open needs it more.
+            Err(e) if e.is_no_space() => {
+                // Tried again with nothing reserved ahead, and a file kept
+                // for recycling removed: its space is this outbox's, and the
+                // open needs it more. So even without a reserve (one this
+                // outbox could not make at its last open, on a disk as full),
+                // a spare's space opens it.
+                let released = reserve::release(&*storage, &dir).unwrap_or(false);
                 let tight = options.clone().recycle_segments(false);
                 let (mut again, sealed) =
                     recover_and_seal(&*storage, &dir, &tight, 0, &mut effects)?;
-                again.report.reserve_released = true;
+                again.report.reserve_released = released;
                 (again, sealed)
             }
             // The empty newest segment, the writer's again, could not be

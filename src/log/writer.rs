@@ -2140,7 +2140,7 @@ impl Writer {
         let bound = (carried * TOMBSTONE_BYTES)
             .saturating_mul(HOLD_RATIO + 1)
             .saturating_add(self.shared.options.segment_bytes.saturating_mul(2));
-        let hold = carried > most && disk <= bound;
+        let hold = (carried > most && disk <= bound) || !self.stones_fit(carried);
         let held = hold.then(|| {
             let keep = usize::try_from(most).unwrap_or(usize::MAX);
             let wait_us = self
@@ -2156,6 +2156,58 @@ impl Writer {
         });
         self.set_held(held);
         hold
+    }
+
+    /// Whether the tombstones of `carried` ids, written before the deletion
+    /// frees anything, fit in the space left: what the active segment
+    /// reserved past its frames, and the file system's free bytes. A
+    /// deletion whose tombstones do not fit waits ([`Writer::hold_deletion`],
+    /// weighed again by the timer), for its write would fail and poison the
+    /// outbox, and at an open fail that open and every later one on the
+    /// same disk. A file kept for recycling goes first (its space is free
+    /// space the deletion may need). True where the file system cannot
+    /// tell its free bytes: the write then decides, as before.
+    fn stones_fit(&mut self, carried: u64) -> bool {
+        if carried == 0 {
+            return true;
+        }
+        let frames = carried.div_ceil(TOMBSTONES_PER_FRAME as u64);
+        let need = (carried * TOMBSTONE_BYTES)
+            .saturating_add(frames.saturating_mul(STONES_FRAME_SLACK))
+            .saturating_add(STONES_WRITE_SLACK);
+        let reserved = self.active.room.saturating_sub(self.active.len);
+        if need <= reserved {
+            return true;
+        }
+        let ask = |w: &Writer| w.shared.storage.free_bytes(&w.shared.dir).ok().flatten();
+        let Some(mut free) = ask(self) else {
+            return true;
+        };
+        if reserved.saturating_add(free) < need
+            && let Some(spare) = self.spare.take()
+        {
+            let _removed = self.shared.storage.remove(&spare);
+            crate::event!(
+                info,
+                path = %spare.display(),
+                removed = _removed.is_ok(),
+                "file kept for recycling removed to make room for tombstones"
+            );
+            self.free_checked = None;
+            free = ask(self).unwrap_or(free);
+        }
+        let fits = reserved.saturating_add(free) >= need;
+        if !fits {
+            crate::event!(
+                warn,
+                dir = %self.shared.dir.display(),
+                tombstones = carried,
+                need,
+                free,
+                "deletion waits: its tombstones do not fit in the space left"
+            );
+        }
+        fits
     }
 
     /// How short space is, with `free` the file system's free bytes (if
@@ -2480,6 +2532,15 @@ impl Held {
         self.front == front && self.segments == table.segment_count()
     }
 }
+
+/// Room counted for each tombstones frame's header and padding, for
+/// [`Writer::stones_fit`].
+const STONES_FRAME_SLACK: u64 = 8 << 10;
+
+/// Room counted for the rest of a deletion's write (its `LogStart` frame,
+/// the block of the sync group written again, a checkpoint), for
+/// [`Writer::stones_fit`].
+const STONES_WRITE_SLACK: u64 = 64 << 10;
 
 /// Tombstones per frame (2 MiB of entries).
 const TOMBSTONES_PER_FRAME: usize = 1 << 16;

@@ -264,3 +264,162 @@ fn a_nearly_full_disk_keeps_the_reserve_at_open() {
     assert_eq!(drain(&outbox).len(), 3);
     outbox.close().expect("close");
 }
+
+impl Capped {
+    /// A copy of the disk as it is now, with a capacity of its own.
+    fn fork(&self, seed: u64) -> Capped {
+        Capped {
+            disk: self.disk.fork(seed),
+            cap: Arc::new(AtomicU64::new(u64::MAX)),
+            tells_free: self.tells_free,
+            reserves: self.reserves,
+        }
+    }
+}
+
+/// Appends `n` records, each with the id `id-{i}`, in calls of 500.
+fn append_with_ids(outbox: &Outbox, n: usize) -> Vec<Seq> {
+    let mut seqs = Vec::new();
+    for from in (0..n).step_by(500) {
+        let pays: Vec<Vec<u8>> = (from..n.min(from + 500)).map(|i| payload(i, 150)).collect();
+        let ids: Vec<String> = (from..n.min(from + 500))
+            .map(|i| format!("id-{i}"))
+            .collect();
+        let msgs: Vec<segwal::Message> = pays
+            .iter()
+            .zip(&ids)
+            .map(|(p, id)| segwal::Message::new(p).dedup_id(id.as_bytes()))
+            .collect();
+        let appended = outbox.append_messages(&msgs).expect("append");
+        seqs.extend(appended.iter().map(|a| a.seq));
+    }
+    seqs
+}
+
+/// Whether the record `i` of [`append_with_ids`], appended again, is
+/// answered as the duplicate of `seq`.
+fn known(outbox: &Outbox, i: usize, seq: Seq) -> bool {
+    let id = format!("id-{i}");
+    let p = payload(i, 150);
+    let again = outbox
+        .append_message(&segwal::Message::new(&p).dedup_id(id.as_bytes()))
+        .expect("append again");
+    again.duplicate && again.seq == seq
+}
+
+/// An open finds its one segment fully acknowledged (the open seals it) and
+/// deletes it, first writing its 20,000 ids into tombstones (about 640 KB),
+/// on a disk with 320 to 576 KiB left (room for the seal, not for the
+/// tombstones). The deletion
+/// waits instead of failing (it failed the open, and every open after it,
+/// on the same disk); the ids stay known; once space is back, the timer lets
+/// the deletion through, and the ids are still known after a reopen.
+#[test]
+fn an_open_holds_a_deletion_whose_tombstones_do_not_fit() {
+    let options = Options::default()
+        .segment_bytes(8 << 20)
+        .min_free_disk_bytes(0);
+    let disk = Capped::new(17, true);
+    let outbox = disk.open(&options).expect("open");
+    let n = 20_000;
+    let seqs = append_with_ids(&outbox, n);
+    assert_eq!(drain(&outbox).len(), n);
+    outbox.ack_many(&seqs).expect("ack");
+    outbox.close().expect("close");
+    let segments = |d: &Capped| -> Vec<String> {
+        let files = d.files().into_iter().map(|f| f.0);
+        files.filter(|f| f.ends_with(".seg")).collect()
+    };
+    let first = segments(&disk);
+    assert_eq!(first.len(), 1, "the records filled one segment");
+    let mut held = 0;
+    let rooms = [320u64 << 10, 576 << 10];
+    for (k, (room, reserve)) in rooms
+        .into_iter()
+        .flat_map(|room| [(room, true), (room, false)])
+        .enumerate()
+    {
+        let what = format!("room {room}, reserve {reserve}");
+        let d = disk.fork(100 + k as u64);
+        if !reserve {
+            // As after an open on a disk too full to make it.
+            d.disk
+                .remove(&Path::new(DIR).join("RESERVE"))
+                .expect("remove");
+        }
+        d.leave(room);
+        // Held, or through where the reserve's space took the tombstones
+        // (the next open then finds the segment of those tombstones, its
+        // deletion held for them).
+        for round in 0..2 {
+            let outbox = d
+                .open(&options)
+                .unwrap_or_else(|e| panic!("{what}, open {round}: {e}"));
+            let stats = outbox.stats();
+            assert!(!stats.poisoned, "{what}");
+            assert_eq!(
+                stats.segments_deleted as usize + stats.held_for_ids,
+                1,
+                "{what}"
+            );
+            if round == 0 {
+                held += stats.held_for_ids;
+            }
+            assert!(known(&outbox, 3, seqs[3]), "{what}");
+            outbox.close().expect("close");
+        }
+        // Space comes back: the deletion goes through.
+        d.cap.store(u64::MAX, Ordering::SeqCst);
+        let outbox = d.open(&options).expect("open with room");
+        crate::eventually("the held deletion goes through", || {
+            !segments(&d).contains(&first[0])
+        });
+        assert!(known(&outbox, 77, seqs[77]), "{what}");
+        outbox.close().expect("close");
+        let outbox = d.open(&options).expect("reopen");
+        assert!(known(&outbox, n - 1, seqs[n - 1]), "{what}");
+        assert!(drain(&outbox).is_empty(), "{what}");
+        outbox.close().expect("close");
+    }
+    assert!(held >= 4, "{held} opens held the deletion");
+}
+
+/// A disk so full that an open cannot seal its newest segment, with no
+/// reserve to release (an earlier open on a disk as full could not make
+/// one) but a file kept for recycling: the open removes that file and
+/// opens (it failed with ENOSPC, at every open, while the spare held tens
+/// of MiB).
+#[test]
+fn a_full_disk_without_a_reserve_opens_through_the_file_kept_for_recycling() {
+    let options = Options::default()
+        .segment_bytes(2 << 20)
+        .min_free_disk_bytes(0);
+    let disk = Capped::new(19, true);
+    let outbox = disk.open(&options).expect("open");
+    // Three segments' worth: the first, acknowledged, is kept for recycling.
+    let seqs: Vec<Seq> = (0..60)
+        .map(|i| outbox.append(&payload(i, 100_000)).expect("append"))
+        .collect();
+    let claimed: Vec<Seq> = drain(&outbox).iter().map(segwal::Record::seq).collect();
+    assert_eq!(claimed, seqs);
+    outbox.ack_many(&seqs[..30]).expect("ack");
+    crate::eventually("the first segment kept for recycling", || {
+        disk.files().iter().any(|f| f.0.ends_with(".free"))
+    });
+    outbox.close().expect("close");
+    disk.disk
+        .remove(&Path::new(DIR).join("RESERVE"))
+        .expect("remove the reserve");
+    let mut opened = 0;
+    for room in (0..(2u64 << 20)).step_by(64 << 10) {
+        let d = disk.fork(room);
+        d.leave(room);
+        let what = format!("room {room}, files {:?}", d.files());
+        let outbox = d.open(&options).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let got: Vec<Seq> = drain(&outbox).iter().map(segwal::Record::seq).collect();
+        assert_eq!(got, seqs[30..], "{what}");
+        outbox.close().expect("close");
+        opened += 1;
+    }
+    assert_eq!(opened, 32);
+}
