@@ -522,9 +522,15 @@ impl Outbox {
             reserve::size(shared.options.segment_bytes),
         );
         match reserved {
-            Err(e) if reserve::is_no_space(&e) => shared
-                .reserve_missing
-                .store(true, std::sync::atomic::Ordering::Relaxed),
+            Err(e) if reserve::is_no_space(&e) => {
+                shared
+                    .reserve_missing
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                // A segment the deletion above kept for recycling holds
+                // space the reserve needs more: it goes now, not at the
+                // first append, and the reserve is tried again.
+                core.lock().reserve_at_open();
+            }
             // Not segwal's to write (a link, another name of a file):
             // left as it is, and no space kept.
             Err(e)

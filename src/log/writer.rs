@@ -476,6 +476,17 @@ impl Writer {
         self.delete_finished();
     }
 
+    /// Called by an open that could not make its reserve for want of
+    /// space: where the open's deletion kept a file for recycling, removes
+    /// it and makes the reserve with its space ([`Writer::reserve_short`]),
+    /// rather than at the first append.
+    pub(crate) fn reserve_at_open(&mut self) {
+        if self.spare.is_some() {
+            self.reserve_tried = None;
+            let _ = self.reserve_short();
+        }
+    }
+
     /// Answers what a panic (a bug) interrupted: the outbox is poisoned and
     /// the batch in flight fails with that error. Returns the error.
     fn panicked(&mut self) -> Error {

@@ -423,3 +423,43 @@ fn a_full_disk_without_a_reserve_opens_through_the_file_kept_for_recycling() {
     }
     assert_eq!(opened, 32);
 }
+
+/// A full disk, an open that releases the reserve, and a fully acknowledged
+/// segment the open deletes: that segment's space makes the reserve again
+/// at once. (The open kept it for recycling, the reserve missing, until the
+/// first append; an idle outbox kept a segment's space from the next open.)
+#[test]
+fn a_full_disk_open_makes_its_reserve_from_the_segment_it_deletes() {
+    let options = Options::default()
+        .segment_bytes(64 * 1024)
+        .min_free_disk_bytes(0);
+    for (tells_free, reserves) in [(true, true), (false, true), (true, false)] {
+        let what = format!("tells free {tells_free}, reserves {reserves}");
+        let disk = Capped {
+            reserves,
+            ..Capped::new(6, tells_free)
+        };
+        let outbox = disk.open(&options).expect("open");
+        for i in 0..3 {
+            outbox.append(&payload(i, 15_000)).expect("append");
+        }
+        let seqs: Vec<Seq> = drain(&outbox).iter().map(segwal::Record::seq).collect();
+        outbox.ack_many(&seqs).expect("ack");
+        outbox.close().expect("close");
+        disk.leave(0);
+        let outbox = disk.open(&options).expect("open on the full disk");
+        let report = outbox.recovery_report();
+        assert!(report.reserve_released, "{what}");
+        let stats = outbox.stats();
+        assert_eq!(stats.segments_deleted, 1, "{what}");
+        assert!(!stats.reserve_missing, "{what}");
+        let files = disk.files();
+        assert!(
+            !files.iter().any(|f| f.0.ends_with(".free")),
+            "{what}: {files:?}"
+        );
+        assert!(files.iter().any(|f| f.0 == "RESERVE"), "{what}: {files:?}");
+        outbox.append(b"after").expect("append");
+        outbox.close().expect("close");
+    }
+}
