@@ -410,6 +410,11 @@ impl Outbox {
                 let tight = options.clone().recycle_segments(false);
                 let (mut again, sealed) =
                     recover_and_seal(&*storage, &dir, &tight, 0, &mut effects)?;
+                // The second try took back the space the first reserved in
+                // the empty newest segment (`recovery::apply::reuse`), for
+                // the seal first: what is left goes back to that segment,
+                // where the drain writes, before the reserve is made again.
+                let _ = again.active.segment.file.allocate(preallocate);
                 again.report.reserve_released = released;
                 (again, sealed)
             }

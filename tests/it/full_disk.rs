@@ -463,3 +463,46 @@ fn a_full_disk_open_makes_its_reserve_from_the_segment_it_deletes() {
         outbox.close().expect("close");
     }
 }
+
+/// More free space never fails an open that less lets through. A disk with
+/// neither a reserve nor a file kept for recycling, whose open must seal a
+/// segment of 20,000 records (an index of about 160 KB): with a little over
+/// 4 MiB free, the new segment's first allocation took the space and the
+/// seal failed, at every open, where with less free the allocation failed
+/// and the seal fit.
+#[test]
+fn more_free_space_never_fails_an_open() {
+    let options = Options::default()
+        .segment_bytes(8 << 20)
+        .min_free_disk_bytes(0)
+        .recycle_segments(false);
+    let disk = Capped::new(23, true);
+    let outbox = disk.open(&options).expect("open");
+    let payloads: Vec<Vec<u8>> = (0..20_000).map(|i| payload(i, 40)).collect();
+    for chunk in payloads.chunks(1000) {
+        outbox.append_batch(chunk).expect("append");
+    }
+    outbox.close().expect("close");
+    disk.disk
+        .remove(&Path::new(DIR).join("RESERVE"))
+        .expect("remove the reserve");
+    let mut first_open = None;
+    for room in (0..(6u64 << 20)).step_by(128 << 10) {
+        let d = disk.fork(room);
+        d.leave(room);
+        let opened = d.open(&options);
+        match (&opened, first_open) {
+            (Ok(_), None) => first_open = Some(room),
+            (Err(e), Some(from)) => panic!("room {room}: {e} (it opened with {from} free)"),
+            _ => {}
+        }
+        if let Ok(outbox) = opened {
+            assert_eq!(drain(&outbox).len(), 20_000, "room {room}");
+            outbox.close().expect("close");
+        }
+    }
+    assert!(
+        first_open.is_some_and(|room| room < 1 << 20),
+        "{first_open:?}"
+    );
+}

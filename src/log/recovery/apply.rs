@@ -18,7 +18,7 @@ use super::{Recovered, RecoveredSegment};
 use crate::error::{Error, Result};
 use crate::format::frame;
 use crate::format::seal;
-use crate::format::segment::FRAMES_AT;
+use crate::format::segment::{BLOCK, FRAMES_AT};
 use crate::io::Storage;
 use crate::io::segment_file::{self, FreshSegment, PendingSeal, SegmentFile, Successor};
 
@@ -265,6 +265,18 @@ fn reuse(
     // every reopen would answer its first write with a full disk: said, so
     // that the open gives it the reserve's space.
     let segment = opened.open(storage)?;
+    // An open's second try on a full disk reserves nothing ahead (its
+    // `preallocate` is 0): the space its first try reserved in this segment,
+    // made for it, goes back, for the seal of the segment before it.
+    // Only zeros lie past the header of an empty segment.
+    if preallocate == 0
+        && segment
+            .file
+            .len()
+            .is_ok_and(|len| len > (FRAMES_AT + BLOCK) as u64)
+    {
+        let _ = segment.file.set_len(FRAMES_AT as u64);
+    }
     let _ = segment.file.allocate(preallocate);
     if !room_for_a_block(&*segment.file) {
         effects.active_without_room = true;
@@ -291,7 +303,6 @@ fn reuse(
 /// `allocate` then does nothing), written as zeros. False only when that
 /// fails for want of space.
 fn room_for_a_block(file: &dyn crate::io::StorageFile) -> bool {
-    use crate::format::segment::BLOCK;
     use crate::io::reserve::is_no_space;
     let end = (FRAMES_AT + BLOCK) as u64;
     match file.allocate(end) {
