@@ -2151,13 +2151,20 @@ impl Writer {
         let bound = (carried * TOMBSTONE_BYTES)
             .saturating_mul(HOLD_RATIO + 1)
             .saturating_add(self.shared.options.segment_bytes.saturating_mul(2));
-        let hold = (carried > most && disk <= bound) || !self.stones_fit(carried);
+        let for_ids = carried > most && disk <= bound;
+        // Held for space, it is weighed again within a second, whatever the
+        // ids' window says: space may come back sooner.
+        let for_space = !for_ids && !self.stones_fit(carried);
+        let hold = for_ids || for_space;
         let held = hold.then(|| {
             let keep = usize::try_from(most).unwrap_or(usize::MAX);
-            let wait_us = self
-                .dedup
-                .carry_shrinks_at(new_start, now, keep)
-                .saturating_sub(now);
+            let wait_us = if for_space {
+                0
+            } else {
+                self.dedup
+                    .carry_shrinks_at(new_start, now, keep)
+                    .saturating_sub(now)
+            };
             Held {
                 front: (count, new_start),
                 segments,
