@@ -243,7 +243,9 @@ pub struct Stats {
     /// a deletion frees; their bytes are at most about five times the ids in
     /// the window × 32 bytes, plus two segments. Also counts a deletion that
     /// waits because its tombstones do not fit in the disk's free space
-    /// (then without that bound: it goes once space is freed).
+    /// (then without that bound: it goes once enough space is freed; asked
+    /// only where [`min_free_disk_bytes`](crate::Options::min_free_disk_bytes)
+    /// is above 0).
     pub held_for_ids: usize,
     /// Sealed segments still on disk because some of their records are not
     /// acknowledged: those a relay has yet to read, and those kept by a few
@@ -332,9 +334,10 @@ impl Outbox {
     /// it is written, and the next open recovers. On a full disk the open
     /// takes the space of its `RESERVE` file and of a deleted segment kept
     /// for recycling; a deletion whose tombstones (the deduplication ids it
-    /// must keep) do not fit in the space left waits
+    /// must keep) do not fit in the free space waits
     /// ([`Stats::held_for_ids`](crate::Stats::held_for_ids)) rather than
-    /// fail the open.
+    /// fail the open (where free space is asked: `min_free_disk_bytes`
+    /// above 0).
     ///
     /// ```
     /// # fn main() -> segwal::Result<()> {

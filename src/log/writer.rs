@@ -1430,6 +1430,12 @@ impl Writer {
             .free_bytes(&self.shared.dir)
             .ok()
             .flatten();
+        // Space freed goes to a deletion waiting for room for its
+        // tombstones first (the timer weighs it again within a second):
+        // that deletion frees more than it writes, the reserve only takes.
+        if self.held.as_ref().is_some_and(|h| h.for_space) {
+            return Some(free.unwrap_or(0));
+        }
         // Paced even when the file system says it has the room: a try can
         // fail all the same (the room fragmented, or kept for the superuser).
         let due = self.reserve_tried.is_none_or(|at| {
@@ -2063,7 +2069,7 @@ impl Writer {
         {
             return;
         }
-        self.set_held(None);
+        // The deletion held until now counts as held until it is done.
         if self.write_log_start(new_start).is_err() {
             return;
         }
@@ -2097,6 +2103,7 @@ impl Writer {
         Counters::add(&self.shared.counters.fsyncs, 1);
         self.shared.table.lock().remove_front(count);
         Counters::add(&self.shared.counters.segments_deleted, count as u64);
+        self.set_held(None);
         // The space freed may hold the missing reserve: the next append tries.
         self.reserve_tried = None;
     }
@@ -2156,6 +2163,14 @@ impl Writer {
         // ids' window says: space may come back sooner.
         let for_space = !for_ids && !self.stones_fit(carried);
         let hold = for_ids || for_space;
+        if for_space && !self.held.as_ref().is_some_and(|h| h.for_space) {
+            crate::event!(
+                warn,
+                dir = %self.shared.dir.display(),
+                tombstones = carried,
+                "deletion waits: its tombstones do not fit in the space left"
+            );
+        }
         let held = hold.then(|| {
             let keep = usize::try_from(most).unwrap_or(usize::MAX);
             let wait_us = if for_space {
@@ -2170,21 +2185,28 @@ impl Writer {
                 segments,
                 pressure,
                 recheck: Instant::now() + Duration::from_micros(wait_us).max(HOLD_RECHECK),
+                for_space,
             }
         });
-        self.set_held(held);
+        if hold {
+            self.set_held(held);
+        }
         hold
     }
 
     /// Whether the tombstones of `carried` ids, written before the deletion
-    /// frees anything, fit in the space left: what the active segment
-    /// reserved past its frames, and the file system's free bytes. A
-    /// deletion whose tombstones do not fit waits ([`Writer::hold_deletion`],
-    /// weighed again by the timer), for its write would fail and poison the
-    /// outbox, and at an open fail that open and every later one on the
-    /// same disk. A file kept for recycling goes first (its space is free
-    /// space the deletion may need). True where the file system cannot
-    /// tell its free bytes: the write then decides, as before.
+    /// frees anything, fit in the space left: the active segment's file
+    /// past its frames (its length, not the room the writer asked for: a
+    /// file system without `fallocate` reserves nothing), and the file
+    /// system's free bytes. A deletion whose tombstones do not fit waits
+    /// ([`Writer::hold_deletion`], weighed again by the timer every
+    /// second), for its write would fail and poison the outbox, and at an
+    /// open fail that open and every later one on the same disk. A file
+    /// kept for recycling goes first where its space makes the room. True
+    /// where free space is not asked (`min_free_disk_bytes` 0, as for the
+    /// floor) or cannot be told: the write then decides. (On a copy-on-write
+    /// file system even the file's own blocks take new space when written:
+    /// there too the write decides.)
     fn stones_fit(&mut self, carried: u64) -> bool {
         if carried == 0 {
             return true;
@@ -2193,15 +2215,22 @@ impl Writer {
         let need = (carried * TOMBSTONE_BYTES)
             .saturating_add(frames.saturating_mul(STONES_FRAME_SLACK))
             .saturating_add(STONES_WRITE_SLACK);
-        let reserved = self.active.room.saturating_sub(self.active.len);
+        let file_len = self.active.seg.file.len().unwrap_or(self.active.len);
+        let reserved = file_len.saturating_sub(self.active.len);
         if need <= reserved {
             return true;
         }
-        let ask = |w: &Writer| w.shared.storage.free_bytes(&w.shared.dir).ok().flatten();
-        let Some(mut free) = ask(self) else {
+        // The file system's free bytes, with a file kept for recycling
+        // counted in (`Writer::free_bytes`).
+        let Some(free) = self.free_bytes() else {
             return true;
         };
-        if reserved.saturating_add(free) < need
+        if reserved.saturating_add(free) < need {
+            return false;
+        }
+        let spare = self.spare_len();
+        if spare > 0
+            && reserved.saturating_add(free.saturating_sub(spare)) < need
             && let Some(spare) = self.spare.take()
         {
             let _removed = self.shared.storage.remove(&spare);
@@ -2212,20 +2241,8 @@ impl Writer {
                 "file kept for recycling removed to make room for tombstones"
             );
             self.free_checked = None;
-            free = ask(self).unwrap_or(free);
         }
-        let fits = reserved.saturating_add(free) >= need;
-        if !fits {
-            crate::event!(
-                warn,
-                dir = %self.shared.dir.display(),
-                tombstones = carried,
-                need,
-                free,
-                "deletion waits: its tombstones do not fit in the space left"
-            );
-        }
-        fits
+        true
     }
 
     /// How short space is, with `free` the file system's free bytes (if
@@ -2539,8 +2556,11 @@ struct Held {
     /// How short space was then.
     pressure: Pressure,
     /// When it is weighed again: once enough of its ids have left the
-    /// window.
+    /// window (within a second when held for space).
     recheck: Instant,
+    /// Held because its tombstones do not fit in the space left
+    /// ([`Writer::stones_fit`]), not for its ids.
+    for_space: bool,
 }
 
 impl Held {

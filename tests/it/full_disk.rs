@@ -277,12 +277,16 @@ impl Capped {
     }
 }
 
-/// Appends `n` records, each with the id `id-{i}`, in calls of 500.
-fn append_with_ids(outbox: &Outbox, n: usize) -> Vec<Seq> {
+/// Appends the records `first..first + n`, each with the id `id-{i}`, in
+/// calls of 500.
+fn append_with_ids(outbox: &Outbox, first: usize, n: usize) -> Vec<Seq> {
     let mut seqs = Vec::new();
-    for from in (0..n).step_by(500) {
-        let pays: Vec<Vec<u8>> = (from..n.min(from + 500)).map(|i| payload(i, 150)).collect();
-        let ids: Vec<String> = (from..n.min(from + 500))
+    let end = first + n;
+    for from in (first..end).step_by(500) {
+        let pays: Vec<Vec<u8>> = (from..end.min(from + 500))
+            .map(|i| payload(i, 150))
+            .collect();
+        let ids: Vec<String> = (from..end.min(from + 500))
             .map(|i| format!("id-{i}"))
             .collect();
         let msgs: Vec<segwal::Message> = pays
@@ -316,13 +320,15 @@ fn known(outbox: &Outbox, i: usize, seq: Seq) -> bool {
 /// the deletion through, and the ids are still known after a reopen.
 #[test]
 fn an_open_holds_a_deletion_whose_tombstones_do_not_fit() {
+    // A floor of one byte: free space is asked (a floor of 0 turns every
+    // look at it off, and the write decides), nothing refused for it.
     let options = Options::default()
         .segment_bytes(8 << 20)
-        .min_free_disk_bytes(0);
+        .min_free_disk_bytes(1);
     let disk = Capped::new(17, true);
     let outbox = disk.open(&options).expect("open");
     let n = 20_000;
-    let seqs = append_with_ids(&outbox, n);
+    let seqs = append_with_ids(&outbox, 0, n);
     assert_eq!(drain(&outbox).len(), n);
     outbox.ack_many(&seqs).expect("ack");
     outbox.close().expect("close");
@@ -368,17 +374,34 @@ fn an_open_holds_a_deletion_whose_tombstones_do_not_fit() {
             assert!(known(&outbox, 3, seqs[3]), "{what}");
             outbox.close().expect("close");
         }
-        // Space comes back: the deletion goes through.
-        d.cap.store(u64::MAX, Ordering::SeqCst);
-        let outbox = d.open(&options).expect("open with room");
+        // Space comes back while the outbox is open: enough for a reserve
+        // and a little, not for both the reserve and the tombstones. An
+        // append asks for the missing reserve; the timer lets the deletion
+        // through first (it frees more than it writes), then the reserve
+        // is made with what it freed.
+        let outbox = d.open(&options).expect("open");
+        d.cap.fetch_add((4 << 20) + (256 << 10), Ordering::SeqCst);
+        let _ = outbox.append(b"asks for the reserve");
         crate::eventually("the held deletion goes through", || {
             !segments(&d).contains(&first[0])
         });
+        assert_eq!(outbox.stats().held_for_ids, 0, "{what}");
         assert!(known(&outbox, 77, seqs[77]), "{what}");
+        crate::eventually("the reserve made again", || {
+            let _ = outbox.append(b"asks for the reserve");
+            !outbox.stats().reserve_missing
+        });
+        assert!(!outbox.stats().poisoned, "{what}");
         outbox.close().expect("close");
+        d.cap.store(u64::MAX, Ordering::SeqCst);
         let outbox = d.open(&options).expect("reopen");
         assert!(known(&outbox, n - 1, seqs[n - 1]), "{what}");
-        assert!(drain(&outbox).is_empty(), "{what}");
+        assert!(
+            drain(&outbox)
+                .iter()
+                .all(|r| r.payload() == b"asks for the reserve"),
+            "{what}"
+        );
         outbox.close().expect("close");
     }
     assert!(held >= 4, "{held} opens held the deletion");
@@ -416,8 +439,17 @@ fn a_full_disk_without_a_reserve_opens_through_the_file_kept_for_recycling() {
         d.leave(room);
         let what = format!("room {room}, files {:?}", d.files());
         let outbox = d.open(&options).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(!outbox.recovery_report().reserve_released, "{what}");
         let got: Vec<Seq> = drain(&outbox).iter().map(segwal::Record::seq).collect();
         assert_eq!(got, seqs[30..], "{what}");
+        if room < 1 << 20 {
+            // Too little for the seal without it: the kept file went.
+            let files = d.files();
+            assert!(
+                !files.iter().any(|f| f.0.ends_with(".free")),
+                "{what}: {files:?}"
+            );
+        }
         outbox.close().expect("close");
         opened += 1;
     }
@@ -505,4 +537,100 @@ fn more_free_space_never_fails_an_open() {
         first_open.is_some_and(|room| room < 1 << 20),
         "{first_open:?}"
     );
+}
+
+/// A running outbox whose deletion would write more tombstones than the
+/// disk has room for waits (and goes once space is back, without a
+/// reopen), whether the file system reserves the space the writer asks for
+/// ahead of its frames or, without `fallocate`, reserves nothing (the
+/// writer's room is then no room: it was counted as such, and the deletion
+/// poisoned the outbox).
+#[test]
+fn a_running_deletion_waits_for_room_for_its_tombstones() {
+    let options = Options::default()
+        .segment_bytes(4 << 20)
+        .min_free_disk_bytes(1);
+    for reserves in [true, false] {
+        let what = format!("reserves {reserves}");
+        let disk = Capped {
+            reserves,
+            ..Capped::new(41, true)
+        };
+        let outbox = disk.open(&options).expect("open");
+        let mut seqs = Vec::new();
+        while outbox.stats().segments < 2 {
+            seqs.extend(append_with_ids(&outbox, seqs.len(), 500));
+        }
+        let at_rotation = seqs.len();
+        // More into the second segment, in large writes.
+        seqs.extend(append_with_ids(&outbox, at_rotation, 9_000));
+        assert_eq!(drain(&outbox).len(), seqs.len(), "{what}");
+        disk.leave(32 << 10);
+        outbox.ack_many(&seqs[..at_rotation]).expect("ack");
+        if reserves {
+            // The tombstones go into the space reserved for the segment.
+            crate::eventually("the deletion goes through", || {
+                outbox.stats().segments_deleted == 1
+            });
+            assert!(!outbox.stats().poisoned, "{what}");
+            outbox.close().expect("close");
+            continue;
+        }
+        crate::eventually("the deletion held", || outbox.stats().held_for_ids == 1);
+        assert!(!outbox.stats().poisoned, "{what}");
+        assert_eq!(outbox.stats().segments_deleted, 0, "{what}");
+        disk.cap.store(u64::MAX, Ordering::SeqCst);
+        crate::eventually("the held deletion goes through", || {
+            outbox.stats().segments_deleted == 1
+        });
+        outbox.close().expect("close");
+    }
+}
+
+/// An open whose first try cuts a torn tail and then finds no room to seal
+/// the segment tries again, through a file kept for recycling: its report
+/// still names the torn tail (the second try finds it gone).
+#[test]
+fn a_retried_open_reports_the_torn_tail_its_first_try_cut() {
+    let options = Options::default()
+        .segment_bytes(4 << 20)
+        .min_free_disk_bytes(0);
+    let disk = Capped::new(31, true);
+    let outbox = disk.open(&options).expect("open");
+    // A first segment of large records, acknowledged: kept for recycling.
+    let big: Vec<Seq> = (0..45)
+        .map(|i| outbox.append(&payload(i, 100_000)).expect("append"))
+        .collect();
+    assert_eq!(drain(&outbox).len(), 45);
+    outbox.ack_many(&big).expect("ack");
+    crate::eventually("the first segment kept for recycling", || {
+        disk.files().iter().any(|f| f.0.ends_with(".free"))
+    });
+    // Then many small records: the newest segment's seal is large.
+    append_with_ids(&outbox, 0, 12_000);
+    outbox.close().expect("close");
+    let newest = disk
+        .files()
+        .into_iter()
+        .map(|f| f.0)
+        .filter(|f| f.ends_with(".seg"))
+        .max()
+        .expect("a segment");
+    let file = disk.disk.open(&Path::new(DIR).join(&newest)).expect("open");
+    let len = file.len().expect("len");
+    // A write that never completed: bytes of no frame after the last.
+    file.write_at(&[0xA5u8; 3000], len).expect("torn bytes");
+    disk.disk
+        .remove(&Path::new(DIR).join("RESERVE"))
+        .expect("remove the reserve");
+    for room in (0..(1u64 << 20)).step_by(32 << 10) {
+        let d = disk.fork(room);
+        d.leave(room);
+        let outbox = d
+            .open(&options)
+            .unwrap_or_else(|e| panic!("room {room}: {e}"));
+        let torn = outbox.recovery_report().torn_tail.clone();
+        assert!(torn.is_some_and(|t| t.offset == len), "room {room}");
+        outbox.close().expect("close");
+    }
 }

@@ -33,6 +33,10 @@ pub(crate) struct Effects {
     /// block of frames (the disk is full): the writer could not write a frame
     /// into it, and `Outbox::open` gives it the reserve's space.
     pub active_without_room: bool,
+    /// The torn tail an attempt cut, and what a lossy one dropped: a retry
+    /// finds them gone.
+    pub torn_tail: Option<super::report::TornTail>,
+    pub dropped: Option<super::report::Dropped>,
 }
 
 /// What recovery found in the directory.
@@ -193,8 +197,14 @@ pub(crate) fn apply(
     let (segments, seal) = keep_segments(storage, scans, opened, &plan)?;
     report.removed.clone_from(&effects.removed);
     report.quarantined.clone_from(&effects.quarantined);
-    report.torn_tail = plan.torn;
-    report.dropped = plan.dropped;
+    if plan.torn.is_some() {
+        effects.torn_tail = plan.torn;
+    }
+    if plan.dropped.is_some() {
+        effects.dropped = plan.dropped;
+    }
+    report.torn_tail.clone_from(&effects.torn_tail);
+    report.dropped.clone_from(&effects.dropped);
     Ok(Recovered {
         segments,
         log_start: plan.log_start,
