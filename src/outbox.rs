@@ -524,11 +524,17 @@ impl Outbox {
         // after the deletion above: made first, a missing reserve would have
         // the deletion weigh its hold for ids as appends refused, and write
         // tombstones a nearly full disk may not have room for.
-        let reserved = reserve::ensure(
-            &*shared.storage,
-            &shared.dir,
-            reserve::size(shared.options.segment_bytes),
-        );
+        // Not made while the deletion above waits for room for its
+        // tombstones: the space freed goes to that deletion first (the
+        // writer makes the reserve once it went, `Writer::reserve_short`).
+        let size = reserve::size(shared.options.segment_bytes);
+        let reserved = if core.lock().held_for_space()
+            && !reserve::is_whole(&*shared.storage, &shared.dir, size)
+        {
+            Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+        } else {
+            reserve::ensure(&*shared.storage, &shared.dir, size)
+        };
         match reserved {
             Err(e) if reserve::is_no_space(&e) => {
                 shared

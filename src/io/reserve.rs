@@ -70,6 +70,15 @@ pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) -> io::Resul
     made
 }
 
+/// Whether `dir` holds its reserve whole: a file of segwal's own at least
+/// `bytes` long (what [`ensure`] would leave as it is).
+pub(crate) fn is_whole(storage: &dyn Storage, dir: &Path, bytes: u64) -> bool {
+    storage
+        .open_own(&dir.join(RESERVE_FILE))
+        .and_then(|file| file.len())
+        .is_ok_and(|len| len >= bytes)
+}
+
 /// Reserves `file` up to `bytes` (zeros past its end written where the file
 /// system cannot reserve).
 pub(crate) fn fill(file: &dyn crate::io::StorageFile, bytes: u64) -> io::Result<()> {

@@ -476,6 +476,13 @@ impl Writer {
         self.delete_finished();
     }
 
+    /// Whether a deletion waits because its tombstones do not fit in the
+    /// space left ([`Writer::stones_fit`]): an open then does not make a
+    /// missing reserve, so that the space freed goes to the deletion first.
+    pub(crate) fn held_for_space(&self) -> bool {
+        self.held.as_ref().is_some_and(|h| h.for_space)
+    }
+
     /// Called by an open that could not make its reserve for want of
     /// space: where the open's deletion kept a file for recycling, removes
     /// it and makes the reserve with its space ([`Writer::reserve_short`]),
@@ -1454,16 +1461,7 @@ impl Writer {
             Err(e) => {
                 // A file kept for recycling holds space the reserve needs
                 // more: it goes, and the reserve is tried again at once.
-                if reserve::is_no_space(&e)
-                    && let Some(spare) = self.spare.take()
-                {
-                    let _removed = self.shared.storage.remove(&spare);
-                    crate::event!(
-                        info,
-                        path = %spare.display(),
-                        removed = _removed.is_ok(),
-                        "file kept for recycling removed to make the reserve"
-                    );
+                if reserve::is_no_space(&e) && self.drop_spare("the reserve") {
                     self.reserve_tried = None;
                     return self.reserve_short();
                 }
@@ -2229,19 +2227,28 @@ impl Writer {
             return false;
         }
         let spare = self.spare_len();
-        if spare > 0
-            && reserved.saturating_add(free.saturating_sub(spare)) < need
-            && let Some(spare) = self.spare.take()
-        {
-            let _removed = self.shared.storage.remove(&spare);
-            crate::event!(
-                info,
-                path = %spare.display(),
-                removed = _removed.is_ok(),
-                "file kept for recycling removed to make room for tombstones"
-            );
-            self.free_checked = None;
+        if spare > 0 && reserved.saturating_add(free.saturating_sub(spare)) < need {
+            self.drop_spare("room for tombstones");
         }
+        true
+    }
+
+    /// Removes the file kept for recycling, if there is one: its space is
+    /// wanted for `what` (named in the INFO event). Returns whether there
+    /// was one.
+    fn drop_spare(&mut self, what: &'static str) -> bool {
+        let Some(spare) = self.spare.take() else {
+            return false;
+        };
+        let _removed = self.shared.storage.remove(&spare);
+        let _ = what;
+        crate::event!(
+            info,
+            path = %spare.display(),
+            removed = _removed.is_ok(),
+            "file kept for recycling removed to make {what}"
+        );
+        self.free_checked = None;
         true
     }
 

@@ -634,3 +634,42 @@ fn a_retried_open_reports_the_torn_tail_its_first_try_cut() {
         outbox.close().expect("close");
     }
 }
+
+/// An open whose deletion waits for room for its tombstones does not make
+/// its missing reserve out of the space left: the space freed goes to the
+/// deletion first (the reserve, here smaller than the tombstones, took it,
+/// and the deletion then waited for more than was freed).
+#[test]
+fn an_open_whose_deletion_waits_for_space_leaves_the_reserve_missing() {
+    let options = Options::default()
+        .segment_bytes(8 << 20)
+        .min_free_disk_bytes(1);
+    let disk = Capped::new(43, true);
+    let outbox = disk.open(&options).expect("open");
+    let seqs = append_with_ids(&outbox, 0, 20_000);
+    assert_eq!(drain(&outbox).len(), seqs.len());
+    outbox.ack_many(&seqs).expect("ack");
+    outbox.close().expect("close");
+    disk.disk
+        .remove(&Path::new(DIR).join("RESERVE"))
+        .expect("remove the reserve");
+    disk.leave(800 << 10);
+    // Reopened with smaller segments: a reserve of 256 KiB, which the
+    // space left could take, against about 700 KB of tombstones.
+    let options = options.segment_bytes(256 << 10);
+    let outbox = disk.open(&options).expect("open");
+    let stats = outbox.stats();
+    assert_eq!(stats.held_for_ids, 1);
+    assert!(stats.reserve_missing);
+    assert!(!disk.files().iter().any(|f| f.0 == "RESERVE"));
+    disk.cap.fetch_add(200 << 10, Ordering::SeqCst);
+    crate::eventually("the held deletion goes through", || {
+        outbox.stats().segments_deleted == 1
+    });
+    crate::eventually("the reserve made again", || {
+        let _ = outbox.append(b"asks for the reserve");
+        !outbox.stats().reserve_missing
+    });
+    assert!(!outbox.stats().poisoned);
+    outbox.close().expect("close");
+}

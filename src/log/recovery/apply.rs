@@ -99,6 +99,14 @@ pub(crate) fn apply(
         creating,
         free,
     } = found;
+    // Noted before anything is cut, removed or set aside: a try that fails
+    // after that leaves the next one without them.
+    if plan.torn.is_some() {
+        effects.torn_tail.clone_from(&plan.torn);
+    }
+    if plan.dropped.is_some() {
+        effects.dropped.clone_from(&plan.dropped);
+    }
     let mut report = RecoveryReport {
         segments_found: scans.len(),
         records_recovered: plan.records,
@@ -197,12 +205,6 @@ pub(crate) fn apply(
     let (segments, seal) = keep_segments(storage, scans, opened, &plan)?;
     report.removed.clone_from(&effects.removed);
     report.quarantined.clone_from(&effects.quarantined);
-    if plan.torn.is_some() {
-        effects.torn_tail = plan.torn;
-    }
-    if plan.dropped.is_some() {
-        effects.dropped = plan.dropped;
-    }
     report.torn_tail.clone_from(&effects.torn_tail);
     report.dropped.clone_from(&effects.dropped);
     Ok(Recovered {
