@@ -529,7 +529,7 @@ impl Outbox {
         // writer makes the reserve once it went, `Writer::reserve_short`).
         let size = reserve::size(shared.options.segment_bytes);
         let reserved = if core.lock().held_for_space()
-            && !reserve::is_whole(&*shared.storage, &shared.dir, size)
+            && reserve::would_grow(&*shared.storage, &shared.dir, size)
         {
             Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
         } else {

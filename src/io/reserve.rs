@@ -70,13 +70,14 @@ pub(crate) fn ensure(storage: &dyn Storage, dir: &Path, bytes: u64) -> io::Resul
     made
 }
 
-/// Whether `dir` holds its reserve whole: a file of segwal's own at least
-/// `bytes` long (what [`ensure`] would leave as it is).
-pub(crate) fn is_whole(storage: &dyn Storage, dir: &Path, bytes: u64) -> bool {
-    storage
-        .open_own(&dir.join(RESERVE_FILE))
-        .and_then(|file| file.len())
-        .is_ok_and(|len| len >= bytes)
+/// Whether [`ensure`] would take space: `dir` has no `RESERVE`, or one of
+/// segwal's own shorter than `bytes`. (False for one that is not segwal's
+/// to write: `ensure` leaves it, and says so.)
+pub(crate) fn would_grow(storage: &dyn Storage, dir: &Path, bytes: u64) -> bool {
+    match storage.open_own(&dir.join(RESERVE_FILE)) {
+        Ok(file) => file.len().is_ok_and(|len| len < bytes),
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
+    }
 }
 
 /// Reserves `file` up to `bytes` (zeros past its end written where the file
