@@ -673,3 +673,53 @@ fn an_open_whose_deletion_waits_for_space_leaves_the_reserve_missing() {
     assert!(!outbox.stats().poisoned);
     outbox.close().expect("close");
 }
+
+/// An open that removes a newest segment holding nothing (a file system left
+/// its name, not its bytes: reported as a torn tail of 0 bytes),
+/// then finds no room for the segment it creates, tries again through the
+/// reserve: its report still names that torn tail, which the second try
+/// finds gone.
+#[test]
+fn a_retried_open_reports_the_empty_segment_its_first_try_removed() {
+    let options = Options::default()
+        .segment_bytes(1 << 20)
+        .min_free_disk_bytes(0);
+    let disk = Capped::new(59, true);
+    let outbox = disk.open(&options).expect("open");
+    let seqs: Vec<Seq> = (0..100)
+        .map(|i| outbox.append(&payload(i, 1000)).expect("append"))
+        .collect();
+    outbox.close().expect("close");
+    assert!(disk.files().iter().any(|f| f.0 == "RESERVE"));
+    // The next segment's name and nothing else (a file system kept the
+    // name of a rotation's file, not its length): removing it frees nothing.
+    let next = seqs.last().expect("a record").get() + 1;
+    let name = format!("{next:020}.seg");
+    let blank = Path::new(DIR).join(&name);
+    let file = disk.disk.create(&blank).expect("create");
+    file.set_len(0).expect("size");
+    file.sync_data().expect("sync");
+    disk.disk.sync_dir(Path::new(DIR)).expect("sync dir");
+    let mut released = 0;
+    for room in (0..(64u64 << 10)).step_by(2 << 10) {
+        let d = disk.fork(room);
+        d.leave(room);
+        let outbox = d
+            .open(&options)
+            .unwrap_or_else(|e| panic!("room {room}: {e}"));
+        let report = outbox.recovery_report();
+        released += usize::from(report.reserve_released);
+        assert!(
+            report
+                .torn_tail
+                .as_ref()
+                .is_some_and(|t| t.offset == 0 && t.path == blank),
+            "room {room}: {:?}",
+            report.torn_tail
+        );
+        assert!(!d.files().iter().any(|f| f.0 == name), "room {room}");
+        assert_eq!(drain(&outbox).len(), seqs.len(), "room {room}");
+        outbox.close().expect("close");
+    }
+    assert!(released > 0, "no open needed the reserve");
+}
