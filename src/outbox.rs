@@ -560,6 +560,13 @@ impl Outbox {
             }
             _ => {}
         }
+        // Records to carry forward out of the oldest segment (the rule of
+        // relocation weighs the log as this open found it, with this open's
+        // `segment_bytes`): asked for now, after the reserve was made, not
+        // at the first request, which an idle outbox may not get.
+        if core.lock().reclaim_due() {
+            let _ = tx.try_send(Request::Reclaim);
+        }
         Ok(Outbox {
             handle: Arc::new(Handle {
                 shared,

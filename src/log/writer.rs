@@ -471,7 +471,8 @@ impl Writer {
     /// opening thread before the writer thread starts: what recovery kept of
     /// them (a segment the open sealed, those a close or a crash left behind)
     /// would otherwise stay on disk until the first request. Relocation
-    /// waits for the first request as before.
+    /// is the writer thread's: the open asks for it once the reserve is
+    /// made, where [`Writer::reclaim_due`] says it is due.
     pub(crate) fn delete_at_open(&mut self) {
         self.delete_finished();
     }
@@ -555,7 +556,7 @@ impl Writer {
 
     /// Whether [`Writer::reclaim`] has work: a fully acknowledged front to
     /// delete, or records to carry forward out of the oldest segment.
-    fn reclaim_due(&self) -> bool {
+    pub(crate) fn reclaim_due(&self) -> bool {
         if self.shared.poison.get().is_some() {
             return false;
         }

@@ -202,6 +202,36 @@ fn a_dead_letter_does_not_keep_more_than_a_crowd_of_small_segments() {
     only_the_dead_letter_is_left(&dir, options, parked);
 }
 
+/// An outbox reopened with smaller segments finds its one dead letter due
+/// to be carried forward (the log's bytes are now more than twice its live
+/// bytes plus two segments): an idle outbox does it without waiting for a
+/// request, and the segment the dead letter kept goes.
+#[test]
+fn an_idle_reopened_outbox_carries_its_dead_letter_forward() {
+    let (_t, dir) = tmp();
+    let outbox = Outbox::open(&dir, options().segment_bytes(512 << 10)).expect("open");
+    let dead = churn_dead(&outbox, |n| n == 5);
+    let stats = outbox.stats();
+    assert_eq!(
+        (stats.relocated, stats.segments_deleted),
+        (0, 0),
+        "{stats:?}"
+    );
+    outbox.close().expect("close");
+    let outbox = Outbox::open(&dir, options()).expect("reopen");
+    crate::eventually("the dead letter carried forward, its segment gone", || {
+        let stats = outbox.stats();
+        stats.relocated >= 1 && stats.segments_deleted >= 1
+    });
+    let letters = outbox.dead_letters(10).expect("dead_letters");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        (letters[0].seq(), letters[0].payload()),
+        (dead[0].0, payload(5).as_slice())
+    );
+    outbox.close().expect("close");
+}
+
 #[test]
 fn a_delayed_record_is_carried_forward_and_waits_out_its_delay_after_a_restart() {
     let (_t, dir) = tmp();
