@@ -98,7 +98,8 @@ pub(crate) fn fill(file: &dyn crate::io::StorageFile, bytes: u64) -> io::Result<
 }
 
 /// Removes the reserve of `dir` to give its space to an open that found the
-/// disk full; returns whether there was one. Only a file whose every byte is
+/// disk full; returns whether that freed any: an empty `RESERVE` (a crash
+/// after its creation) is removed too, and freed nothing. Only a file whose every byte is
 /// zero is removed, and only a plain file of its own (never a symbolic
 /// link, never a name of a file that has another): segwal never deletes what
 /// it cannot prove it wrote.
@@ -128,5 +129,5 @@ pub(crate) fn release(storage: &dyn Storage, dir: &Path) -> io::Result<bool> {
     drop(file);
     storage.remove(&path)?;
     storage.sync_dir(dir)?;
-    Ok(true)
+    Ok(len > 0)
 }

@@ -409,9 +409,9 @@ fn an_open_holds_a_deletion_whose_tombstones_do_not_fit() {
 
 /// A disk so full that an open cannot seal its newest segment, with no
 /// reserve to release (an earlier open on a disk as full could not make
-/// one) but a file kept for recycling: the open removes that file and
-/// opens (it failed with ENOSPC, at every open, while the spare held tens
-/// of MiB).
+/// one, or a crash left it empty) but a file kept for recycling: the open
+/// removes that file and opens (it failed with ENOSPC, at every open, while
+/// the spare held tens of MiB), and reports no reserve released.
 #[test]
 fn a_full_disk_without_a_reserve_opens_through_the_file_kept_for_recycling() {
     let options = Options::default()
@@ -430,14 +430,23 @@ fn a_full_disk_without_a_reserve_opens_through_the_file_kept_for_recycling() {
         disk.files().iter().any(|f| f.0.ends_with(".free"))
     });
     outbox.close().expect("close");
-    disk.disk
-        .remove(&Path::new(DIR).join("RESERVE"))
-        .expect("remove the reserve");
     let mut opened = 0;
-    for room in (0..(2u64 << 20)).step_by(64 << 10) {
+    // No reserve; or a `RESERVE` a crash left empty, which frees nothing.
+    for (room, empty) in (0..(2u64 << 20))
+        .step_by(64 << 10)
+        .flat_map(|room| [(room, false), (room, true)])
+    {
         let d = disk.fork(room);
+        let reserve = Path::new(DIR).join("RESERVE");
+        if empty {
+            let file = d.disk.open(&reserve).expect("open the reserve");
+            file.set_len(0).expect("empty the reserve");
+            file.sync_data().expect("sync");
+        } else {
+            d.disk.remove(&reserve).expect("remove the reserve");
+        }
         d.leave(room);
-        let what = format!("room {room}, files {:?}", d.files());
+        let what = format!("room {room}, empty reserve {empty}, files {:?}", d.files());
         let outbox = d.open(&options).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(!outbox.recovery_report().reserve_released, "{what}");
         let got: Vec<Seq> = drain(&outbox).iter().map(segwal::Record::seq).collect();
@@ -453,7 +462,7 @@ fn a_full_disk_without_a_reserve_opens_through_the_file_kept_for_recycling() {
         outbox.close().expect("close");
         opened += 1;
     }
-    assert_eq!(opened, 32);
+    assert_eq!(opened, 64);
 }
 
 /// A full disk, an open that releases the reserve, and a fully acknowledged

@@ -37,7 +37,8 @@ pub struct RecoveryReport {
     /// they are kept for a person to look at, and removed only by one.
     pub quarantined: Vec<Quarantined>,
     /// The disk was full: the open removed the `RESERVE` file the outbox keeps
-    /// for this (docs/FORMAT.md, "The directory") to make the room it needed.
+    /// for this (docs/FORMAT.md, "The directory") to make the room it needed
+    /// (false where that file was empty: it freed nothing).
     /// Drain the backlog, or free space, before appending much more; the next
     /// open with space keeps a reserve again.
     pub reserve_released: bool,
