@@ -169,10 +169,6 @@ impl SegmentFile {
         let file = storage
             .create(&creating)
             .map_err(|e| Failed::new("create segment", &creating, e))?;
-        // Preallocated, an fdatasync need not make a grown size durable with each
-        // batch. Only a speed-up: if space cannot be reserved, the file grows as
-        // it is written and a full disk shows at the write.
-        let _ = file.allocate(preallocate);
         let header = next.header(storage);
         let made_durable = write_all_at(&*file, &header.encode_block(), 0)
             .map_err(|e| Failed::new("write segment header", &creating, e))
@@ -181,6 +177,18 @@ impl SegmentFile {
                     .map_err(|e| Failed::new("sync segment header", &creating, e))
             })
             .and_then(|()| {
+                // Preallocated, an fdatasync need not make a grown size
+                // durable with each batch. Only a speed-up: if space cannot be
+                // reserved, the file grows as it is written and a full disk
+                // shows at the write. Reserved once the header is durable: a
+                // power cut before then can leave a header that does not
+                // check, and recovery sets such a file aside whole, since it
+                // cannot prove the file is this outbox's; reserved first, the
+                // preallocation went with it into `quarantine/`, and on a
+                // full disk every later open failed for want of that space.
+                // With a durable header the file proves it holds nothing, and
+                // recovery removes it.
+                let _ = file.allocate(preallocate);
                 storage
                     .rename(&creating, &path)
                     .map_err(|e| Failed::new("rename new segment", &creating, e))

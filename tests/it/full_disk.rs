@@ -732,3 +732,124 @@ fn a_retried_open_reports_the_empty_segment_its_first_try_removed() {
     }
     assert!(released > 0, "no open needed the reserve");
 }
+
+/// A power cut at any step of an open on a nearly full disk (no reserve,
+/// four MiB free: the new segment's preallocation takes it all, the seal
+/// then finds no room and the open tries again) leaves a disk that the
+/// same open, as full as before, gets through, with every record. The new
+/// segment's space was reserved before its header was durable: a header the
+/// power cut garbled sent the file, preallocation and all, into
+/// `quarantine/`, and no later open on that disk could create a segment.
+#[test]
+fn a_power_cut_inside_a_full_disk_open_leaves_it_openable() {
+    use segwal::sim::CrashModel;
+    let options = Options::default()
+        .segment_bytes(8 << 20)
+        .min_free_disk_bytes(0)
+        .recycle_segments(false);
+    let disk = Capped::new(61, true);
+    let outbox = disk.open(&options).expect("open");
+    let seqs: Vec<Seq> = (0..100)
+        .map(|i| outbox.append(&payload(i, 1000)).expect("append"))
+        .collect();
+    outbox.close().expect("close");
+    disk.disk
+        .remove(&Path::new(DIR).join("RESERVE"))
+        .expect("remove the reserve");
+    let d = disk.fork(1);
+    d.leave(4 << 20);
+    let cap = d.cap.load(Ordering::SeqCst);
+    d.disk.record_snapshots();
+    let outbox = d.open(&options).expect("the open the power cuts interrupt");
+    let snapshots = d.disk.take_snapshots();
+    drains(&outbox, &seqs, "the open without a power cut");
+    outbox.close().expect("close");
+    let garbling = CrashModel {
+        block_garbled: 100,
+        ..CrashModel::default()
+    };
+    assert!(snapshots.len() > 10, "{} steps", snapshots.len());
+    for (k, snapshot) in snapshots.iter().enumerate() {
+        for (seed, model) in [CrashModel::default(), garbling]
+            .into_iter()
+            .cycle()
+            .take(6)
+            .enumerate()
+        {
+            let c = Capped {
+                disk: snapshot.fork(seed as u64),
+                cap: Arc::new(AtomicU64::new(cap)),
+                tells_free: true,
+                reserves: true,
+            };
+            c.disk.crash(model);
+            let what = format!("power cut at step {k}, draw {seed}");
+            let outbox = c
+                .open(&options)
+                .unwrap_or_else(|e| panic!("{what}: {e}; files {:?}", c.files()));
+            drains(&outbox, &seqs, &what);
+            outbox.close().expect("close");
+        }
+    }
+}
+
+/// The same through a file kept for recycling, with no reserve: a power
+/// cut at any step of an open that removes that file to make room leaves a
+/// disk the same open gets through.
+#[test]
+fn a_power_cut_inside_an_open_through_the_kept_file_leaves_it_openable() {
+    use segwal::sim::CrashModel;
+    let options = Options::default()
+        .segment_bytes(2 << 20)
+        .min_free_disk_bytes(0);
+    let disk = Capped::new(67, true);
+    let outbox = disk.open(&options).expect("open");
+    let seqs: Vec<Seq> = (0..60)
+        .map(|i| outbox.append(&payload(i, 100_000)).expect("append"))
+        .collect();
+    assert_eq!(drain(&outbox).len(), 60);
+    outbox.ack_many(&seqs[..30]).expect("ack");
+    crate::eventually("the first segment kept for recycling", || {
+        disk.files().iter().any(|f| f.0.ends_with(".free"))
+    });
+    outbox.close().expect("close");
+    disk.disk
+        .remove(&Path::new(DIR).join("RESERVE"))
+        .expect("remove the reserve");
+    let garbling = CrashModel {
+        block_garbled: 100,
+        ..CrashModel::default()
+    };
+    for room in [0, 512 << 10] {
+        let d = disk.fork(room);
+        d.leave(room);
+        let cap = d.cap.load(Ordering::SeqCst);
+        d.disk.record_snapshots();
+        let outbox = d.open(&options).expect("the open the power cuts interrupt");
+        let snapshots = d.disk.take_snapshots();
+        drains(&outbox, &seqs[30..], "the open without a power cut");
+        outbox.close().expect("close");
+        for (k, snapshot) in snapshots.iter().enumerate() {
+            for (seed, model) in [CrashModel::default(), garbling]
+                .into_iter()
+                .cycle()
+                .take(4)
+                .enumerate()
+            {
+                let c = Capped {
+                    disk: snapshot.fork(seed as u64),
+                    cap: Arc::new(AtomicU64::new(cap)),
+                    tells_free: true,
+                    reserves: true,
+                };
+                c.disk.crash(model);
+                let what = format!("room {room}, power cut at step {k}, draw {seed}");
+                let outbox = c
+                    .open(&options)
+                    .unwrap_or_else(|e| panic!("{what}: {e}; files {:?}", c.files()));
+                drains(&outbox, &seqs[30..], &what);
+                outbox.close().expect("close");
+            }
+        }
+    }
+}
