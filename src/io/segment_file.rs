@@ -177,18 +177,6 @@ impl SegmentFile {
                     .map_err(|e| Failed::new("sync segment header", &creating, e))
             })
             .and_then(|()| {
-                // Preallocated, an fdatasync need not make a grown size
-                // durable with each batch. Only a speed-up: if space cannot be
-                // reserved, the file grows as it is written and a full disk
-                // shows at the write. Reserved once the header is durable: a
-                // power cut before then can leave a header that does not
-                // check, and recovery sets such a file aside whole, since it
-                // cannot prove the file is this outbox's; reserved first, the
-                // preallocation went with it into `quarantine/`, and on a
-                // full disk every later open failed for want of that space.
-                // With a durable header the file proves it holds nothing, and
-                // recovery removes it.
-                let _ = file.allocate(preallocate);
                 storage
                     .rename(&creating, &path)
                     .map_err(|e| Failed::new("rename new segment", &creating, e))
@@ -203,6 +191,18 @@ impl SegmentFile {
         storage
             .sync_dir(dir)
             .map_err(|e| Failed::new("sync directory", dir, e))?;
+        // Preallocated, an fdatasync need not make a grown size durable with
+        // each batch. Only a speed-up: if space cannot be reserved, the file
+        // grows as it is written and a full disk shows at the write.
+        // Reserved only once the file bears the segment's name durably: a
+        // `.creating` file whose header a power cut garbled, or whose grown
+        // size came back without its data (bytes after the header that are
+        // not zeros), cannot be proven this outbox's, and recovery sets it
+        // aside whole; reserved earlier, the preallocation went with it into
+        // `quarantine/`, and on a full disk no later open could create a
+        // segment. Named, the file is the segment: whatever a power cut
+        // leaves past its durable header is a tail recovery cuts.
+        let _ = segment.file.allocate(preallocate);
         Ok(FreshSegment {
             segment,
             len: FRAMES_AT as u64,

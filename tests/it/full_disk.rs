@@ -742,7 +742,6 @@ fn a_retried_open_reports_the_empty_segment_its_first_try_removed() {
 /// `quarantine/`, and no later open on that disk could create a segment.
 #[test]
 fn a_power_cut_inside_a_full_disk_open_leaves_it_openable() {
-    use segwal::sim::CrashModel;
     let options = Options::default()
         .segment_bytes(8 << 20)
         .min_free_disk_bytes(0)
@@ -756,6 +755,8 @@ fn a_power_cut_inside_a_full_disk_open_leaves_it_openable() {
     disk.disk
         .remove(&Path::new(DIR).join("RESERVE"))
         .expect("remove the reserve");
+    // Durably: a power cut must not bring the reserve back.
+    disk.disk.sync_dir(Path::new(DIR)).expect("sync dir");
     let d = disk.fork(1);
     d.leave(4 << 20);
     let cap = d.cap.load(Ordering::SeqCst);
@@ -764,18 +765,9 @@ fn a_power_cut_inside_a_full_disk_open_leaves_it_openable() {
     let snapshots = d.disk.take_snapshots();
     drains(&outbox, &seqs, "the open without a power cut");
     outbox.close().expect("close");
-    let garbling = CrashModel {
-        block_garbled: 100,
-        ..CrashModel::default()
-    };
     assert!(snapshots.len() > 10, "{} steps", snapshots.len());
     for (k, snapshot) in snapshots.iter().enumerate() {
-        for (seed, model) in [CrashModel::default(), garbling]
-            .into_iter()
-            .cycle()
-            .take(6)
-            .enumerate()
-        {
+        for (seed, model) in crash_models().into_iter().cycle().take(6).enumerate() {
             let c = Capped {
                 disk: snapshot.fork(seed as u64),
                 cap: Arc::new(AtomicU64::new(cap)),
@@ -787,9 +779,42 @@ fn a_power_cut_inside_a_full_disk_open_leaves_it_openable() {
             let outbox = c
                 .open(&options)
                 .unwrap_or_else(|e| panic!("{what}: {e}; files {:?}", c.files()));
+            assert!(!outbox.recovery_report().reserve_released, "{what}");
+            set_aside_no_more_than_a_block(&c, &what);
             drains(&outbox, &seqs, &what);
             outbox.close().expect("close");
         }
+    }
+}
+
+/// The crash models the power-cut tests draw from: the default, one that
+/// garbles every block under an unsynced write, one that grows every file
+/// whose size outran its data with zeros or garbage.
+fn crash_models() -> [segwal::sim::CrashModel; 3] {
+    use segwal::sim::CrashModel;
+    [
+        CrashModel::default(),
+        CrashModel {
+            block_garbled: 100,
+            ..CrashModel::default()
+        },
+        CrashModel {
+            grown_tail: 100,
+            ..CrashModel::default()
+        },
+    ]
+}
+
+/// Nothing larger than a block (a garbled header's) went into
+/// `quarantine/`: a file that never held a frame takes no space there.
+fn set_aside_no_more_than_a_block(disk: &Capped, what: &str) {
+    let aside = Path::new(DIR).join(segwal::QUARANTINE_DIR);
+    for name in disk.disk.files(&aside) {
+        let len = disk.disk.open(&aside.join(&name)).and_then(|f| f.len());
+        assert!(
+            len.as_ref().is_ok_and(|&len| len <= 4096),
+            "{what}: {name} set aside with {len:?} bytes"
+        );
     }
 }
 
@@ -798,7 +823,6 @@ fn a_power_cut_inside_a_full_disk_open_leaves_it_openable() {
 /// disk the same open gets through.
 #[test]
 fn a_power_cut_inside_an_open_through_the_kept_file_leaves_it_openable() {
-    use segwal::sim::CrashModel;
     let options = Options::default()
         .segment_bytes(2 << 20)
         .min_free_disk_bytes(0);
@@ -816,10 +840,7 @@ fn a_power_cut_inside_an_open_through_the_kept_file_leaves_it_openable() {
     disk.disk
         .remove(&Path::new(DIR).join("RESERVE"))
         .expect("remove the reserve");
-    let garbling = CrashModel {
-        block_garbled: 100,
-        ..CrashModel::default()
-    };
+    disk.disk.sync_dir(Path::new(DIR)).expect("sync dir");
     for room in [0, 512 << 10] {
         let d = disk.fork(room);
         d.leave(room);
@@ -830,12 +851,7 @@ fn a_power_cut_inside_an_open_through_the_kept_file_leaves_it_openable() {
         drains(&outbox, &seqs[30..], "the open without a power cut");
         outbox.close().expect("close");
         for (k, snapshot) in snapshots.iter().enumerate() {
-            for (seed, model) in [CrashModel::default(), garbling]
-                .into_iter()
-                .cycle()
-                .take(4)
-                .enumerate()
-            {
+            for (seed, model) in crash_models().into_iter().cycle().take(4).enumerate() {
                 let c = Capped {
                     disk: snapshot.fork(seed as u64),
                     cap: Arc::new(AtomicU64::new(cap)),
@@ -847,6 +863,8 @@ fn a_power_cut_inside_an_open_through_the_kept_file_leaves_it_openable() {
                 let outbox = c
                     .open(&options)
                     .unwrap_or_else(|e| panic!("{what}: {e}; files {:?}", c.files()));
+                assert!(!outbox.recovery_report().reserve_released, "{what}");
+                set_aside_no_more_than_a_block(&c, &what);
                 drains(&outbox, &seqs[30..], &what);
                 outbox.close().expect("close");
             }
