@@ -148,7 +148,8 @@ impl SegmentFile {
     /// Creates the segment `next` describes, preallocated to `preallocate` bytes where the file system
     /// can, and makes it durable. The file is created under a temporary name
     /// (`<name>.creating`), its header's block written and fsynced, and only
-    /// then renamed to the segment's name and the directory fsynced. So a file
+    /// then renamed to the segment's name and the directory fsynced; its space
+    /// is reserved last (see the comment there). So a file
     /// bearing a segment's name always has a durable header, which is never
     /// written again (frames start on the next block): a segment whose header
     /// does not check was damaged, not interrupted, and recovery refuses to
