@@ -776,6 +776,28 @@ impl RepairReport {
     }
 }
 
+/// Copies `from` to `to`, a name no file holds, and makes the copy durable
+/// (the file, its folder, the folder's entry): the copy a repair keeps of a
+/// file it is about to cut. A copy that fails (a full disk) is removed, so
+/// that no part of a file sits in the folder under the name of a whole copy.
+fn copy_durably(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    let copied = std::fs::copy(from, to).and_then(|_| {
+        std::fs::File::open(to)?.sync_all()?;
+        for folder in to.ancestors().skip(1).take(2) {
+            let folder = match folder.as_os_str().is_empty() {
+                true => std::path::Path::new("."),
+                false => folder,
+            };
+            std::fs::File::open(folder)?.sync_all()?;
+        }
+        Ok(())
+    });
+    if copied.is_err() {
+        let _ = std::fs::remove_file(to);
+    }
+    copied
+}
+
 fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
     if let Err(code) = an_outbox(dir) {
         return code;
@@ -927,8 +949,16 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
         let Some(name) = file.file_name() else {
             continue;
         };
-        let to = aside.join(format!("{}.damaged-{stamp}", name.to_string_lossy()));
-        match std::fs::create_dir_all(&aside).and_then(|()| std::fs::copy(file, &to)) {
+        let base = format!("{}.damaged-{stamp}", name.to_string_lossy());
+        // A name no copy holds yet (two repairs in one second).
+        let to = (0..)
+            .map(|n| match n {
+                0 => aside.join(&base),
+                n => aside.join(format!("{base}.{n}")),
+            })
+            .find(|to| !to.exists())
+            .unwrap_or_else(|| aside.join(&base));
+        match std::fs::create_dir_all(&aside).and_then(|()| copy_durably(file, &to)) {
             Ok(_) => {
                 out.say(format_args!(
                     "copied {} to {}",

@@ -368,6 +368,13 @@ pub(crate) fn set_aside(
 /// Copies the file `path` of `dir` whole into the quarantine folder, named after
 /// it and `reason`, durably; returns the copy's path. For a file a lossy repair
 /// is about to cut.
+///
+/// The copy is written under a name of its own (`<name>.<reason>.partial`)
+/// and renamed to its name once it is whole and durable: an operator who
+/// restores from the folder never takes a part of a file for the copy. One
+/// that fails (a disk full before the copy's end) is removed, its space given
+/// back to the repair that tries again; one a crash interrupted keeps the
+/// name that says it is partial.
 pub(crate) fn copy_aside(
     storage: &dyn Storage,
     dir: &Path,
@@ -375,6 +382,7 @@ pub(crate) fn copy_aside(
     reason: &str,
 ) -> Result<PathBuf, Failed> {
     let to = aside_path(storage, dir, path, reason)?;
+    let partial = aside_path(storage, dir, path, &format!("{reason}.partial"))?;
     let from = storage
         .open(path)
         .map_err(|e| Failed::new("open segment", path, e))?;
@@ -382,21 +390,31 @@ pub(crate) fn copy_aside(
         .len()
         .map_err(|e| Failed::new("stat segment", path, e))?;
     let copy = storage
-        .create(&to)
-        .map_err(|e| Failed::new("create quarantine copy", &to, e))?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0;
-    while at < len {
-        let n = (len - at).min(buf.len() as u64) as usize;
-        let chunk = &mut buf[..n];
-        crate::io::read_exact_at(&*from, chunk, at)
-            .map_err(|e| Failed::new("read segment", path, e))?;
-        write_all_at(&*copy, chunk, at)
-            .map_err(|e| Failed::new("write quarantine copy", &to, e))?;
-        at += n as u64;
+        .create(&partial)
+        .map_err(|e| Failed::new("create quarantine copy", &partial, e))?;
+    let copied = (|| {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(buf.len() as u64) as usize;
+            let chunk = &mut buf[..n];
+            crate::io::read_exact_at(&*from, chunk, at)
+                .map_err(|e| Failed::new("read segment", path, e))?;
+            write_all_at(&*copy, chunk, at)
+                .map_err(|e| Failed::new("write quarantine copy", &partial, e))?;
+            at += n as u64;
+        }
+        copy.sync_data()
+            .map_err(|e| Failed::new("sync quarantine copy", &partial, e))?;
+        storage
+            .rename(&partial, &to)
+            .map_err(|e| Failed::new("rename quarantine copy", &partial, e))
+    })();
+    if let Err(failed) = copied {
+        drop(copy);
+        let _ = storage.remove(&partial);
+        return Err(failed);
     }
-    copy.sync_data()
-        .map_err(|e| Failed::new("sync quarantine copy", &to, e))?;
     sync_aside(storage, dir)?;
     Ok(to)
 }

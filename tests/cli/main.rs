@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use segwal::{Options, Outbox};
 
+#[path = "../support/tmpfs.rs"]
+mod tmpfs;
+
 fn segwal(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_segwal"))
         .args(args)
@@ -591,6 +594,57 @@ fn repair_is_refused_while_the_owner_runs_before_anything_is_copied() {
     // Once the owner is gone the same command repairs.
     let out = segwal(&["repair", d, "--yes"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
+/// `repair --yes` on a disk with no room for its copy of the damaged file:
+/// refused, exit 2, nothing repaired, and no part of the file left in
+/// `quarantine/` under the name of a whole copy (an operator restoring from
+/// there would take it for the file). Mounts a tmpfs: root only.
+#[test]
+fn repair_on_a_full_disk_leaves_no_part_of_a_copy() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let built = tmp.path().join("built");
+    let damaged = damage_a_sealed_segment(&built);
+    // The outbox moved onto a file system with room for it and for half the
+    // damaged file more.
+    let files: Vec<PathBuf> = std::fs::read_dir(&built)
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    let pages: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(f).expect("stat").len().div_ceil(4096))
+        .sum();
+    let size = (pages + damaged.len() as u64 / 2 / 4096) * 4;
+    let mount_point = tmp.path().join("mnt");
+    std::fs::create_dir(&mount_point).expect("mount point");
+    let _tmpfs = match tmpfs::Tmpfs::mount(&mount_point, &format!("{size}k")) {
+        Ok(tmpfs) => tmpfs,
+        Err(why) => {
+            println!("skipping: cannot mount tmpfs ({why})");
+            return;
+        }
+    };
+    let dir = mount_point.join("outbox");
+    std::fs::create_dir(&dir).expect("outbox directory");
+    for file in &files {
+        let name = file.file_name().expect("a name");
+        std::fs::copy(file, dir.join(name)).expect("copy onto the tmpfs");
+    }
+    let before = snapshot(&dir);
+    let out = segwal(&["repair", dir.to_str().expect("utf-8"), "--yes"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("aside") && stderr.contains("nothing repaired"),
+        "{stderr}"
+    );
+    assert_eq!(snapshot(&dir), before, "nothing repaired");
+    let aside: Vec<PathBuf> = std::fs::read_dir(dir.join(segwal::QUARANTINE_DIR))
+        .map(|entries| entries.map(|e| e.expect("entry").path()).collect())
+        .unwrap_or_default();
+    assert!(aside.is_empty(), "{aside:?}");
 }
 
 /// A closed outbox of several segments (`written`) with one bit flipped in

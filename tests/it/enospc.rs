@@ -4,52 +4,18 @@
 //! returns. Needs to mount a tmpfs (root); without it the test says it skips.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use segwal::{Error, Options, Outbox, Seq};
 
 use crate::drain;
+use crate::tmpfs::Tmpfs;
 
 const ENOSPC: i32 = 28;
 const RECORD_BYTES: usize = 4096;
 /// Size of the file system: a few segments of 256 KiB (and a reserve of one).
-const TMPFS_SIZE: &str = "size=2m";
+const TMPFS_SIZE: &str = "2m";
 /// Space taken before the outbox opens, and given back once it is full.
 const FILLER_BYTES: usize = 512 * 1024;
-
-/// A mounted tmpfs, unmounted on drop (also when the test fails).
-struct Tmpfs {
-    at: PathBuf,
-}
-
-impl Tmpfs {
-    /// Mounts a small tmpfs at `at`, or says why it cannot.
-    fn mount(at: &Path) -> Result<Tmpfs, String> {
-        let output = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", TMPFS_SIZE, "tmpfs"])
-            .arg(at)
-            .output()
-            .map_err(|e| format!("cannot run mount: {e}"))?;
-        if !output.status.success() {
-            return Err(format!(
-                "{}: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ));
-        }
-        Ok(Tmpfs { at: at.to_owned() })
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        match Command::new("umount").arg(&self.at).status() {
-            Ok(status) if status.success() => {}
-            other => eprintln!("could not unmount {}: {other:?}", self.at.display()),
-        }
-    }
-}
 
 /// The `i`-th record: its index, then bytes derived from it.
 fn record(i: usize) -> Vec<u8> {
@@ -126,7 +92,7 @@ fn a_full_file_system_poisons_with_enospc_and_appends_work_again_once_space_retu
     std::fs::create_dir(&mount_point).expect("mount point");
     // Declared after `tmp` and before every open file, so that it unmounts after
     // they are closed and before the temporary directory is removed.
-    let _tmpfs = match Tmpfs::mount(&mount_point) {
+    let _tmpfs = match Tmpfs::mount(&mount_point, TMPFS_SIZE) {
         Ok(tmpfs) => tmpfs,
         Err(why) => {
             println!("skipping: cannot mount tmpfs ({why})");

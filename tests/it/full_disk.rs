@@ -733,6 +733,134 @@ fn a_retried_open_reports_the_empty_segment_its_first_try_removed() {
     assert!(released > 0, "no open needed the reserve");
 }
 
+/// A lossy repair on a disk too full for what it writes: the first try sets
+/// the segments after the damaged one aside (renames, which take no room),
+/// then finds no room for the copy of the damaged segment it keeps before
+/// cutting it, and the open tries again through the reserve. The retry
+/// finds the damaged segment newest, the later ones gone: its report must
+/// still name what the first try set aside and the numbers they held, or
+/// records are dropped with nothing naming them.
+#[test]
+fn a_retried_lossy_open_reports_what_its_first_try_dropped() {
+    let options = Options::default()
+        .segment_bytes(1 << 20)
+        .min_free_disk_bytes(0);
+    let disk = Capped::new(71, true);
+    let outbox = disk.open(&options).expect("open");
+    let seqs: Vec<Seq> = (0..300)
+        .map(|i| outbox.append(&payload(i, 10_000)).expect("append"))
+        .collect();
+    outbox.close().expect("close");
+    let mut segments: Vec<String> = disk
+        .files()
+        .into_iter()
+        .map(|f| f.0)
+        .filter(|f| f.ends_with(".seg"))
+        .collect();
+    segments.sort();
+    assert!(segments.len() >= 3, "{segments:?}");
+    // One byte of record 30's payload changed on the disk: fsynced bytes
+    // with later records after them, damage no crash leaves.
+    let damaged = Path::new(DIR).join(&segments[0]);
+    let file = disk.disk.open(&damaged).expect("open the segment");
+    let mut bytes = vec![0u8; file.len().expect("len") as usize];
+    file.read_at(&mut bytes, 0).expect("read");
+    let at = bytes
+        .windows(10)
+        .position(|w| w == b"record 30;")
+        .expect("record 30 in the segment")
+        + 500;
+    file.write_at(&[bytes[at] ^ 0xff], at as u64)
+        .expect("damage");
+    file.sync_data().expect("sync");
+    let every_frame = options.clone().open_check(segwal::OpenCheck::EveryFrame);
+    assert!(matches!(
+        disk.open(&every_frame),
+        Err(Error::Corrupt { .. })
+    ));
+    let later: Vec<PathBuf> = segments[1..]
+        .iter()
+        .map(|name| Path::new(DIR).join(name))
+        .collect();
+    let lossy = options.clone().recovery(segwal::RecoveryMode::Lossy);
+    let mut released = 0;
+    // Room for everything; for nothing; and, in fine steps, around the
+    // copy of the damaged segment.
+    let len = bytes.len() as u64;
+    for room in (0..(4u64 << 20))
+        .step_by(128 << 10)
+        .chain((len - (8 << 10)..len + (16 << 10)).step_by(512))
+    {
+        let d = disk.fork(room);
+        d.leave(room);
+        let (outbox, whole) = match d.open(&lossy) {
+            Ok(outbox) => (outbox, true),
+            Err(e) => {
+                // No room for the copy even through the reserve: said, and
+                // the repair done once the operator makes room.
+                assert!(
+                    matches!(&e, Error::Io { source, path, .. }
+                        if source.raw_os_error() == Some(ENOSPC)
+                            && path.starts_with(Path::new(DIR).join(segwal::QUARANTINE_DIR))),
+                    "room {room}: {e}"
+                );
+                d.leave(16 << 20);
+                let outbox = d
+                    .open(&lossy)
+                    .unwrap_or_else(|e| panic!("room {room}, then more: {e}"));
+                (outbox, false)
+            }
+        };
+        let report = outbox.recovery_report();
+        released += usize::from(report.reserve_released);
+        let dropped = report
+            .dropped
+            .as_ref()
+            .unwrap_or_else(|| panic!("room {room}: no drop reported"));
+        assert_eq!(dropped.first, seqs[30], "room {room}");
+        assert_eq!(dropped.path, damaged, "room {room}");
+        assert!(
+            dropped.last >= seqs.last().copied(),
+            "room {room}: {:?}",
+            dropped.last
+        );
+        // One open that tried twice names every segment it set aside (an
+        // open that failed whole left them in `quarantine/` for the next).
+        if whole {
+            for path in &later {
+                assert!(
+                    dropped.segments_set_aside.contains(path),
+                    "room {room}: {path:?} not in {:?}",
+                    dropped.segments_set_aside
+                );
+            }
+        }
+        // What `quarantine/` holds is what it says: the copy of the damaged
+        // segment whole, the later segments, and at most a block of each
+        // segment a failed try created (no reservation held there).
+        for (name, bytes) in d.files() {
+            if name.contains(".before-repair-cut") {
+                assert!(!name.contains("partial"), "room {room}: {name}");
+                assert_eq!(bytes, len, "room {room}: {name}");
+            } else if name.contains(".dropped-by-repair")
+                && !segments.iter().any(|s| name.starts_with(s.as_str()))
+            {
+                assert!(bytes <= 4096, "room {room}: {name} {bytes}");
+            }
+        }
+        let got: Vec<Seq> = drain(&outbox).iter().map(segwal::Record::seq).collect();
+        assert_eq!(got, seqs[..30], "room {room}");
+        outbox.close().expect("close");
+        // No number the dropped records held is given again.
+        d.leave(16 << 20);
+        let outbox = d.open(&options).expect("reopen");
+        let next = outbox.append(b"after the repair").expect("append");
+        assert!(next > *seqs.last().expect("records"), "room {room}: {next}");
+        outbox.close().expect("close");
+    }
+    assert!(released > 0, "no open needed the reserve");
+}
+
 /// A power cut at any step of an open on a nearly full disk (no reserve,
 /// four MiB free: the new segment's preallocation takes it all, the seal
 /// then finds no room and the open tries again) leaves a disk that the

@@ -27,6 +27,8 @@ mod relay;
 mod relocation;
 mod retries;
 mod segments;
+#[path = "../support/tmpfs.rs"]
+mod tmpfs;
 
 use std::path::{Path, PathBuf};
 

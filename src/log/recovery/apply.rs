@@ -104,8 +104,11 @@ pub(crate) fn apply(
     if plan.torn.is_some() {
         effects.torn_tail.clone_from(&plan.torn);
     }
-    if plan.dropped.is_some() {
-        effects.dropped.clone_from(&plan.dropped);
+    if let Some(dropped) = &plan.dropped {
+        match effects.dropped.as_mut() {
+            Some(before) => before.absorb(dropped),
+            None => effects.dropped = Some(dropped.clone()),
+        }
     }
     let mut report = RecoveryReport {
         segments_found: scans.len(),
@@ -147,6 +150,7 @@ pub(crate) fn apply(
         .collect();
     remove_all(storage, dir, removed.iter().cloned())?;
     effects.removed.extend(removed);
+    let repairing = plan.dropped.is_some();
     let active = match plan.active {
         ActivePlan::Reuse { scan } => reuse(
             storage,
@@ -171,7 +175,11 @@ pub(crate) fn apply(
                     outbox_id,
                     checkpoint_every: new.checkpoint_every,
                 },
-                new.preallocate,
+                // A lossy repair reserves the new segment's space once its
+                // copies are made: a try that fails for want of room for
+                // them leaves a segment the next try sets aside, which would
+                // take its reservation into `quarantine/` on a full disk.
+                if repairing { 0 } else { new.preallocate },
             )
             .map_err(|f| f.into_error())?
         }
@@ -203,6 +211,11 @@ pub(crate) fn apply(
         .removed
         .extend(plan.leftovers.iter().map(|&k| path(k)));
     let (segments, seal) = keep_segments(storage, scans, opened, &plan)?;
+    if repairing && matches!(plan.active, ActivePlan::Create { .. }) {
+        // As a creation does, after the header is durable: a disk without
+        // the room leaves the writer to reserve it as it goes.
+        let _ = active.segment.file.allocate(new.preallocate);
+    }
     report.removed.clone_from(&effects.removed);
     report.quarantined.clone_from(&effects.quarantined);
     report.torn_tail.clone_from(&effects.torn_tail);

@@ -129,8 +129,32 @@ pub struct Dropped {
     pub changes_dropped: u64,
     /// Segment files dropped whole (later segments, and the damaged one when
     /// nothing of it is kept): moved into the `quarantine` folder (each also
-    /// listed in [`RecoveryReport::quarantined`]), never deleted.
+    /// listed in [`RecoveryReport::quarantined`]), never deleted. An open
+    /// that tried again (a full disk, once the reserve gave its space) names
+    /// those of both tries, the segment its failed try created among them.
     pub segments_set_aside: Vec<PathBuf>,
+}
+
+impl Dropped {
+    /// Takes in what a retry of the same open (a full disk, once the reserve
+    /// gave its space) dropped, `again`. A try that failed after setting
+    /// files aside leaves the retry without them: this report, the first
+    /// try's, saw the whole drop, and the retry adds what the failed try
+    /// left behind it (the segment it had created, dropped whole, whose name
+    /// may raise [`last`](Dropped::last)).
+    pub(crate) fn absorb(&mut self, again: &Dropped) {
+        self.last = self.last.max(again.last);
+        for path in &again.segments_set_aside {
+            if !self.segments_set_aside.contains(path) {
+                self.segments_set_aside.push(path.clone());
+            }
+        }
+        self.relocated.extend_from_slice(&again.relocated);
+        self.relocated.sort_unstable();
+        self.relocated.dedup();
+        self.acks_dropped = self.acks_dropped.max(again.acks_dropped);
+        self.changes_dropped = self.changes_dropped.max(again.changes_dropped);
+    }
 }
 
 /// A file recovery set aside in the `quarantine` folder of the outbox directory.
