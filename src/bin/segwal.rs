@@ -776,13 +776,36 @@ impl RepairReport {
     }
 }
 
-/// Copies `from` to `to`, a name no file holds, and makes the copy durable
-/// (the file, its folder, the folder's entry): the copy a repair keeps of a
-/// file it is about to cut. A copy that fails (a full disk) is removed, so
-/// that no part of a file sits in the folder under the name of a whole copy.
-fn copy_durably(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
-    let copied = std::fs::copy(from, to).and_then(|_| {
-        std::fs::File::open(to)?.sync_all()?;
+/// Copies `from` into the folder `aside` under `base` (or `base.1`,
+/// `base.2`, ... where a file holds the name: two repairs in one second, or
+/// an operator's file), created new so that nothing there is overwritten,
+/// and makes the copy durable (the file, the folder, the folder's entry):
+/// the copy a repair keeps of a file it is about to cut. Returns its path.
+/// A copy that fails (a full disk) is removed, so that no part of a file
+/// sits in the folder under the name of a whole copy.
+fn copy_durably(
+    from: &std::path::Path,
+    aside: &std::path::Path,
+    base: &str,
+) -> std::io::Result<std::path::PathBuf> {
+    let mut source = std::fs::File::open(from)?;
+    let (to, mut copy) = (0..)
+        .map(|n| match n {
+            0 => aside.join(base),
+            n => aside.join(format!("{base}.{n}")),
+        })
+        .map(|to| {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&to);
+            (to, file)
+        })
+        .find(|(_, file)| !matches!(file, Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists))
+        .map(|(to, file)| file.map(|file| (to, file)))
+        .unwrap_or_else(|| Err(std::io::Error::other("no free name")))?;
+    let copied = std::io::copy(&mut source, &mut copy).and_then(|_| {
+        copy.sync_all()?;
         for folder in to.ancestors().skip(1).take(2) {
             let folder = match folder.as_os_str().is_empty() {
                 true => std::path::Path::new("."),
@@ -792,10 +815,12 @@ fn copy_durably(from: &std::path::Path, to: &std::path::Path) -> std::io::Result
         }
         Ok(())
     });
-    if copied.is_err() {
-        let _ = std::fs::remove_file(to);
+    if let Err(e) = copied {
+        drop(copy);
+        let _ = std::fs::remove_file(&to);
+        return Err(e);
     }
-    copied
+    Ok(to)
 }
 
 fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
@@ -945,21 +970,14 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
     files.sort();
     files.dedup();
     let mut copied = Vec::new();
+    let mut made: Vec<std::path::PathBuf> = Vec::new();
     for file in files {
         let Some(name) = file.file_name() else {
             continue;
         };
         let base = format!("{}.damaged-{stamp}", name.to_string_lossy());
-        // A name no copy holds yet (two repairs in one second).
-        let to = (0..)
-            .map(|n| match n {
-                0 => aside.join(&base),
-                n => aside.join(format!("{base}.{n}")),
-            })
-            .find(|to| !to.exists())
-            .unwrap_or_else(|| aside.join(&base));
-        match std::fs::create_dir_all(&aside).and_then(|()| copy_durably(file, &to)) {
-            Ok(_) => {
+        match std::fs::create_dir_all(&aside).and_then(|()| copy_durably(file, &aside, &base)) {
+            Ok(to) => {
                 out.say(format_args!(
                     "copied {} to {}",
                     file.display(),
@@ -968,13 +986,19 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
                 copied.push(
                     json!({ "from": file.display().to_string(), "to": to.display().to_string() }),
                 );
+                made.push(to);
             }
             Err(e) => {
+                // Refused with nothing changed: the copies this run made
+                // go too, or their space would refuse the next run.
+                for to in &made {
+                    let _ = std::fs::remove_file(to);
+                }
                 errln!(
                     "segwal: copying {} aside: {e}; nothing repaired",
                     file.display()
                 );
-                out.set("copied", copied.into());
+                out.set("copied", Vec::<serde_json::Value>::new().into());
                 return out.finish(2);
             }
         }

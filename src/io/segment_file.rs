@@ -373,14 +373,21 @@ pub(crate) fn set_aside(
 /// and renamed to its name once it is whole and durable: an operator who
 /// restores from the folder never takes a part of a file for the copy. One
 /// that fails (a disk full before the copy's end) is removed, its space given
-/// back to the repair that tries again; one a crash interrupted keeps the
-/// name that says it is partial.
+/// back to the repair that tries again. What an earlier repair a crash
+/// interrupted left is settled first, so that a repair on a disk as full as
+/// before gets through: a whole copy of the file as it is (the crash came
+/// after the copy, before the cut) is the copy; a partial one whose bytes
+/// are the file's first bytes holds nothing the file does not, and is
+/// removed.
 pub(crate) fn copy_aside(
     storage: &dyn Storage,
     dir: &Path,
     path: &Path,
     reason: &str,
 ) -> Result<PathBuf, Failed> {
+    if let Some(whole) = earlier_copies(storage, dir, path, reason)? {
+        return Ok(whole);
+    }
     let to = aside_path(storage, dir, path, reason)?;
     let partial = aside_path(storage, dir, path, &format!("{reason}.partial"))?;
     let from = storage
@@ -417,6 +424,97 @@ pub(crate) fn copy_aside(
     }
     sync_aside(storage, dir)?;
     Ok(to)
+}
+
+/// Settles the copies of `path` an interrupted [`copy_aside`] for `reason`
+/// left in the quarantine folder of `dir`: returns one that is whole and
+/// equal to the file, after removing every partial one whose bytes begin the
+/// file. Names it did not give, and files whose bytes differ, are left.
+fn earlier_copies(
+    storage: &dyn Storage,
+    dir: &Path,
+    path: &Path,
+    reason: &str,
+) -> Result<Option<PathBuf>, Failed> {
+    let folder = dir.join(QUARANTINE_DIR);
+    let Ok(names) = storage.list(&folder) else {
+        return Ok(None);
+    };
+    let Some(name) = path.file_name() else {
+        return Ok(None);
+    };
+    let base = format!("{}.{reason}", name.to_string_lossy());
+    let numbered = |rest: &str| {
+        rest.is_empty()
+            || rest
+                .strip_prefix('.')
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let file = storage
+        .open(path)
+        .map_err(|e| Failed::new("open segment", path, e))?;
+    let len = file
+        .len()
+        .map_err(|e| Failed::new("stat segment", path, e))?;
+    let (mut whole, mut removed) = (None, false);
+    for candidate in names {
+        let Some(rest) = candidate.strip_prefix(base.as_str()) else {
+            continue;
+        };
+        let partial = match rest.strip_prefix(".partial") {
+            Some(n) if numbered(n) => true,
+            _ if numbered(rest) => false,
+            _ => continue,
+        };
+        let at = folder.join(&candidate);
+        // A copy that cannot be read is left as it is.
+        let Ok(Some(copy_len)) = begins(storage, &*file, len, &at) else {
+            continue;
+        };
+        if !partial && copy_len == len {
+            whole.get_or_insert(at);
+            continue;
+        }
+        if partial {
+            storage
+                .remove(&at)
+                .map_err(|e| Failed::new("remove partial quarantine copy", &at, e))?;
+            removed = true;
+        }
+    }
+    if removed {
+        storage
+            .sync_dir(&folder)
+            .map_err(|e| Failed::new("sync quarantine folder", &folder, e))?;
+    }
+    Ok(whole)
+}
+
+/// The length of the file at `copy` if its bytes are the first bytes of
+/// `file` (`len` long), `None` if they differ.
+fn begins(
+    storage: &dyn Storage,
+    file: &dyn StorageFile,
+    len: u64,
+    copy: &Path,
+) -> io::Result<Option<u64>> {
+    let copy = storage.open(copy)?;
+    let copy_len = copy.len()?;
+    if copy_len > len {
+        return Ok(None);
+    }
+    let (mut ours, mut theirs) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    let mut at = 0;
+    while at < copy_len {
+        let n = (copy_len - at).min(ours.len() as u64) as usize;
+        crate::io::read_exact_at(file, &mut ours[..n], at)?;
+        crate::io::read_exact_at(&*copy, &mut theirs[..n], at)?;
+        if ours[..n] != theirs[..n] {
+            return Ok(None);
+        }
+        at += n as u64;
+    }
+    Ok(Some(copy_len))
 }
 
 /// A free name in the quarantine folder of `dir` for the file `path` set aside

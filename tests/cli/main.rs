@@ -596,17 +596,32 @@ fn repair_is_refused_while_the_owner_runs_before_anything_is_copied() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
 
-/// `repair --yes` on a disk with no room for its copy of the damaged file:
-/// refused, exit 2, nothing repaired, and no part of the file left in
-/// `quarantine/` under the name of a whole copy (an operator restoring from
-/// there would take it for the file). Mounts a tmpfs: root only.
+/// `repair --yes` on a disk with room for its copy of the first of two
+/// damaged files and half the second: refused, exit 2, nothing repaired,
+/// and nothing left in `quarantine/`: no part of a file under the name of
+/// a whole copy (an operator restoring from there would take it for the
+/// file), and not the first copy either (its space would refuse every
+/// later run). Mounts a tmpfs: root only.
 #[test]
 fn repair_on_a_full_disk_leaves_no_part_of_a_copy() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let built = tmp.path().join("built");
     let damaged = damage_a_sealed_segment(&built);
-    // The outbox moved onto a file system with room for it and for half the
-    // damaged file more.
+    // A record in the middle of the segment before it, damaged too.
+    let segs = segments(&built);
+    let older = segs[segs.len() - 3].clone();
+    let offsets: Vec<u64> = segwal::dump(&built, segwal::DumpOptions::new())
+        .expect("dump")
+        // The newer file's damage is an error the dump reads past.
+        .filter_map(Result::ok)
+        .filter(|r| *r.path == *older && !r.relocated)
+        .map(|r| r.offset)
+        .collect();
+    let mut bytes = std::fs::read(&older).expect("read");
+    bytes[offsets[offsets.len() / 2] as usize + 48 + 100] ^= 0x40;
+    std::fs::write(&older, &bytes).expect("write");
+    // The outbox moved onto a file system with room for it, for the older
+    // file's copy and for half the newer's.
     let files: Vec<PathBuf> = std::fs::read_dir(&built)
         .expect("read dir")
         .map(|e| e.expect("entry").path())
@@ -616,7 +631,7 @@ fn repair_on_a_full_disk_leaves_no_part_of_a_copy() {
         .iter()
         .map(|f| std::fs::metadata(f).expect("stat").len().div_ceil(4096))
         .sum();
-    let size = (pages + damaged.len() as u64 / 2 / 4096) * 4;
+    let size = (pages + (bytes.len() as u64).div_ceil(4096) + damaged.len() as u64 / 2 / 4096) * 4;
     let mount_point = tmp.path().join("mnt");
     std::fs::create_dir(&mount_point).expect("mount point");
     let _tmpfs = match tmpfs::Tmpfs::mount(&mount_point, &format!("{size}k")) {

@@ -139,9 +139,12 @@ impl Dropped {
     /// Takes in what a retry of the same open (a full disk, once the reserve
     /// gave its space) dropped, `again`. A try that failed after setting
     /// files aside leaves the retry without them: this report, the first
-    /// try's, saw the whole drop, and the retry adds what the failed try
-    /// left behind it (the segment it had created, dropped whole, whose name
-    /// may raise [`last`](Dropped::last)).
+    /// try's, saw the whole drop, and keeps what it says of the records
+    /// (those carried forward, and the delivery state lost: the retry, not
+    /// seeing the acknowledgements the moved segments held, would name
+    /// acknowledged records as lost). The retry adds only what the failed
+    /// try left behind it: the segment it had created, dropped whole, whose
+    /// name may raise [`last`](Dropped::last).
     pub(crate) fn absorb(&mut self, again: &Dropped) {
         self.last = self.last.max(again.last);
         for path in &again.segments_set_aside {
@@ -149,11 +152,6 @@ impl Dropped {
                 self.segments_set_aside.push(path.clone());
             }
         }
-        self.relocated.extend_from_slice(&again.relocated);
-        self.relocated.sort_unstable();
-        self.relocated.dedup();
-        self.acks_dropped = self.acks_dropped.max(again.acks_dropped);
-        self.changes_dropped = self.changes_dropped.max(again.changes_dropped);
     }
 }
 
