@@ -788,7 +788,10 @@ fn copy_durably(
     aside: &std::path::Path,
     base: &str,
 ) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let mut source = std::fs::File::open(from)?;
+    // The copy is readable by whom the file is, and no one else.
+    let mode = source.metadata()?.permissions().mode() & 0o777;
     let (to, mut copy) = (0..)
         .map(|n| match n {
             0 => aside.join(base),
@@ -798,6 +801,7 @@ fn copy_durably(
             let file = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
+                .mode(mode)
                 .open(&to);
             (to, file)
         })
@@ -992,7 +996,9 @@ fn repair(dir: &std::path::Path, yes: bool, json: bool) -> ExitCode {
                 // Refused with nothing changed: the copies this run made
                 // go too, or their space would refuse the next run.
                 for to in &made {
-                    let _ = std::fs::remove_file(to);
+                    if std::fs::remove_file(to).is_ok() {
+                        out.say(format_args!("removed {}", to.display()));
+                    }
                 }
                 errln!(
                     "segwal: copying {} aside: {e}; nothing repaired",

@@ -428,8 +428,14 @@ pub(crate) fn copy_aside(
 
 /// Settles the copies of `path` an interrupted [`copy_aside`] for `reason`
 /// left in the quarantine folder of `dir`: returns one that is whole and
-/// equal to the file, after removing every partial one whose bytes begin the
-/// file. Names it did not give, and files whose bytes differ, are left.
+/// equal to the file, made durable (a copy a failed try renamed but did not
+/// sync, or one a person made, must not be the only copy of bytes the cut
+/// removes), after removing every partial one whose bytes begin the file.
+/// Only plain files of their own are read (never through a symbolic link,
+/// never a file another name is linked to: a link to the segment itself
+/// would compare equal, and the cut would take it too). Names it did not
+/// give, files whose bytes differ, and files it cannot read or remove are
+/// left.
 fn earlier_copies(
     storage: &dyn Storage,
     dir: &Path,
@@ -467,22 +473,25 @@ fn earlier_copies(
             _ => continue,
         };
         let at = folder.join(&candidate);
-        // A copy that cannot be read is left as it is.
-        let Ok(Some(copy_len)) = begins(storage, &*file, len, &at) else {
+        // A copy that cannot be read, or is not a file of its own, is left.
+        let Ok(copy) = storage.open_own(&at) else {
             continue;
         };
-        if !partial && copy_len == len {
-            whole.get_or_insert(at);
+        let Ok(Some(copy_len)) = begins(&*file, len, &*copy) else {
             continue;
-        }
+        };
         if partial {
-            storage
-                .remove(&at)
-                .map_err(|e| Failed::new("remove partial quarantine copy", &at, e))?;
-            removed = true;
+            // Only to win back its space: one that stays changes nothing.
+            removed |= storage.remove(&at).is_ok();
+        } else if copy_len == len && whole.is_none() {
+            copy.sync_data()
+                .map_err(|e| Failed::new("sync quarantine copy", &at, e))?;
+            whole = Some(at);
         }
     }
-    if removed {
+    if whole.is_some() {
+        sync_aside(storage, dir)?;
+    } else if removed {
         storage
             .sync_dir(&folder)
             .map_err(|e| Failed::new("sync quarantine folder", &folder, e))?;
@@ -490,15 +499,9 @@ fn earlier_copies(
     Ok(whole)
 }
 
-/// The length of the file at `copy` if its bytes are the first bytes of
-/// `file` (`len` long), `None` if they differ.
-fn begins(
-    storage: &dyn Storage,
-    file: &dyn StorageFile,
-    len: u64,
-    copy: &Path,
-) -> io::Result<Option<u64>> {
-    let copy = storage.open(copy)?;
+/// The length of `copy` if its bytes are the first bytes of `file` (`len`
+/// long), `None` if they differ.
+fn begins(file: &dyn StorageFile, len: u64, copy: &dyn StorageFile) -> io::Result<Option<u64>> {
     let copy_len = copy.len()?;
     if copy_len > len {
         return Ok(None);
@@ -508,7 +511,7 @@ fn begins(
     while at < copy_len {
         let n = (copy_len - at).min(ours.len() as u64) as usize;
         crate::io::read_exact_at(file, &mut ours[..n], at)?;
-        crate::io::read_exact_at(&*copy, &mut theirs[..n], at)?;
+        crate::io::read_exact_at(copy, &mut theirs[..n], at)?;
         if ours[..n] != theirs[..n] {
             return Ok(None);
         }

@@ -207,3 +207,45 @@ impl std::fmt::Display for QuarantineReason {
         f.write_str(self.as_str())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dropped(last: u64, relocated: &[u64], acks: u64, aside: &[&str]) -> Dropped {
+        Dropped {
+            path: PathBuf::from("/o/00000000000000000001.seg"),
+            offset: 126_976,
+            cause: Corruption::ChecksumMismatch {
+                stored: 1,
+                computed: 2,
+            },
+            first: Seq::from(31),
+            last: Some(Seq::from(last)),
+            relocated: relocated.iter().map(|&s| Seq::from(s)).collect(),
+            acks_dropped: acks,
+            changes_dropped: 0,
+            segments_set_aside: aside.iter().map(PathBuf::from).collect(),
+        }
+    }
+
+    /// A retry that no longer sees the segments the first try moved aside
+    /// (nor the acknowledgements in them) names a carried-forward record as
+    /// lost and counts fewer acknowledgements: the first try's word on the
+    /// records stands; the retry adds the files it set aside and a bound.
+    #[test]
+    fn a_retry_adds_files_and_a_bound_not_records() {
+        let mut first = dropped(14_134, &[], 10, &["/o/102.seg", "/o/203.seg"]);
+        let again = dropped(14_135, &[4], 0, &["/o/14136.seg"]);
+        first.absorb(&again);
+        assert_eq!(
+            first,
+            dropped(
+                14_135,
+                &[],
+                10,
+                &["/o/102.seg", "/o/203.seg", "/o/14136.seg"]
+            )
+        );
+    }
+}
