@@ -790,7 +790,7 @@ fn copy_durably(
 ) -> std::io::Result<std::path::PathBuf> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let mut source = std::fs::File::open(from)?;
-    // The copy is readable by whom the file is, and no one else.
+    // The copy gets the file's permissions (as the umask lets it).
     let mode = source.metadata()?.permissions().mode() & 0o777;
     let (to, mut copy) = (0..)
         .map(|n| match n {

@@ -762,20 +762,8 @@ fn a_retried_lossy_open_reports_what_its_first_try_dropped() {
         .collect();
     segments.sort();
     assert!(segments.len() >= 3, "{segments:?}");
-    // One byte of record 30's payload changed on the disk: fsynced bytes
-    // with later records after them, damage no crash leaves.
     let damaged = Path::new(DIR).join(&segments[0]);
-    let file = disk.disk.open(&damaged).expect("open the segment");
-    let mut bytes = vec![0u8; file.len().expect("len") as usize];
-    file.read_at(&mut bytes, 0).expect("read");
-    let at = bytes
-        .windows(10)
-        .position(|w| w == b"record 30;")
-        .expect("record 30 in the segment")
-        + 500;
-    file.write_at(&[bytes[at] ^ 0xff], at as u64)
-        .expect("damage");
-    file.sync_data().expect("sync");
+    let bytes = flip_in_record_30(&disk, &damaged);
     let every_frame = options.clone().open_check(segwal::OpenCheck::EveryFrame);
     assert!(matches!(
         disk.open(&every_frame),
@@ -902,24 +890,8 @@ fn a_power_cut_inside_a_lossy_repair_on_a_full_disk_leaves_it_repairable() {
         .segment_bytes(1 << 20)
         .min_free_disk_bytes(0);
     let disk = Capped::new(73, true);
-    let outbox = disk.open(&options).expect("open");
-    let seqs: Vec<Seq> = (0..100)
-        .map(|i| outbox.append(&payload(i, 1000)).expect("append"))
-        .collect();
-    outbox.close().expect("close");
-    let segment = Path::new(DIR).join(format!("{:020}.seg", seqs[0].get()));
-    let file = disk.disk.open(&segment).expect("open the segment");
-    let len = file.len().expect("len");
-    let mut bytes = vec![0u8; len as usize];
-    file.read_at(&mut bytes, 0).expect("read");
-    let at = bytes
-        .windows(10)
-        .position(|w| w == b"record 30;")
-        .expect("record 30 in the segment")
-        + 500;
-    file.write_at(&[bytes[at] ^ 0xff], at as u64)
-        .expect("damage");
-    file.sync_data().expect("sync");
+    let (seqs, segment) = hundred_records(&disk, &options);
+    let len = flip_in_record_30(&disk, &segment).len() as u64;
     let lossy = options.clone().recovery(segwal::RecoveryMode::Lossy);
     let mut steps = 0;
     for room in [len + (8 << 10), len + (64 << 10)] {
@@ -976,23 +948,8 @@ fn a_repairs_copy_found_unsynced_is_made_durable_before_the_cut() {
         .segment_bytes(1 << 20)
         .min_free_disk_bytes(0);
     let disk = Capped::new(74, true);
-    let outbox = disk.open(&options).expect("open");
-    let seqs: Vec<Seq> = (0..100)
-        .map(|i| outbox.append(&payload(i, 1000)).expect("append"))
-        .collect();
-    outbox.close().expect("close");
-    let segment = Path::new(DIR).join(format!("{:020}.seg", seqs[0].get()));
-    let file = disk.disk.open(&segment).expect("open the segment");
-    let mut bytes = vec![0u8; file.len().expect("len") as usize];
-    file.read_at(&mut bytes, 0).expect("read");
-    let at = bytes
-        .windows(10)
-        .position(|w| w == b"record 30;")
-        .expect("record 30")
-        + 500;
-    bytes[at] ^= 0xff;
-    file.write_at(&bytes[at..=at], at as u64).expect("damage");
-    file.sync_data().expect("sync");
+    let (seqs, segment) = hundred_records(&disk, &options);
+    let bytes = flip_in_record_30(&disk, &segment);
     let aside = Path::new(DIR).join(segwal::QUARANTINE_DIR);
     disk.disk.create_dir(&aside).expect("quarantine folder");
     disk.disk.sync_dir(Path::new(DIR)).expect("sync dir");
@@ -1065,6 +1022,36 @@ fn a_link_named_as_a_repairs_copy_is_not_taken_for_it() {
             "symbolic {symbolic}: no whole copy of the cut segment"
         );
     }
+}
+
+/// A closed outbox on `disk` of 100 records of 1,000 bytes, in one
+/// segment: their numbers, and the segment.
+fn hundred_records(disk: &Capped, options: &Options) -> (Vec<Seq>, PathBuf) {
+    let outbox = disk.open(options).expect("open");
+    let seqs: Vec<Seq> = (0..100)
+        .map(|i| outbox.append(&payload(i, 1000)).expect("append"))
+        .collect();
+    outbox.close().expect("close");
+    let segment = Path::new(DIR).join(format!("{:020}.seg", seqs[0].get()));
+    (seqs, segment)
+}
+
+/// Changes one byte of record 30's payload in the segment at `path`,
+/// durably: fsynced bytes with later records after them, damage no crash
+/// leaves. Returns the segment's bytes as damaged.
+fn flip_in_record_30(disk: &Capped, path: &Path) -> Vec<u8> {
+    let file = disk.disk.open(path).expect("open the segment");
+    let mut bytes = vec![0u8; file.len().expect("len") as usize];
+    file.read_at(&mut bytes, 0).expect("read");
+    let at = bytes
+        .windows(10)
+        .position(|w| w == b"record 30;")
+        .expect("record 30 in the segment")
+        + 500;
+    bytes[at] ^= 0xff;
+    file.write_at(&bytes[at..=at], at as u64).expect("damage");
+    file.sync_data().expect("sync");
+    bytes
 }
 
 /// A power cut at any step of an open on a nearly full disk (no reserve,
