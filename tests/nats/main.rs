@@ -112,7 +112,8 @@ fn stored(reader: &mut JetStream) -> Option<u64> {
 }
 
 /// Waits until the stream holds at least `count` messages.
-fn wait_for_messages(reader: &mut JetStream, count: u64, service: &mut Child) {
+/// On a failure, the warnings of the `servers`' logs are printed.
+fn wait_for_messages(reader: &mut JetStream, count: u64, service: &mut Child, servers: &[&Server]) {
     // The stream grows as fast as the producers' appends are fsynced, which
     // a loaded machine's disk can slow tens of times (a review measured 400
     // messages a second under a busy disk): what fails is a stream that
@@ -139,13 +140,17 @@ fn wait_for_messages(reader: &mut JetStream, count: u64, service: &mut Child) {
         if let Ok(Some(status)) = service.try_wait() {
             panic!("the service exited ({status}) before the stream held {count} messages");
         }
-        assert!(
-            grew.elapsed() < STALL_MAX && Instant::now() < cap,
-            "the stream never reached {count} messages: it held {most} after {:.0} s, \
-             {:.0} s since it last grew; its last state read: {state:?}",
-            started.elapsed().as_secs_f64(),
-            grew.elapsed().as_secs_f64()
-        );
+        if grew.elapsed() >= STALL_MAX || Instant::now() >= cap {
+            for server in servers {
+                server.print_warnings();
+            }
+            panic!(
+                "the stream never reached {count} messages: it held {most} after {:.0} s, \
+                 {:.0} s since it last grew; its last state read: {state:?}",
+                started.elapsed().as_secs_f64(),
+                grew.elapsed().as_secs_f64()
+            );
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -300,7 +305,7 @@ fn single_server() {
         (110_000, "server"),
         (150_000, "relay"),
     ] {
-        wait_for_messages(&mut reader, at, &mut service);
+        wait_for_messages(&mut reader, at, &mut service, &[&server]);
         if what == "server" {
             server.kill();
             std::thread::sleep(Duration::from_millis(500));
@@ -343,7 +348,12 @@ fn cluster() {
     let mut service = work.spawn();
     let mut reader = reader(&work.servers, &work.stream);
     for (at, node) in [(40_000, 0), (120_000, 1)] {
-        wait_for_messages(&mut reader, at, &mut service);
+        wait_for_messages(
+            &mut reader,
+            at,
+            &mut service,
+            &nodes.iter().collect::<Vec<_>>(),
+        );
         nodes[node].kill();
         let name = &nodes[node].name;
         println!(

@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use segwal::nats::{JetStream, JetStreamOptions};
-use segwal::{Message, Options, Outbox, Relay, RelayOptions};
+use segwal::{Message, Options, Outbox, Outcome, Publisher, Record, Relay, RelayOptions};
 
 /// The subject template of the tests' streams.
 pub const SUBJECT: &str = "segwal.test.{key}";
@@ -141,11 +142,35 @@ fn write_progress(path: &Path, done: usize) {
     std::fs::rename(&tmp, path).expect("progress file");
 }
 
+/// The service's publisher: JetStream's, keeping the reason of the last
+/// retry it answered, which the service's progress lines print (a run that
+/// stalls says why the broker would not take its records).
+struct Noting {
+    inner: JetStream,
+    last_retry: Arc<Mutex<Option<(Instant, String)>>>,
+}
+
+impl Publisher for Noting {
+    fn publish(&mut self, records: &[Record]) -> Vec<Outcome> {
+        let outcomes = self.inner.publish(records);
+        if let Some(Outcome::Retry(reason)) =
+            outcomes.iter().find(|o| matches!(o, Outcome::Retry(_)))
+        {
+            *self.last_retry.lock() = Some((Instant::now(), reason.clone()));
+        }
+        outcomes
+    }
+}
+
 /// The child process's main: exits 0 when everything is delivered.
 pub fn main(args: &[String]) {
     let work = Workload::from_args(args);
     let outbox = work.open();
-    let publisher = JetStream::connect(&outbox, work.publisher()).expect("publisher");
+    let last_retry = Arc::new(Mutex::new(None));
+    let publisher = Noting {
+        inner: JetStream::connect(&outbox, work.publisher()).expect("publisher"),
+        last_retry: last_retry.clone(),
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let relay = {
         let (outbox, stop) = (outbox.clone(), stop.clone());
@@ -168,8 +193,17 @@ pub fn main(args: &[String]) {
                 if Instant::now() >= next {
                     next += Duration::from_secs(30);
                     let s = outbox.stats();
+                    let retry = match &*last_retry.lock() {
+                        Some((at, why)) => {
+                            format!(
+                                "; last retry {:.1} s ago: {why}",
+                                at.elapsed().as_secs_f64()
+                            )
+                        }
+                        None => String::new(),
+                    };
                     eprintln!(
-                        "service: at {:.0} s, last seq {:?}, pending {}, claimed {}, delayed {}",
+                        "service: at {:.0} s, last seq {:?}, pending {}, claimed {}, delayed {}{retry}",
                         started.elapsed().as_secs_f64(),
                         s.last_seq,
                         s.pending,
