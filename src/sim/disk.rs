@@ -13,6 +13,7 @@ use std::io;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -222,9 +223,29 @@ impl State {
 }
 
 /// A simulated disk. Cheap to clone: clones share the disk.
-#[derive(Clone, Debug)]
+///
+/// Each clone is a handle of its own, which the outbox opened on it binds to
+/// the disk's current life when it takes the directory's lock: after a
+/// [`crash`](SimDisk::crash), every operation through a handle bound before
+/// it fails, as a crashed process does nothing more. So a test that forgets
+/// an outbox and crashes the disk cannot have that outbox's threads create,
+/// rename or remove files in the disk the next open recovers. A handle never
+/// used to take a lock (the test's own) is never fenced.
+#[derive(Debug)]
 pub struct SimDisk {
     state: Arc<Mutex<State>>,
+    /// The generation this handle took a lock in, or [`UNBOUND`].
+    bound: Arc<AtomicU64>,
+}
+
+/// [`SimDisk::bound`] of a handle that never took a lock.
+const UNBOUND: u64 = u64::MAX;
+
+impl Clone for SimDisk {
+    /// A new handle on the same disk, bound to no life of it yet.
+    fn clone(&self) -> SimDisk {
+        SimDisk::on(self.state.clone())
+    }
 }
 
 fn crashed_error() -> io::Error {
@@ -232,40 +253,44 @@ fn crashed_error() -> io::Error {
 }
 
 impl SimDisk {
+    /// A handle on `state`, bound to no life of it yet.
+    fn on(state: Arc<Mutex<State>>) -> SimDisk {
+        SimDisk {
+            state,
+            bound: Arc::new(AtomicU64::new(UNBOUND)),
+        }
+    }
+
     /// An empty disk whose random choices all derive from `seed`.
     pub fn new(seed: u64) -> SimDisk {
-        SimDisk {
-            state: Arc::new(Mutex::new(State {
-                rng: Rng::new(seed),
-                generation: 0,
-                ops: 0,
-                crash_at: None,
-                crashed: false,
-                faults: Vec::new(),
-                rot_reads: 0,
-                fail_reads: 0,
-                bad_range: None,
-                dirs: BTreeSet::new(),
-                live: BTreeMap::new(),
-                durable: BTreeMap::new(),
-                inodes: BTreeMap::new(),
-                next_inode: 1,
-                locks: BTreeSet::new(),
-                stats: DiskStats::default(),
-                snapshots: None,
-                trace: None,
-                free_bytes: None,
-            })),
-        }
+        SimDisk::on(Arc::new(Mutex::new(State {
+            rng: Rng::new(seed),
+            generation: 0,
+            ops: 0,
+            crash_at: None,
+            crashed: false,
+            faults: Vec::new(),
+            rot_reads: 0,
+            fail_reads: 0,
+            bad_range: None,
+            dirs: BTreeSet::new(),
+            live: BTreeMap::new(),
+            durable: BTreeMap::new(),
+            inodes: BTreeMap::new(),
+            next_inode: 1,
+            locks: BTreeSet::new(),
+            stats: DiskStats::default(),
+            snapshots: None,
+            trace: None,
+            free_bytes: None,
+        })))
     }
 
     /// A copy of this disk, independent from now on, with a new seed for its
     /// random choices. Used to draw several crashes from one point of a run.
     pub fn fork(&self, seed: u64) -> SimDisk {
         let s = self.state.lock();
-        SimDisk {
-            state: Arc::new(Mutex::new(s.copy(seed))),
-        }
+        SimDisk::on(Arc::new(Mutex::new(s.copy(seed))))
     }
 
     /// Sets what the disk reports as free space (`None`: cannot tell), for
@@ -289,9 +314,7 @@ impl SimDisk {
             .take()
             .unwrap_or_default()
             .into_iter()
-            .map(|state| SimDisk {
-                state: Arc::new(Mutex::new(state)),
-            })
+            .map(|state| SimDisk::on(Arc::new(Mutex::new(state))))
             .collect()
     }
 
@@ -498,9 +521,7 @@ impl SimDisk {
         kind: OpKind,
         what: &dyn std::fmt::Display,
     ) -> io::Result<Option<Fault>> {
-        if s.crashed {
-            return Err(crashed_error());
-        }
+        self.alive(s)?;
         let op = s.ops;
         if s.snapshots.is_some() {
             let mut copy = s.copy(op);
@@ -527,6 +548,16 @@ impl SimDisk {
             s.stats.faults_injected += 1;
         }
         Ok(fault)
+    }
+
+    /// Fails while the disk is dead, and for a handle bound to a life of the
+    /// disk a crash ended.
+    fn alive(&self, s: &State) -> io::Result<()> {
+        let bound = self.bound.load(Ordering::Acquire);
+        if s.crashed || (bound != UNBOUND && bound != s.generation) {
+            return Err(crashed_error());
+        }
+        Ok(())
     }
 
     fn check_alive(s: &State, generation: u64) -> io::Result<()> {
@@ -625,9 +656,7 @@ impl Storage for SimDisk {
 
     fn create_dir(&self, dir: &Path) -> io::Result<bool> {
         let mut s = self.state.lock();
-        if s.crashed {
-            return Err(crashed_error());
-        }
+        self.alive(&s)?;
         // Directories are durable at once: the real file system's parent fsync is
         // tested on the real file system.
         if s.live.contains_key(dir) {
@@ -638,9 +667,7 @@ impl Storage for SimDisk {
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         let s = self.state.lock();
-        if s.crashed {
-            return Err(crashed_error());
-        }
+        self.alive(&s)?;
         Ok(s.live
             .keys()
             .filter(|p| p.parent() == Some(dir))
@@ -671,9 +698,7 @@ impl Storage for SimDisk {
 
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
         let s = self.state.lock();
-        if s.crashed {
-            return Err(crashed_error());
-        }
+        self.alive(&s)?;
         let ino = *s
             .live
             .get(path)
@@ -739,6 +764,10 @@ impl Storage for SimDisk {
         if !s.locks.insert(dir.to_path_buf()) {
             return Err(LockError::Held { pid: None });
         }
+        // The handle is an outbox's now, of this life of the disk: a crash
+        // ends it. (A handle a test passes to a second open after a crash is
+        // bound again: that open is a new process.)
+        self.bound.store(s.generation, Ordering::Release);
         Ok(Box::new(SimLock {
             disk: self.clone(),
             dir: dir.to_path_buf(),
@@ -995,6 +1024,33 @@ mod tests {
         f.sync_data().expect("sync");
         disk.sync_dir(Path::new("/d")).expect("sync dir");
         (disk, f)
+    }
+
+    #[test]
+    fn a_handle_that_took_a_lock_does_nothing_after_a_crash() {
+        let disk = SimDisk::new(1);
+        disk.create_dir(Path::new("/d")).expect("dir");
+        let old = disk.clone();
+        let lock = old.lock(Path::new("/d")).expect("lock");
+        old.create(&path("a")).expect("create");
+        old.sync_dir(Path::new("/d")).expect("sync dir");
+        std::mem::forget(lock);
+        disk.crash(CrashModel::default());
+        // The crashed process's handle: every directory operation fails.
+        assert!(old.create(&path("b")).is_err());
+        assert!(old.rename(&path("a"), &path("c")).is_err());
+        assert!(old.remove(&path("a")).is_err());
+        assert!(old.sync_dir(Path::new("/d")).is_err());
+        assert!(old.list(Path::new("/d")).is_err());
+        assert!(old.open(&path("a")).is_err());
+        assert!(old.create_dir(Path::new("/e")).is_err());
+        // The test's own handle and a new process's work.
+        let new = disk.clone();
+        let _lock = new.lock(Path::new("/d")).expect("lock after the crash");
+        new.create(&path("b")).expect("create after the crash");
+        let mut names = disk.list(Path::new("/d")).expect("list");
+        names.sort();
+        assert_eq!(names, ["a", "b"]);
     }
 
     #[test]
