@@ -235,7 +235,7 @@ impl State {
 pub struct SimDisk {
     state: Arc<Mutex<State>>,
     /// The generation this handle took a lock in, or [`UNBOUND`].
-    bound: Arc<AtomicU64>,
+    bound: AtomicU64,
 }
 
 /// [`SimDisk::bound`] of a handle that never took a lock.
@@ -257,7 +257,7 @@ impl SimDisk {
     fn on(state: Arc<Mutex<State>>) -> SimDisk {
         SimDisk {
             state,
-            bound: Arc::new(AtomicU64::new(UNBOUND)),
+            bound: AtomicU64::new(UNBOUND),
         }
     }
 

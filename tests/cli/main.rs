@@ -611,6 +611,7 @@ fn repair_on_a_full_disk_leaves_no_part_of_a_copy() {
     let segs = segments(&built);
     let newer = segs[segs.len() - 2].file_name().expect("a name").to_owned();
     let older = segs[segs.len() - 3].clone();
+    let older_name = older.file_name().expect("a name").to_owned();
     let offsets: Vec<u64> = segwal::dump(&built, segwal::DumpOptions::new())
         .expect("dump")
         // The newer file's damage is an error the dump reads past.
@@ -658,6 +659,14 @@ fn repair_on_a_full_disk_leaves_no_part_of_a_copy() {
         stderr.contains(&format!("copying {} aside", damaged_path.display()))
             && stderr.contains("nothing repaired"),
         "{stderr}"
+    );
+    // ... and removed: a copy kept would refuse the next run.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("removed ") && l.contains(&*older_name.to_string_lossy())),
+        "{stdout}"
     );
     assert_eq!(snapshot(&dir), before, "nothing repaired");
     let aside: Vec<PathBuf> = std::fs::read_dir(dir.join(segwal::QUARANTINE_DIR))

@@ -994,11 +994,7 @@ fn a_link_named_as_a_repairs_copy_is_not_taken_for_it() {
         outbox.close().expect("close");
         let segment = dir.join(format!("{:020}.seg", seqs[0].get()));
         let mut bytes = std::fs::read(&segment).expect("read");
-        let at = bytes
-            .windows(10)
-            .position(|w| w == b"record 30;")
-            .expect("record 30")
-            + 500;
+        let at = in_record_30(&bytes);
         bytes[at] ^= 0xff;
         std::fs::write(&segment, &bytes).expect("damage");
         let aside = dir.join(segwal::QUARANTINE_DIR);
@@ -1024,6 +1020,16 @@ fn a_link_named_as_a_repairs_copy_is_not_taken_for_it() {
     }
 }
 
+/// The offset of a byte of record 30's payload in a segment's `bytes`
+/// (records made by `payload(i, 1000)`).
+fn in_record_30(bytes: &[u8]) -> usize {
+    bytes
+        .windows(10)
+        .position(|w| w == b"record 30;")
+        .expect("record 30 in the segment")
+        + 500
+}
+
 /// A closed outbox on `disk` of 100 records of 1,000 bytes, in one
 /// segment: their numbers, and the segment.
 fn hundred_records(disk: &Capped, options: &Options) -> (Vec<Seq>, PathBuf) {
@@ -1043,11 +1049,7 @@ fn flip_in_record_30(disk: &Capped, path: &Path) -> Vec<u8> {
     let file = disk.disk.open(path).expect("open the segment");
     let mut bytes = vec![0u8; file.len().expect("len") as usize];
     file.read_at(&mut bytes, 0).expect("read");
-    let at = bytes
-        .windows(10)
-        .position(|w| w == b"record 30;")
-        .expect("record 30 in the segment")
-        + 500;
+    let at = in_record_30(&bytes);
     bytes[at] ^= 0xff;
     file.write_at(&bytes[at..=at], at as u64).expect("damage");
     file.sync_data().expect("sync");
