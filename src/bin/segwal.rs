@@ -155,10 +155,13 @@ enum Command {
     /// Without --yes, only says what it would drop. Copies every damaged
     /// file into the outbox's `quarantine/` folder before repairing, so no
     /// damaged byte is lost. Takes the lock: refused while the owner runs.
-    /// Exit 0 clean or repaired, 1 when a lossy recovery cannot repair the
-    /// damage, 2 when the directory cannot be read or holds what this build
-    /// does not read (a newer build's frame, another format version: not
-    /// damage, and never dropped).
+    /// Exit 0 clean or repaired; 1 damage found and nothing changed: a run
+    /// without --yes, which says what a repair would drop, or damage a
+    /// lossy recovery cannot repair (with or without --yes; `would_drop` is
+    /// null in --json); 2 when the directory cannot be read, the owner
+    /// runs, the disk has no room for the copies, or it holds what this
+    /// build does not read (a newer build's frame, another format version:
+    /// not damage, and never dropped).
     Repair {
         /// The outbox directory.
         dir: PathBuf,
